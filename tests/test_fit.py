@@ -91,6 +91,19 @@ def test_fit_writes_checkpoints_tensorboard_and_final_marker(trained):
   assert final["last_checkpoint"].endswith("ckpt-3")
 
 
+def test_fit_again_in_a_finished_model_dir_restores_instead_of_training(trained, cluster, caplog):
+  """What a chief restarted after its run ended finds (a ps died while it exited): the run is not repeated."""
+  history, model_dir = trained
+  caplog.set_level("INFO")
+  again = tfps.fit(build_model, train_fn, epochs=EPOCHS, steps_per_epoch=STEPS, model_dir=model_dir, cluster=cluster)
+  assert f"Training already finished in {model_dir} ({EPOCHS * STEPS} steps" in caplog.text
+  assert again.history == {}
+  assert int(again.model.optimizer.iterations.numpy()) == EPOCHS * STEPS
+  features, _ = examples(50, seed=9)
+  np.testing.assert_allclose(again.model(features).numpy(), history.model(features).numpy(), atol=1e-6)
+  assert checkpoints_lib.read_final_marker(model_dir)["iterations"] == EPOCHS * STEPS
+
+
 def test_inline_exact_evaluation_counts_every_example_once(trained):
   history, _ = trained
   assert history.history["val_count"] == [2_000.0] * EPOCHS

@@ -30,9 +30,13 @@ def checkpoint_number(path: str) -> int:
   return int(path.rsplit("-", 1)[1])
 
 
+def final_marker_path(model_dir: str) -> str:
+  return os.path.join(checkpoint_dir(model_dir), FINAL_MARKER)
+
+
 def write_final_marker(model_dir: str, last_checkpoint: Optional[str], **info) -> None:
   """Says that training in `model_dir` ended with `last_checkpoint`; the sidecar evaluator exits after it."""
-  path = os.path.join(checkpoint_dir(model_dir), FINAL_MARKER)
+  path = final_marker_path(model_dir)
   tf.io.gfile.makedirs(checkpoint_dir(model_dir))
   with tf.io.gfile.GFile(path + ".tmp", "w") as f:
     json.dump({"last_checkpoint": last_checkpoint, **info}, f)
@@ -41,7 +45,7 @@ def write_final_marker(model_dir: str, last_checkpoint: Optional[str], **info) -
 
 def read_final_marker(model_dir: str) -> Optional[dict]:
   """The marker `write_final_marker` wrote, or None while training goes on."""
-  path = os.path.join(checkpoint_dir(model_dir), FINAL_MARKER)
+  path = final_marker_path(model_dir)
   if not tf.io.gfile.exists(path):
     return None
   with tf.io.gfile.GFile(path) as f:
@@ -50,6 +54,6 @@ def read_final_marker(model_dir: str) -> Optional[dict]:
 
 def clear_final_marker(model_dir: str) -> None:
   """Removes the marker when a new training run starts in `model_dir`."""
-  path = os.path.join(checkpoint_dir(model_dir), FINAL_MARKER)
+  path = final_marker_path(model_dir)
   if tf.io.gfile.exists(path):
     tf.io.gfile.remove(path)

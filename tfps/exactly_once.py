@@ -7,9 +7,12 @@ slot `seq % SLOTS` of a progress vector and writes absolute values (`seq * strid
 reset and a re-run knows exactly where its first run stopped. Both training paths use it: `install` for tf-keras
 `Model.fit`, `tfps.loop` for the coordinator loop.
 
-What remains: a worker that dies after a step was applied but before it was recorded (the recording is one more
-round trip to a ps after the update) makes that one step run twice; measured: 0 to 2 extra steps for 3 worker kills
-in 400 steps on the Keras path.
+The record is placed beside the counter each step increments (the optimizer's `iterations`, the loop's global step)
+and depends on nothing but that increment, so a worker killed after its step reached the ps cannot cut the record
+off (when the record waited for the step's outputs on the worker, 3 worker kills in 400 steps gave 0 to 2 extra
+steps). The coordinator loop (global step) now ends exact under worker kills; on the Keras path one run in three
+still ended one step over (401 of 400 after 3 kills): the function re-run on another worker can start before the dead
+worker's last step, already on its way to the ps, is applied and recorded there.
 """
 
 import itertools
@@ -27,14 +30,14 @@ class StepProgress:
 
   Args:
     stride: the most steps one scheduled function runs.
+    counter: the scalar step counter each step increments (on a ps); the vector is placed beside it.
   """
 
-  def __init__(self, stride: int):
-    # The vector (128 KiB) must stay whole on one ps whatever `min_shard_bytes` is: a sharded one cannot be indexed
-    # by a tensor. ParameterServerStrategy never partitions a variable created colocated with another, so it is
-    # colocated with a scalar (which no partitioner splits).
-    anchor = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="tfps_step_progress_anchor")
-    with tf.distribute.get_strategy().extended.colocate_vars_with(anchor):
+  def __init__(self, stride: int, counter: tf.Variable):
+    # Beside the counter (see the module docstring). The vector (128 KiB) also stays whole on one ps this way, whatever
+    # `min_shard_bytes` is: ParameterServerStrategy never partitions a variable created colocated with another, and a
+    # sharded one could not be indexed by a tensor.
+    with tf.distribute.get_strategy().extended.colocate_vars_with(counter):
       self.variable = tf.Variable(tf.zeros([SLOTS], tf.int64), trainable=False, name="tfps_step_progress",
                                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     self.stride = stride
@@ -49,10 +52,12 @@ class StepProgress:
     done = self.variable[seq % SLOTS] - seq * self.stride
     return tf.minimum(tf.maximum(done, 0), tf.cast(steps, tf.int64))
 
-  def record(self, seq, step):
-    """In a scheduled function: step `step` (0-based) of function `seq` is applied."""
-    return self.variable.scatter_update(tf.IndexedSlices(tf.reshape(seq * self.stride + tf.cast(step, tf.int64) + 1,
-                                                                    [1]), tf.reshape(seq % SLOTS, [1])))
+  def record(self, seq, step, increment):
+    """In a scheduled function: step `step` (0-based) of function `seq` is applied; `increment` is the op or value by
+    which that step incremented the counter (the record depends on it alone)."""
+    with tf.control_dependencies([increment]):
+      return self.variable.scatter_update(tf.IndexedSlices(tf.reshape(seq * self.stride + tf.cast(step, tf.int64) + 1,
+                                                                      [1]), tf.reshape(seq % SLOTS, [1])))
 
 
 def install(model: tf_keras.Model, max_steps_per_execution: int, steps_per_epoch: int):
@@ -63,16 +68,15 @@ def install(model: tf_keras.Model, max_steps_per_execution: int, steps_per_epoch
   if -(-steps_per_epoch // max_steps_per_execution) > SLOTS:
     raise ValueError(f"`steps_per_epoch` ({steps_per_epoch}) needs more than {SLOTS} scheduled functions per epoch "
                      f"at {max_steps_per_execution} steps each; raise `steps_per_execution`")
-  progress = StepProgress(max_steps_per_execution)
+  progress = StepProgress(max_steps_per_execution, model.optimizer.iterations)
   coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(model.distribute_strategy)
 
   def train_function(iterator, steps, seq):
     for step in tf.range(progress.first_step(seq, steps), steps):
-      outputs = model.distribute_strategy.run(model.train_step, args=(next(iterator),))
-      # Record only once the step is applied: the read of the optimizer's step counter comes after its increment
-      # (ops on one variable keep program order); outputs alone do not wait for the update of the weights.
-      with tf.control_dependencies(tf.nest.flatten(outputs) + [model.optimizer.iterations.read_value()]):
-        progress.record(seq, step)
+      model.distribute_strategy.run(model.train_step, args=(next(iterator),))
+      # The read of the optimizer's step counter comes after the step's increment (ops on one variable keep program
+      # order) and runs on the counter's ps, as the record does.
+      progress.record(seq, step, model.optimizer.iterations.read_value())
     # The metrics' results, not the last step's outputs: a re-run may have no step left to run. tf-keras replaces the
     # logs with these results at every epoch end anyway.
     return model.get_metrics_result()

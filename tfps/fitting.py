@@ -14,6 +14,7 @@ import tf_keras
 
 from tfps import _tf_private
 from tfps import callbacks as callbacks_lib
+from tfps import checkpoints as checkpoints_lib
 from tfps import cluster as cluster_lib
 from tfps import dataset_fns
 from tfps import evaluation
@@ -122,8 +123,10 @@ def _default_callbacks(model_dir, steps_per_epoch, epochs, batch_size, log_every
       callbacks_lib.ProgressLogger(steps_per_epoch, epochs, batch_size, log_every_secs)]
   if model_dir:
     result += [
-        tf_keras.callbacks.BackupAndRestore(os.path.join(model_dir, "backup")),
+        # Before BackupAndRestore, which deletes the backup at the end: the FINAL marker is written first, so a chief
+        # or ps that dies at any moment of the end leaves either a backup to resume from or a finished run.
         callbacks_lib.EpochCheckpoint(model_dir, keep_checkpoint_max),
+        tf_keras.callbacks.BackupAndRestore(os.path.join(model_dir, "backup")),
         tf_keras.callbacks.TensorBoard(os.path.join(model_dir, "logs"), profile_batch=0),
     ]
   return result
@@ -134,6 +137,9 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
            keep_checkpoint_max, verbose):
   strategy, _ = strategy_lib.build_strategy(config, **_strategy_options())
   model = build_model_in_scope(build_model, strategy)
+  finished = _finished_run(model_dir, epochs * steps_per_epoch)
+  if finished is not None:
+    return _restore_finished(model, finished, strategy, model_dir)
   sample = dataset_fns.make_dataset(train_dataset_fn, "train_dataset_fn")  # on the chief: its spec, maybe a batch
   with strategy.scope():  # BackupAndRestore can restore only into a built model
     evaluation.ensure_built(model, sample)
@@ -165,6 +171,32 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
       raise ValueError(f"{e}. Under ParameterServerStrategy a callback may only use epoch-level hooks "
                        "(on_epoch_end, ...), or set `_supports_tf_logs = True` and handle remote values") from None
     raise
+
+
+def _finished_run(model_dir: Optional[str], total_steps: int) -> Optional[dict]:
+  """The FINAL marker of a run in `model_dir` that already trained `total_steps` steps (None: train).
+
+  This is what a chief restarted after training ended (its ps died while it was exiting) finds: training is not
+  repeated, as an Estimator does not train past `max_steps` again.
+  """
+  if not model_dir:
+    return None
+  marker = checkpoints_lib.read_final_marker(model_dir)
+  if marker is None or marker.get("iterations", -1) < total_steps or not marker.get("last_checkpoint"):
+    return None
+  return marker
+
+
+def _restore_finished(model, marker: dict, strategy, model_dir: str) -> tf_keras.callbacks.History:
+  logging.info("Training already finished in %s (%d steps, %s): restored, not trained again. To train anew, use "
+               "another model_dir or delete %s", model_dir, marker["iterations"], marker["last_checkpoint"],
+               checkpoints_lib.final_marker_path(model_dir))
+  with strategy.scope():
+    tf.train.Checkpoint(model=model).restore(marker["last_checkpoint"]).expect_partial()
+  history = tf_keras.callbacks.History()
+  history.set_model(model)
+  history.on_train_begin()
+  return history
 
 
 def _strategy_options() -> dict:

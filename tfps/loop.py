@@ -40,8 +40,7 @@ def build_train_function(strategy: tf.distribute.Strategy, step_fn: Callable, gl
       loss, count = strategy.run(step_fn, args=(next(iterator),))
       with tf.control_dependencies([loss]):
         increment = global_step.assign_add(1)
-      with tf.control_dependencies([increment]):
-        recorded = progress.record(seq, index)
+      recorded = progress.record(seq, index, increment)
       with tf.control_dependencies([recorded]):
         return index + 1, loss_sum + tf.cast(loss, tf.float32), examples + tf.cast(count, tf.int64)
 

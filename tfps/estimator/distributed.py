@@ -29,7 +29,7 @@ class DistributedModel:
     self.model = ModelFnModel(model_fn, params, config)
     with self.strategy.scope():
       self.global_step = loop.build_global_step()
-      self.progress = exactly_once.StepProgress(config.steps_per_execution)
+      self.progress = exactly_once.StepProgress(config.steps_per_execution, self.global_step)
     self._manager: Optional[tf.train.CheckpointManager] = None
     self._evaluations: Dict[tuple, ShardedEvaluation] = {}
 
