@@ -130,6 +130,23 @@ def test_ps_or_chief_killed_resumes_from_the_backup(run, victim):
   assert final["iterations"] == EPOCHS * STEPS  # at most one epoch was run again, none twice in the count
 
 
+def test_ps_killed_after_training_ended_does_not_train_again(run):
+  job = run()
+  final_marker = job.model_dir / "checkpoints" / "FINAL"
+  deadline = time.monotonic() + 300
+  while not final_marker.exists():
+    assert time.monotonic() < deadline and job.process.poll() is None, job.output()[-3000:]
+    time.sleep(0.05)
+  job.kill("ps:0")  # the chief is still on its way out of fit (seconds under ParameterServerStrategy)
+  code, final = job.finish()
+  output = job.output()
+  assert code == 0, output[-3000:]
+  assert "restart 1/3: ps:0 failed" in output
+  assert "Training already finished in" in output
+  assert "epoch 1/4" not in output.split("restart 1/3")[1]  # no epoch trained again
+  assert final["iterations"] == EPOCHS * STEPS
+
+
 def test_sigterm_to_the_launcher_mid_training_leaves_nothing(run):
   job = run("--evaluator")
   job.wait_for_checkpoint(1)
