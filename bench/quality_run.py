@@ -81,11 +81,10 @@ def model_builder(name: str, tables: movielens.MovieLensTables, seed: int) -> Ca
 
 
 def train_dataset_fn(tables: movielens.MovieLensTables, seed: int) -> Callable:
-  """Repeating, shuffled training batches. The single process shuffles with `seed`; under tfps the order is left
-  unseeded, since every worker reads the whole file and a seed would give every worker the same order."""
+  """Repeating batches shuffled with `seed`. Under tfps each worker reads its own half of the lines (the readers split
+  by PSS worker), so the same seed still gives the workers different orders."""
   return movielens.movielens_dataset_fn(_DATA_DIR.value, TRAIN_SPLIT, batch_size=_BATCH_SIZE.value, tables=tables,
-                                        shuffle_buffer=_SHUFFLE_BUFFER.value,
-                                        seed=seed if _MODE.value == "single" else None)
+                                        shuffle_buffer=_SHUFFLE_BUFFER.value, seed=seed)
 
 
 def test_dataset_fn(tables: movielens.MovieLensTables) -> Callable:

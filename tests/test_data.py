@@ -113,14 +113,17 @@ def test_argument_errors(criteo_sample, tmp_path):
 
 
 def test_shard_plan_splits_files_then_lines():
-  files = [f"f{i}" for i in range(5)]
-  plans = [pipeline.shard_plan(files, tf.distribute.InputContext(2, i)) for i in range(2)]
-  assert plans == [(["f0", "f2", "f4"], None), (["f1", "f3"], None)]
-  assert pipeline.shard_plan(["only"], tf.distribute.InputContext(3, 1)) == (["only"], (3, 1))
-  assert pipeline.shard_plan(files, None) == (files, None)
-  assert pipeline.shard_plan(files, tf.distribute.InputContext(2, 0), shard_index=1, num_shards=5) == (["f1"], None)
+  assert pipeline.shard_plan(5, tf.distribute.InputContext(2, 1)) == pipeline.Shard(2, 1, by_file=True)
+  assert pipeline.shard_plan(1, tf.distribute.InputContext(3, 1)) == pipeline.Shard(3, 1, by_file=False)
+  assert pipeline.shard_plan(5, None) is None
+  assert pipeline.shard_plan(5, tf.distribute.InputContext()) is None  # outside PSS: one pipeline reads everything
+  assert pipeline.shard_plan(5, tf.distribute.InputContext(2, 0), shard_index=1, num_shards=5) == pipeline.Shard(
+      5, 1, by_file=True)
+  assert pipeline.shard_plan(5, tf.distribute.InputContext(2, 0), shard_index=0, num_shards=1) is None
   with pytest.raises(ValueError, match=r"`shard_index` \(5\) must be an integer in 0-4"):
-    pipeline.shard_plan(files, shard_index=5, num_shards=5)
+    pipeline.shard_plan(5, shard_index=5, num_shards=5)
+  with pytest.raises(ValueError, match=r"give both `shard_index` \(1\) and `num_shards` \(None\) or neither"):
+    pipeline.shard_plan(5, shard_index=1)
 
 
 @pytest.fixture(scope="module")

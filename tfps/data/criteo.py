@@ -102,10 +102,10 @@ def criteo_dataset_fn(file_pattern: pipeline.FilePattern, *, batch_size: int,
     scan: count malformed rows now (in this process) and log a summary; in strict mode raise at the first one.
     repeat: repeat forever (training) or read once (evaluation).
     shuffle_buffer: rows in the shuffle buffer; 0 keeps file order (with `seed`, or one file, fully deterministic).
-    seed: seed of file and row shuffling; None draws a different order on each worker.
+    seed: seed of file and row shuffling; None draws a different order in each process.
     drop_remainder: drop a last partial batch (always true in effect when repeating).
-    shard_index: overrides the input context's pipeline id (with `num_shards`).
-    num_shards: overrides the input context's pipeline count (with `shard_index`).
+    shard_index: overrides the input context's pipeline id and the PSS worker index (with `num_shards`).
+    num_shards: overrides the input context's pipeline count and the PSS worker count (with `shard_index`).
 
   Raises:
     MalformedRowError: `strict` and `scan` and a file has a malformed row.
@@ -118,9 +118,9 @@ def criteo_dataset_fn(file_pattern: pipeline.FilePattern, *, batch_size: int,
     scan_criteo(files, file_format=file_format, strict=strict).log()
 
   def dataset_fn(input_context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
-    own_files, line_shard = pipeline.shard_plan(files, input_context, shard_index, num_shards)
-    lines = pipeline.read_lines(own_files, skip_header=file_format == "csv", repeat=repeat,
-                                shuffle=shuffle_buffer > 0, seed=seed, line_shard=line_shard)
+    shard = pipeline.shard_plan(len(files), input_context, shard_index, num_shards, repeat=repeat)
+    lines = pipeline.read_lines(files, skip_header=file_format == "csv", repeat=repeat, shuffle=shuffle_buffer > 0,
+                                seed=seed, shard=shard)
     lines = _checked(lines, file_format, strict)
     batches = pipeline.shuffle_and_batch(lines, batch_size=batch_size, shuffle_buffer=shuffle_buffer, seed=seed,
                                          drop_remainder=drop_remainder)

@@ -27,6 +27,7 @@ AGE_BANDS = (18, 25, 35, 45, 50, 56)  # band edges: <18, 18-24, 25-34, 35-44, 45
 QUERY_FEATURES = ("user_id", "user_gender", "user_age", "user_occupation")
 CANDIDATE_FEATURES = ("movie_id",)
 GENRES = "movie_genres"
+SHUFFLE_BUFFER = 100_000  # rows: all of u.data (a split or a worker's share is smaller)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +96,7 @@ def load_tables(data_dir: str) -> MovieLensTables:
 
 
 def movielens_dataset_fn(data_dir: str, split: str = "u1.base", *, batch_size: int, repeat: bool = True,
-                         shuffle_buffer: int = 10_000, seed: Optional[int] = None, drop_remainder: bool = True,
+                         shuffle_buffer: int = SHUFFLE_BUFFER, seed: Optional[int] = None, drop_remainder: bool = True,
                          tables: Optional[MovieLensTables] = None, shard_index: Optional[int] = None,
                          num_shards: Optional[int] = None) -> pipeline.DatasetFn:
   """A function `input_context -> tf.data.Dataset` of MovieLens rating batches (see the module doc).
@@ -104,7 +105,9 @@ def movielens_dataset_fn(data_dir: str, split: str = "u1.base", *, batch_size: i
     data_dir: the MovieLens 100K folder.
     split: ratings file in it: "u.data" (all 100,000), "u1.base" (80,000), "u1.test" (20,000), ...
     batch_size: ratings per batch.
-    repeat, shuffle_buffer, seed, drop_remainder, shard_index, num_shards: as in `tfps.data.criteo_dataset_fn`.
+    shuffle_buffer: rows in the shuffle buffer; the default holds a whole ratings file, which is sorted by user
+      (with a 10,000-row buffer a batch sees about 10 users, and ranking AUC suffers); 0 keeps file order.
+    repeat, seed, drop_remainder, shard_index, num_shards: as in `tfps.data.criteo_dataset_fn`.
     tables: side tables already loaded from `data_dir` (read again where None).
   """
   path = _path(data_dir, split)
@@ -112,9 +115,9 @@ def movielens_dataset_fn(data_dir: str, split: str = "u1.base", *, batch_size: i
   pipeline.check_positive("batch_size", batch_size)
 
   def dataset_fn(input_context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
-    files, line_shard = pipeline.shard_plan([path], input_context, shard_index, num_shards)
-    lines = pipeline.read_lines(files, skip_header=False, repeat=repeat, shuffle=shuffle_buffer > 0, seed=seed,
-                                line_shard=line_shard)
+    shard = pipeline.shard_plan(1, input_context, shard_index, num_shards, repeat=repeat)
+    lines = pipeline.read_lines([path], skip_header=False, repeat=repeat, shuffle=shuffle_buffer > 0, seed=seed,
+                                shard=shard)
     batches = pipeline.shuffle_and_batch(lines, batch_size=batch_size, shuffle_buffer=shuffle_buffer, seed=seed,
                                          drop_remainder=drop_remainder)
     return batches.map(lambda batch: _parse_ratings(batch, tables), num_parallel_calls=tf.data.AUTOTUNE).prefetch(

@@ -2,25 +2,34 @@
 
 Sharding and epochs (the documented behaviour of every tfps reader):
 
-* A reader's `dataset_fn(input_context)` gives pipeline `i` of `n` (`input_context.input_pipeline_id` of
-  `num_input_pipelines`) the files `files[i::n]`; where there are fewer files than pipelines, every pipeline opens all
-  files and keeps every `n`-th line instead (`Dataset.shard`), which is correct but reads everything everywhere.
-* Under ParameterServerStrategy TensorFlow passes every worker the *same* context, pipeline 0 of 1 (the strategy
-  traces the dataset function once for all workers; TF 2.21 `parameter_server_strategy_v2.py`,
-  `_distribute_datasets_from_function`). So PSS workers do not split the files: each reads all of them in its own
-  random order (file order and the shuffle buffer use unseeded randomness, which differs per worker), repeated
-  without end. The training loop's `steps_per_epoch` is then what an "epoch" means; there is no exactly-once
-  visitation. Give `seed` only outside PSS: with a seed every PSS worker produces the same sequence.
-* `shard_index`/`num_shards`, where given, override the context (a process that knows its worker index, or a test).
-* `repeat=True` (the default, as PSS training needs) repeats the file list forever, reshuffling each pass;
-  `repeat=False` reads each line once (evaluation), and `drop_remainder=False` then keeps the last partial batch.
+* A reader splits its data into `n` disjoint shares and reads share `i`: whole files (`files[i::n]`) where there are
+  at least `n` files, else every `n`-th line of each file (`Dataset.shard`; correct, but every share opens every file).
+* `n` and `i`, in order of precedence: `shard_index`/`num_shards` where given; else the input context where it has
+  several pipelines (`num_input_pipelines`, `input_pipeline_id`); else, for a repeating (training) reader whose
+  dataset function is traced for the workers of a ParameterServerStrategy built by tfps, under its scope (as
+  `tfps.fit` does), the number of workers and the worker's index. Otherwise nothing is split.
+* Under PSS TensorFlow passes every worker the same context, pipeline 0 of 1 (the dataset function is traced once for
+  all workers), so the worker's index comes from `tf.distribute.coordinator.experimental_get_current_worker_index()`:
+  a tensor fed when the traced function runs on each worker. A worker that fails reads its share again when it
+  returns; until then its share goes unread. The Estimator-style path builds its per-worker dataset outside the
+  strategy's scope, so its workers still each read everything.
+* A one-pass reader (`repeat=False`, evaluation) is not split by worker: exactly-once evaluation (`tfps.evaluation`)
+  shards the whole set itself and may run any of its shards on any worker.
+* `repeat=True` (the default, as PSS training needs) repeats the share forever, reshuffling each pass. An "epoch" is
+  the training loop's `steps_per_epoch`: each worker cycles through its own share at its own pace (the shuffle
+  buffer mixes consecutive passes), so there is no exactly-once visitation per epoch.
+  `repeat=False` reads each line once, and `drop_remainder=False` then keeps the last partial batch.
+* `seed` seeds file order and the shuffle buffer; None draws a different order in each process. Split by worker, a
+  fixed seed is fine (the workers shuffle different shares); unsplit, every worker would produce the same sequence.
 """
 
 import glob
 import os
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
+
+from tfps import strategy as strategy_lib
 
 FilePattern = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
@@ -38,48 +47,89 @@ def list_files(file_pattern: FilePattern) -> List[str]:
   return files
 
 
-def shard_plan(files: Sequence[str], input_context: Optional[tf.distribute.InputContext] = None,
-               shard_index: Optional[int] = None, num_shards: Optional[int] = None
-               ) -> Tuple[List[str], Optional[Tuple[int, int]]]:
-  """This pipeline's files and, where files are too few to split, the `(num_shards, index)` line shard to keep.
+class Shard(NamedTuple):
+  """Share `index` of `num_shards`: whole files where `by_file`, else every `num_shards`-th line of each file.
+
+  `index` is an int, or a scalar int64 tensor (the ParameterServerStrategy worker index, fed on each worker).
+  """
+
+  num_shards: int
+  index: Union[int, tf.Tensor]
+  by_file: bool
+
+
+def shard_plan(num_files: int, input_context: Optional[tf.distribute.InputContext] = None,
+               shard_index: Optional[int] = None, num_shards: Optional[int] = None, *, repeat: bool = True
+               ) -> Optional[Shard]:
+  """The share of `num_files` files this pipeline reads, or None for all of it (see the module doc for the rules).
+
+  Call it inside the dataset function: whether it runs for the workers of a ParameterServerStrategy is decided there.
 
   Args:
-    files: every file of the data set.
+    num_files: files of the data set.
     input_context: from the strategy (`DatasetCreator` or `distribute_datasets_from_function`), or None.
-    shard_index: overrides `input_context.input_pipeline_id` (requires `num_shards`).
-    num_shards: overrides `input_context.num_input_pipelines` (requires `shard_index`).
+    shard_index: overrides the context and the worker (requires `num_shards`).
+    num_shards: overrides the context and the worker (requires `shard_index`).
+    repeat: whether the reader repeats (training); only a repeating reader is split by PSS worker.
   """
   if (shard_index is None) != (num_shards is None):
     raise ValueError(f"give both `shard_index` ({shard_index!r}) and `num_shards` ({num_shards!r}) or neither")
   if num_shards is None:
-    num_shards = input_context.num_input_pipelines if input_context else 1
-    shard_index = input_context.input_pipeline_id if input_context else 0
+    if input_context is not None and input_context.num_input_pipelines > 1:
+      num_shards, shard_index = input_context.num_input_pipelines, input_context.input_pipeline_id
+    else:
+      worker = pss_worker() if repeat else None
+      if worker is None:
+        return None
+      return Shard(worker[0], worker[1], by_file=num_files >= worker[0])  # the index is a tensor: nothing to check
   if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
     raise ValueError(f"`num_shards` ({num_shards!r}) must be a positive integer")
   if isinstance(shard_index, bool) or not isinstance(shard_index, int) or not 0 <= shard_index < num_shards:
     raise ValueError(f"`shard_index` ({shard_index!r}) must be an integer in 0-{num_shards - 1}")
   if num_shards == 1:
-    return list(files), None
-  if len(files) >= num_shards:
-    return list(files[shard_index::num_shards]), None
-  return list(files), (num_shards, shard_index)
+    return None
+  return Shard(num_shards, shard_index, by_file=num_files >= num_shards)
+
+
+def pss_worker() -> Optional[Tuple[int, tf.Tensor]]:
+  """`(number of workers, this worker's index)` while a dataset function is traced for the workers of a
+  ParameterServerStrategy built by tfps (under its scope) with 2 or more workers; else None.
+
+  The index is a scalar int64 tensor that TensorFlow feeds on each worker when the traced function runs there.
+  """
+  if not tf.inside_function() or not tf.distribute.has_strategy():
+    return None
+  try:
+    cluster = strategy_lib.cluster_of(tf.distribute.get_strategy())
+  except ValueError:  # not a strategy tfps built: its workers cannot be counted without TensorFlow privates
+    return None
+  if cluster.num_workers < 2:
+    return None
+  return cluster.num_workers, tf.distribute.coordinator.experimental_get_current_worker_index()
 
 
 def read_lines(files: Sequence[str], *, skip_header: bool, repeat: bool, shuffle: bool, seed: Optional[int],
-               line_shard: Optional[Tuple[int, int]] = None) -> tf.data.Dataset:
-  """Lines of `files` (header lines dropped where `skip_header`), interleaved over up to 4 files at a time."""
+               shard: Optional[Shard] = None) -> tf.data.Dataset:
+  """Lines of `shard` of `files` (header lines dropped where `skip_header`), interleaved over up to 4 files."""
   dataset = tf.data.Dataset.from_tensor_slices(list(files))
-  if shuffle and len(files) > 1:
-    dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+  num_files = len(files)
+  if shard is not None and shard.by_file:
+    dataset = dataset.shard(shard.num_shards, shard.index)
+    num_files = -(-num_files // shard.num_shards)  # at most this many in a share
+  if shuffle and num_files > 1:
+    dataset = dataset.shuffle(num_files, seed=seed, reshuffle_each_iteration=True)
   if repeat:
     dataset = dataset.repeat()
   skip = 1 if skip_header else 0
-  dataset = dataset.interleave(lambda path: tf.data.TextLineDataset(path).skip(skip),
-                               cycle_length=min(4, len(files)), num_parallel_calls=tf.data.AUTOTUNE,
-                               deterministic=not shuffle or seed is not None)
-  if line_shard is not None:
-    dataset = dataset.shard(*line_shard)
-  return dataset
+
+  def file_lines(path):
+    lines = tf.data.TextLineDataset(path).skip(skip)
+    if shard is not None and not shard.by_file:
+      lines = lines.shard(shard.num_shards, shard.index)
+    return lines
+
+  return dataset.interleave(file_lines, cycle_length=min(4, num_files), num_parallel_calls=tf.data.AUTOTUNE,
+                            deterministic=not shuffle or seed is not None)
 
 
 def shuffle_and_batch(dataset: tf.data.Dataset, *, batch_size: int, shuffle_buffer: int, seed: Optional[int],

@@ -36,7 +36,8 @@ def define_model_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_string("eval_split", "u1.test", "MovieLens ratings file for evaluation.", **fv)
   flags.DEFINE_integer("batch_size", 1024, "Examples per batch (per worker).", lower_bound=1, **fv)
   flags.DEFINE_integer("eval_batch_size", 4096, "Examples per evaluation batch.", lower_bound=1, **fv)
-  flags.DEFINE_integer("shuffle_buffer", 10_000, "Rows in the shuffle buffer (0: file order).", lower_bound=0, **fv)
+  flags.DEFINE_integer("shuffle_buffer", None, "Training rows in the shuffle buffer (0: file order); default: the "
+                       "reader's (Criteo 10,000; MovieLens 100,000, a whole ratings file).", lower_bound=0, **fv)
   flags.DEFINE_list("num_buckets", ["100000"], "Hash buckets per Criteo categorical feature: one or 26 ints.", **fv)
   flags.DEFINE_bool("strict_data", False, "Stop at a malformed Criteo row instead of skipping it.", **fv)
   flags.DEFINE_integer("synthetic_rows", 1_000_000, "Rows of generated data.", lower_bound=1, **fv)
@@ -105,7 +106,9 @@ def data_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> Data:
   from tfps.data import criteo  # pylint: disable=g-import-not-at-top  (TensorFlow only once flags are parsed)
   from tfps.data import movielens  # pylint: disable=g-import-not-at-top
   fv = flag_values
-  common = {"batch_size": fv.batch_size, "shuffle_buffer": fv.shuffle_buffer}
+  common = {"batch_size": fv.batch_size}
+  if fv.shuffle_buffer is not None:
+    common["shuffle_buffer"] = fv.shuffle_buffer
   once = {"batch_size": fv.eval_batch_size, "repeat": False, "shuffle_buffer": 0, "drop_remainder": False}
   if fv.data == "movielens":  # side tables are small: read now, so a wrong --data_dir fails at once
     tables = movielens.load_tables(fv.data_dir)

@@ -1,0 +1,84 @@
+"""Under ParameterServerStrategy each worker reads its own share of the training data (tfps.data.pipeline).
+
+Rows are tagged with their id in the first integer column, read back from `dense[:, 0]` (`log(1 + id)`); scheduled
+functions return the worker's index with the ids of the batch it read.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfps
+from tfps.data import criteo
+
+ROWS = 24
+ROUNDS = 30  # scheduling rounds before giving up on hearing from both workers
+
+
+def _write_files(directory, num_files):
+  """`num_files` Criteo TSV files holding rows 1..ROWS between them; returns `(paths, [ids of each file])`."""
+  paths, ids_of_file = [], []
+  for part, ids in enumerate(np.array_split(np.arange(1, ROWS + 1), num_files)):
+    path = directory / f"part-{part}.tsv"
+    path.write_text("".join(f"{row_id % 2}\t{row_id}" + "\t0" * 12 + "\tab" * 26 + "\n" for row_id in ids))
+    paths.append(str(path))
+    ids_of_file.append(set(int(row_id) for row_id in ids))
+  return paths, ids_of_file
+
+
+@pytest.fixture(scope="module")
+def pss(cluster):
+  return tfps.build_strategy(cluster)
+
+
+def _ids_by_worker(pss, dataset_fn, min_rows_per_worker):
+  """`{worker index: set of row ids}` read by scheduled functions, once both workers have read that many rows."""
+  strategy, coordinator = pss
+  with strategy.scope():
+    per_worker = coordinator.create_per_worker_dataset(lambda: strategy.distribute_datasets_from_function(dataset_fn))
+  iterator = iter(per_worker)
+
+  @tf.function
+  def take(iterator):
+    features, _ = next(iterator)
+    return tf.distribute.coordinator.experimental_get_current_worker_index(), features["dense"][:, 0]
+
+  seen, rows = {}, {}
+  for _ in range(ROUNDS):
+    results = [coordinator.schedule(take, args=(iterator,)) for _ in range(4)]
+    coordinator.join()
+    for result in results:
+      index, dense = result.fetch()
+      seen.setdefault(int(index), set()).update(int(row_id) for row_id in np.rint(np.expm1(dense)))
+      rows[int(index)] = rows.get(int(index), 0) + len(dense)
+    if len(rows) == 2 and min(rows.values()) >= min_rows_per_worker:
+      break
+  assert sorted(rows) == [0, 1], f"only worker(s) {sorted(rows)} ran a function in {ROUNDS} rounds"
+  return seen
+
+
+def test_workers_split_files(pss, tmp_path):
+  paths, ids_of_file = _write_files(tmp_path, 4)
+  dataset_fn = criteo.criteo_dataset_fn(paths, batch_size=4, num_buckets=10, shuffle_buffer=0, seed=1, scan=False)
+  seen = _ids_by_worker(pss, dataset_fn, min_rows_per_worker=3 * ROWS)
+  assert not seen[0] & seen[1]
+  assert seen[0] | seen[1] == set(range(1, ROWS + 1))
+  for ids in ids_of_file:  # whole files: a file's rows all go to one worker
+    assert ids <= seen[0] or ids <= seen[1]
+
+
+def test_workers_split_lines_of_a_single_file(pss, tmp_path):
+  paths, _ = _write_files(tmp_path, 1)
+  dataset_fn = criteo.criteo_dataset_fn(paths, batch_size=5, num_buckets=10, shuffle_buffer=8, seed=1, scan=False)
+  seen = _ids_by_worker(pss, dataset_fn, min_rows_per_worker=3 * ROWS)
+  assert not seen[0] & seen[1]
+  assert seen[0] | seen[1] == set(range(1, ROWS + 1))
+  assert len(seen[0]) == len(seen[1]) == ROWS // 2
+
+
+def test_one_pass_readers_are_not_split(pss, tmp_path):
+  """Evaluation reads (repeat=False) give every worker the whole set; exact evaluation shards it itself."""
+  paths, _ = _write_files(tmp_path, 4)
+  once = criteo.criteo_dataset_fn(paths, batch_size=4, num_buckets=10, repeat=False, shuffle_buffer=0, scan=False)
+  seen = _ids_by_worker(pss, lambda input_context: once(input_context).repeat(), min_rows_per_worker=3 * ROWS)
+  assert seen[0] == seen[1] == set(range(1, ROWS + 1))
