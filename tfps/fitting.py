@@ -20,8 +20,12 @@ from tfps import dataset_fns
 from tfps import evaluation
 from tfps import exactly_once
 from tfps import flags as flags_lib
+from tfps import geo
+from tfps import modes
 from tfps import roles
 from tfps import strategy as strategy_lib
+from tfps import sync
+from tfps.errors import UsageError
 
 DEFAULT_STEPS_PER_EXECUTION = 20
 
@@ -32,7 +36,7 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
         callbacks: Sequence[tf_keras.callbacks.Callback] = (), steps_per_execution: Optional[int] = None,
         log_every_secs: float = 10.0, batch_size: Optional[int] = None, keep_checkpoint_max: Optional[int] = 5,
         best_metric: Optional[str] = None, evaluate_every_checkpoint: bool = False,
-        cluster: Optional[cluster_lib.ClusterConfig] = None, verbose: int = 0):
+        sync_mode=None, cluster: Optional[cluster_lib.ClusterConfig] = None, verbose: int = 0):
   """Trains `build_model()` on the parameter-server cluster; returns the `History` (on the chief).
 
   Args:
@@ -53,12 +57,20 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
     keep_checkpoint_max: checkpoints kept in `model_dir/checkpoints` (None keeps all).
     best_metric: on the evaluator task, the metric that picks the best checkpoint (default: auc, else loss).
     evaluate_every_checkpoint: on the evaluator task, evaluate every checkpoint, not only the newest.
+    sync_mode: "async" (default), "sync" or "geo", or a `tfps.TrainingMode` (to set `geo_steps` or
+      `replicas_to_aggregate`); default: the --sync_mode/--geo_steps/--replicas_to_aggregate flags where defined.
     cluster: the cluster; default: from tfps flags and/or TF_CONFIG.
     verbose: tf-keras's verbosity (0: only tfps's progress lines).
   """
   _check_fit_args(build_model, train_dataset_fn, epochs, steps_per_epoch, validation_dataset_fn, validation_steps,
                   exact_evaluation, steps_per_execution)
+  mode = modes.as_mode(sync_mode)
   config = roles.resolve_cluster(cluster)
+  if config.task_type == "chief":
+    mode.replicas(config.num_workers)  # fails early on more replicas than workers
+  if mode.sync_mode != "async" and steps_per_execution is not None:
+    raise UsageError(f"`steps_per_execution` ({steps_per_execution}) applies to sync_mode=async only: a sync step is "
+                     "its own scheduled round, and geo runs `geo_steps` steps per function")
   if not flags.FLAGS.is_parsed() and logging.get_verbosity() < logging.INFO:
     logging.set_verbosity(logging.INFO)  # outside absl.app (a notebook), absl would hide the progress lines
 
@@ -73,7 +85,7 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
   def chief(config):
     return _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, validation_dataset_fn,
                   validation_steps, exact_evaluation, model_dir, list(callbacks), steps_per_execution,
-                  log_every_secs, batch_size, keep_checkpoint_max, verbose)
+                  log_every_secs, batch_size, keep_checkpoint_max, verbose, mode)
 
   return roles.run_task(chief, evaluator, cluster=config)
 
@@ -134,8 +146,8 @@ def _default_callbacks(model_dir, steps_per_epoch, epochs, batch_size, log_every
 
 def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, validation_dataset_fn, validation_steps,
            exact_evaluation, model_dir, user_callbacks, steps_per_execution, log_every_secs, batch_size,
-           keep_checkpoint_max, verbose):
-  strategy, _ = strategy_lib.build_strategy(config, **_strategy_options())
+           keep_checkpoint_max, verbose, mode):
+  strategy, coordinator = strategy_lib.build_strategy(config, **_strategy_options())
   model = build_model_in_scope(build_model, strategy)
   finished = _finished_run(model_dir, epochs * steps_per_epoch)
   if finished is not None:
@@ -145,10 +157,17 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
     evaluation.ensure_built(model, sample)
   if steps_per_execution is None and _tf_private.steps_per_execution(model) == 1:
     steps_per_execution = min(DEFAULT_STEPS_PER_EXECUTION, steps_per_epoch)
+  if mode.sync_mode == "geo":
+    steps_per_execution = min(mode.geo_steps, steps_per_epoch)
   with strategy.scope():
     if steps_per_execution is not None:
       _tf_private.set_steps_per_execution(model, steps_per_execution)
-    exactly_once.install(model, _tf_private.steps_per_execution(model), steps_per_epoch)
+    if mode.sync_mode == "sync":
+      sync.install(model, coordinator, config.num_workers, mode.replicas(config.num_workers))
+    elif mode.sync_mode == "geo":
+      geo.install(model, mode.geo_steps, steps_per_epoch)
+    else:
+      exactly_once.install(model, _tf_private.steps_per_execution(model), steps_per_epoch)
   validation = None
   if validation_dataset_fn is not None:
     if exact_evaluation:
@@ -159,8 +178,8 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
   batch_size = batch_size or dataset_fns.batch_size_of(sample)
   all_callbacks = _default_callbacks(model_dir, steps_per_epoch, epochs, batch_size, log_every_secs,
                                      keep_checkpoint_max) + user_callbacks
-  logging.info("Training on %s: %d epochs x %d steps, %d steps per execution", config.sizes(), epochs,
-               steps_per_epoch, _tf_private.steps_per_execution(model))
+  logging.info("Training on %s (%s): %d epochs x %d steps, %d steps per execution", config.sizes(),
+               mode.describe(config.num_workers), epochs, steps_per_epoch, _tf_private.steps_per_execution(model))
   try:
     return model.fit(tf_keras.utils.experimental.DatasetCreator(train_dataset_fn), epochs=epochs,
                      steps_per_epoch=steps_per_epoch, validation_data=validation,

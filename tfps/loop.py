@@ -86,7 +86,7 @@ class TrainLoop:
 
   def __init__(self, *, coordinator, train_function: Callable, iterator, global_step: tf.Variable,
                progress: exactly_once.StepProgress, checkpoint_manager: tf.train.CheckpointManager,
-               config: LoopConfig, model_dir: str):
+               config: LoopConfig, model_dir: str, sync_steps=None):
     self._coordinator = coordinator
     self._progress = progress
     self._train_function = train_function
@@ -96,6 +96,7 @@ class TrainLoop:
     self._config = config
     self._model_dir = model_dir
     self._writer = tf.summary.create_file_writer(model_dir)
+    self._sync_steps = sync_steps  # a tfps.sync.SyncSteps: steps run in sync mode, not packed async
 
   @property
   def step(self) -> int:
@@ -134,6 +135,9 @@ class TrainLoop:
 
   def _run_chunk(self, num_steps: int):
     """Schedules `num_steps` steps in functions of at most `steps_per_execution` steps and waits for them."""
+    if self._sync_steps is not None:
+      loss_sum, examples, _ = self._sync_steps.run(self._iterator, num_steps)
+      return loss_sum, examples
     results: List = []
     while num_steps > 0:
       count = min(num_steps, self._config.steps_per_execution)

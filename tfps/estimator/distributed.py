@@ -10,6 +10,7 @@ from tfps import cluster as cluster_lib
 from tfps import exactly_once
 from tfps import loop
 from tfps import strategy as strategy_lib
+from tfps import sync
 from tfps.estimator import calls
 from tfps.estimator.evaluation import ShardedEvaluation
 from tfps.estimator.model import ModelFnModel
@@ -25,6 +26,7 @@ class DistributedModel:
     self._config = config
     self.cluster = cluster
     self._num_workers = cluster.num_workers
+    config.training_mode.replicas(cluster.num_workers)  # fails early on more replicas than workers
     self.strategy, self.coordinator = strategy_lib.build_strategy(cluster, **strategy_options)
     self.model = ModelFnModel(model_fn, params, config)
     with self.strategy.scope():
@@ -32,6 +34,7 @@ class DistributedModel:
       self.progress = exactly_once.StepProgress(config.steps_per_execution, self.global_step)
     self._manager: Optional[tf.train.CheckpointManager] = None
     self._evaluations: Dict[tuple, ShardedEvaluation] = {}
+    self._sync: Optional[sync.SyncSteps] = None
 
   def _per_worker_iterator(self, input_fn: Callable):
     def dataset_fn(input_context):
@@ -73,19 +76,32 @@ class DistributedModel:
     if max_steps is not None and step >= max_steps:
       logging.info("Global step %d already reached max_steps %d; nothing to train", step, max_steps)
       return step
-    logging.info("Training from step %d to %s", step, max_steps if max_steps is not None else "the end of the input")
+    logging.info("Training from step %d to %s (%s)", step,
+                 max_steps if max_steps is not None else "the end of the input",
+                 self._config.training_mode.describe(self._num_workers))
     loop_config = loop.LoopConfig(steps_per_execution=self._config.steps_per_execution,
                                   log_every_steps=self._config.log_step_count_steps,
                                   checkpoint_every_steps=self._config.save_checkpoints_steps)
     train_loop = loop.TrainLoop(coordinator=self.coordinator, train_function=train_function, iterator=iterator,
                                 global_step=self.global_step, progress=self.progress,
                                 checkpoint_manager=self._manager, config=loop_config,
-                                model_dir=self._config.model_dir)
+                                model_dir=self._config.model_dir, sync_steps=self._sync_steps())
     final_step = train_loop.run(max_steps, after_checkpoint)
     if max_steps is None or final_step >= max_steps:
       checkpoints_lib.write_final_marker(self._config.model_dir, self._manager.latest_checkpoint,
                                          global_step=final_step)
     return final_step
+
+  def _sync_steps(self) -> Optional[sync.SyncSteps]:
+    mode = self._config.training_mode
+    if mode.sync_mode != "sync":
+      return None
+    if self._sync is None:
+      self._sync = sync.SyncSteps(
+          strategy=self.strategy, coordinator=self.coordinator, optimizer=lambda: self.model.optimizer,
+          step_fn=self.model.train_step, counter=self.global_step, num_workers=self._num_workers,
+          replicas=mode.replicas(self._num_workers), increment=lambda: self.global_step.assign_add(1))
+    return self._sync
 
   def evaluate(self, input_fn: Callable, steps: Optional[int], num_shards: Optional[int] = None) -> Dict[str, object]:
     """Evaluates the current variables on the workers, every batch exactly once; needs a `train` call first.

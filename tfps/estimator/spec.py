@@ -8,6 +8,7 @@ Estimators allowed) instead of `(value_op, update_op)` pairs. This module import
 import dataclasses
 from typing import Any, Callable, Mapping, Optional
 
+from tfps import modes
 from tfps.errors import TfpsError
 
 
@@ -132,6 +133,9 @@ class RunConfig:
       default: 2 per worker).
     save_summary_steps: accepted for compatibility; summaries are written at each step-log line.
     tf_random_seed: passed to `tf.random.set_seed` before variables are created.
+    sync_mode: "async" (default), "sync" or "geo" (`tfps.modes`; tfps).
+    geo_steps: geo: local steps between two pushes of a worker's difference (default 10).
+    replicas_to_aggregate: sync: worker batches averaged per step (default: one per worker).
   """
 
   model_dir: Optional[str] = None
@@ -142,8 +146,16 @@ class RunConfig:
   eval_shards: Optional[int] = None
   save_summary_steps: Optional[int] = None
   tf_random_seed: Optional[int] = None
+  sync_mode: str = "async"
+  geo_steps: Optional[int] = None
+  replicas_to_aggregate: Optional[int] = None
+
+  @property
+  def training_mode(self) -> modes.TrainingMode:
+    return modes.TrainingMode(self.sync_mode, self.geo_steps, self.replicas_to_aggregate)
 
   def __post_init__(self):
+    _ = self.training_mode  # raises on a mode that makes no sense
     check_positive("save_checkpoints_steps", self.save_checkpoints_steps)
     check_positive("keep_checkpoint_max", self.keep_checkpoint_max, allow_none=False)
     check_positive("log_step_count_steps", self.log_step_count_steps, allow_none=False)

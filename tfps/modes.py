@@ -1,0 +1,92 @@
+"""Training modes: how the ps applies the workers' work. One setting serves `tfps.fit` and the Estimator path.
+
+* `async` (the default, ParameterServerStrategy's own): every worker step applies its gradients at once.
+* `sync`: a global step averages the gradients of `replicas_to_aggregate` worker batches (default: one per worker),
+  all computed on the same parameter version, and applies them once (`tfps.sync`).
+* `geo`: each worker trains `geo_steps` steps on a local copy of the dense parameters and of the embedding rows its
+  batches touch, then adds its parameter difference to the ps (`tfps.geo`).
+"""
+
+import dataclasses
+from typing import Optional
+
+from absl import flags
+
+from tfps.errors import UsageError
+
+MODES = ("async", "sync", "geo")
+DEFAULT_GEO_STEPS = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingMode:
+  """A validated training mode.
+
+  Attributes:
+    sync_mode: "async", "sync" or "geo".
+    geo_steps: local steps between two pushes of a worker's difference (geo only; default 10).
+    replicas_to_aggregate: worker batches averaged into one sync step (sync only; default: the number of workers).
+  """
+
+  sync_mode: str = "async"
+  geo_steps: Optional[int] = None
+  replicas_to_aggregate: Optional[int] = None
+
+  def __post_init__(self):
+    if self.sync_mode not in MODES:
+      raise UsageError(f"`sync_mode` ({self.sync_mode!r}) must be one of {', '.join(MODES)}")
+    _check_positive_or_none("geo_steps", self.geo_steps)
+    _check_positive_or_none("replicas_to_aggregate", self.replicas_to_aggregate)
+    if self.geo_steps is not None and self.sync_mode != "geo":
+      raise UsageError(f"`geo_steps` ({self.geo_steps}) applies only to sync_mode=geo, not {self.sync_mode}")
+    if self.replicas_to_aggregate is not None and self.sync_mode != "sync":
+      raise UsageError(f"`replicas_to_aggregate` ({self.replicas_to_aggregate}) applies only to sync_mode=sync, "
+                       f"not {self.sync_mode}")
+    if self.sync_mode == "geo" and self.geo_steps is None:
+      object.__setattr__(self, "geo_steps", DEFAULT_GEO_STEPS)
+
+  def replicas(self, num_workers: int) -> int:
+    """Worker batches per sync step on a cluster of `num_workers` workers."""
+    replicas = self.replicas_to_aggregate or num_workers
+    if replicas > num_workers:
+      raise UsageError(f"`replicas_to_aggregate` ({replicas}) is more than the {num_workers} workers of the cluster: "
+                       "each worker gives at most one batch per sync step")
+    return replicas
+
+  def describe(self, num_workers: int) -> str:
+    """"async", "sync, 2 worker batches per step", "geo, 10 local steps per push"."""
+    if self.sync_mode == "geo":
+      return f"geo, {self.geo_steps} local steps per push"
+    if self.sync_mode == "sync":
+      return f"sync, {self.replicas(num_workers)} worker batches per step"
+    return "async"
+
+
+def _check_positive_or_none(name, value):
+  if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+    raise UsageError(f"`{name}` ({value!r}) must be a positive integer")
+
+
+def as_mode(mode) -> TrainingMode:
+  """A TrainingMode from a TrainingMode, a mode name, or None (the flags where parsed, else async)."""
+  if isinstance(mode, TrainingMode):
+    return mode
+  if mode is None:
+    return mode_from_flags() if flags.FLAGS.is_parsed() and "sync_mode" in flags.FLAGS else TrainingMode()
+  if isinstance(mode, str):
+    return TrainingMode(mode)
+  raise TypeError(f"`sync_mode` ({mode!r}) must be one of {', '.join(MODES)} or a tfps.TrainingMode")
+
+
+def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """--sync_mode, --geo_steps and --replicas_to_aggregate."""
+  flags.DEFINE_string("sync_mode", "async", f"How the ps applies the workers' work: {', '.join(MODES)}.",
+                      flag_values=flag_values)
+  flags.DEFINE_integer("geo_steps", None, f"geo: local steps per push (default {DEFAULT_GEO_STEPS}).",
+                       flag_values=flag_values)
+  flags.DEFINE_integer("replicas_to_aggregate", None, "sync: worker batches per step (default: every worker's).",
+                       flag_values=flag_values)
+
+
+def mode_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> TrainingMode:
+  return TrainingMode(flag_values.sync_mode, flag_values.geo_steps, flag_values.replicas_to_aggregate)

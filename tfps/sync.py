@@ -1,0 +1,258 @@
+"""Synchronous parameter-server training: one update per global step from the averaged gradients of several worker
+batches, all computed on the same parameter version (what TF1's SyncReplicasOptimizer did, which
+ParameterServerStrategy does not offer).
+
+A step runs in two phases, each a set of scheduled functions the coordinator waits for:
+
+1. Gradients. Each worker computes the gradients of one batch of its own dataset and writes them into its slot of a
+   gradient buffer kept beside each variable on its ps (slot = the worker's index; a dense gradient in a `[workers,
+   ...]` buffer, an embedding's sparse gradient as its rows and their indices, never a table-sized buffer). The slot
+   is then marked with the step. A worker whose slot is already marked does nothing, so a function re-run after a
+   worker failure never counts twice. When a slot stays empty for `steal_after_secs` (its worker died and is being
+   restarted), another worker fills it with a batch of its own, and the step goes on.
+2. Update. One function averages the first `replicas` marked slots and applies them with the model's optimizer,
+   once: it applies only while the step counter still equals the step (a re-run after a failure applies nothing).
+
+The user's step function runs unchanged: its `optimizer.apply_gradients` call is redirected into the buffer while the
+gradient function is traced.
+"""
+
+import contextlib
+import time
+from typing import Callable, List, Optional, Tuple
+
+from absl import logging
+import tensorflow as tf
+
+from tfps import _tf_private
+from tfps.errors import TfpsError
+
+STEAL_AFTER_SECS = 2.0
+
+
+class SyncStepTimeout(TfpsError):
+  """A sync step did not gather its gradients in time."""
+
+
+class GradientBuffers:
+  """Per-variable gradient slots (one per worker) on the variable's ps, created when the gradients are first seen.
+
+  A dense gradient goes into a `[slots, ...]` variable. A sparse one (an embedding's `IndexedSlices`) goes into one
+  hash table per slot, id -> summed row: it holds the rows of one batch, whatever their number (TensorFlow 2.21 cannot
+  read back a variable of undefined shape on a ps, and a table-sized buffer is what sync must avoid).
+  """
+
+  def __init__(self, strategy, num_slots: int):
+    self._strategy = strategy
+    self.num_slots = num_slots
+    self.entries: List[Tuple[tf.Variable, object]] = []  # (variable, dense buffer or one table per slot)
+
+  def _create(self, variable, gradient):
+    if isinstance(gradient, tf.IndexedSlices):
+      with tf.init_scope(), tf.device(variable.device):
+        buffer = [tf.lookup.experimental.MutableHashTable(tf.int64, gradient.values.dtype,
+                                                          default_value=tf.zeros(gradient.values.shape[1:],
+                                                                                 gradient.values.dtype))
+                  for _ in range(self.num_slots)]
+    else:
+      replica_context = tf.distribute.get_replica_context()
+      if replica_context is not None:  # traced inside strategy.run: variables are made in cross-replica context
+        return replica_context.merge_call(lambda _: self._create(variable, gradient))
+      with tf.init_scope(), self._strategy.extended.colocate_vars_with(variable):
+        name = variable.name.split(":")[0].replace("/", "_")
+        buffer = tf.Variable(tf.zeros([self.num_slots] + variable.shape, gradient.dtype), trainable=False,
+                             name=f"sync_grad_{name}")
+    self.entries.append((variable, buffer))
+    return buffer
+
+  def _buffer_of(self, variable, gradient):
+    for known, buffer in self.entries:
+      if known is variable:
+        return buffer
+    return self._create(variable, gradient)
+
+  def write(self, slot: tf.Tensor, grads_and_vars) -> List:
+    """Ops writing the gradients into `slot` (traced inside the gradient function)."""
+    writes = []
+    for gradient, variable in grads_and_vars:
+      if gradient is None:
+        continue
+      buffer = self._buffer_of(variable, gradient)
+      if isinstance(gradient, tf.IndexedSlices):
+        ids, positions = tf.unique(tf.cast(gradient.indices, tf.int64))
+        rows = tf.math.unsorted_segment_sum(gradient.values, positions, tf.size(ids))
+
+        def writer(table, ids=ids, rows=rows):
+          def write():
+            with tf.control_dependencies([table.remove(table.export()[0])]):
+              return table.insert(ids, rows)
+          return write
+        writes.append(tf.switch_case(tf.cast(slot, tf.int32), [writer(table) for table in buffer]))
+      else:
+        writes.append(buffer.scatter_update(tf.IndexedSlices(gradient[None], tf.reshape(slot, [1]))))
+    return writes
+
+  def average(self, chosen: tf.Tensor, replicas: int):
+    """The `(gradient, variable)` pairs averaged over the `chosen` slots (`[slots]` bool, `replicas` of them)."""
+    pairs = []
+    for variable, buffer in self.entries:
+      if isinstance(buffer, list):
+        ids, rows = [], []
+        for slot, table in enumerate(buffer):
+          slot_ids, slot_rows = tf.cond(chosen[slot], table.export,
+                                        lambda table=table: (tf.zeros([0], tf.int64),
+                                                             tf.zeros([0] + table._default_value.shape,  # pylint: disable=protected-access
+                                                                      table.value_dtype)))
+          ids.append(slot_ids)
+          rows.append(slot_rows)
+        pairs.append((tf.IndexedSlices(tf.concat(rows, 0) / replicas, tf.concat(ids, 0),
+                                       dense_shape=tf.shape(variable, out_type=tf.int64)), variable))
+      else:
+        weights = tf.reshape(tf.cast(chosen, buffer.dtype), [-1] + [1] * variable.shape.rank)
+        pairs.append((tf.reduce_sum(buffer * weights, 0) / replicas, variable))
+    return pairs
+
+
+@contextlib.contextmanager
+def redirected(optimizer, sink: Callable):
+  """While tracing: `optimizer.apply_gradients(grads_and_vars)` calls `sink(list)` instead."""
+  optimizer.apply_gradients = lambda grads_and_vars, *args, **kwargs: sink(list(grads_and_vars))
+  try:
+    yield
+  finally:
+    del optimizer.apply_gradients
+
+
+class SyncSteps:
+  """Drives sync steps on a ClusterCoordinator.
+
+  Args:
+    strategy, coordinator: the cluster's.
+    optimizer: returns the optimizer the step function applies gradients with (it may be made on the first trace).
+    step_fn: `fn(batch) -> (loss, num_examples)` in replica context; calls `optimizer.apply_gradients` once.
+    counter: the step counter (int64 on a ps) the update increments: the optimizer's `iterations` (Keras), or a
+      global step that `increment` adds 1 to.
+    num_workers, replicas: the cluster's workers and the batches averaged per step.
+    increment: `fn() -> op` run after the update, where the optimizer does not count the step itself.
+    results: `fn() -> structure` returned by the update function (e.g. the model's metric results).
+  """
+
+  def __init__(self, *, strategy, coordinator, optimizer: Callable, step_fn: Callable, counter: tf.Variable,
+               num_workers: int, replicas: int, increment: Optional[Callable] = None,
+               results: Optional[Callable] = None, timeout_secs: float = 600.0):
+    self._strategy = strategy
+    self._coordinator = coordinator
+    self._optimizer = optimizer
+    self._step_fn = step_fn
+    self._counter = counter
+    self._replicas = replicas
+    self._increment = increment
+    self._results = results or (lambda: tf.constant(0))
+    self._timeout_secs = timeout_secs
+    self.buffers = GradientBuffers(strategy, num_workers)
+    with strategy.scope(), strategy.extended.colocate_vars_with(counter):
+      self.marks = tf.Variable(tf.fill([num_workers], tf.constant(-1, tf.int64)), trainable=False,
+                               name="sync_slot_steps")
+    self._gradient_function = tf.function(self._gradients)
+    self._update_function = tf.function(self._update)
+
+  def _gradients(self, iterator, step, may_steal):
+    worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64)
+    free = tf.not_equal(self.marks.read_value(), step)
+    first_free = tf.argmax(tf.cast(free, tf.int32), output_type=tf.int64)
+    slot = tf.where(free[worker], worker,
+                    tf.where(tf.logical_and(may_steal, tf.reduce_any(free)), first_free, tf.constant(-1, tf.int64)))
+
+    def compute():
+      writes = []
+      with redirected(self._optimizer(), lambda pairs: writes.extend(self.buffers.write(slot, pairs)) or tf.no_op()):
+        loss, count = self._strategy.run(self._step_fn, args=(next(iterator),))
+      with tf.control_dependencies(writes):
+        marked = self.marks.scatter_update(tf.IndexedSlices(tf.reshape(step, [1]), tf.reshape(slot, [1])))
+      with tf.control_dependencies([marked]):
+        return tf.constant(1, tf.int64), tf.cast(loss, tf.float32), tf.cast(count, tf.int64)
+
+    def skip():
+      return tf.constant(0, tf.int64), tf.constant(0.0), tf.constant(0, tf.int64)
+
+    return tf.cond(slot >= 0, compute, skip)
+
+  def _update(self, step):
+    marked = tf.equal(self.marks.read_value(), step)
+    chosen = tf.logical_and(marked, tf.cumsum(tf.cast(marked, tf.int32)) <= self._replicas)
+    ready = tf.logical_and(tf.equal(tf.reduce_sum(tf.cast(chosen, tf.int32)), self._replicas),
+                           tf.equal(self._counter.read_value(), step))
+
+    def apply():
+      def replica_apply():
+        self._optimizer().apply_gradients(self.buffers.average(chosen, self._replicas))
+        if self._increment is not None:
+          self._increment()
+      self._strategy.run(replica_apply)
+      return tf.constant(True)
+
+    applied = tf.cond(ready, apply, lambda: tf.constant(False))
+    with tf.control_dependencies([applied]):
+      return self._results()
+
+  def run(self, iterator, num_steps: int):
+    """Runs `num_steps` sync steps; returns `(loss_sum, examples, last_update_result)`, the loss summed over steps
+    (each step's the mean of its batches'), the examples of every batch used."""
+    loss_sum, examples, result = 0.0, 0, None
+    for _ in range(num_steps):
+      step = int(self._counter.numpy())
+      gradients = self._gather(iterator, step)
+      result = self._coordinator.schedule(self._update_function, args=(tf.constant(step, tf.int64),))
+      self._coordinator.join()
+      if int(self._counter.numpy()) != step + 1:
+        raise RuntimeError(f"sync step {step} was not applied (the step counter is {int(self._counter.numpy())})")
+      counted = [value for value in (g.fetch() for g in gradients) if value[0]]
+      loss_sum += sum(float(loss) for _, loss, _ in counted) / max(len(counted), 1)
+      examples += sum(int(count) for _, _, count in counted)
+    return loss_sum, examples, result
+
+  def _gather(self, iterator, step: int) -> list:
+    """Schedules gradient functions until `replicas` slots hold gradients of `step`."""
+    started = time.monotonic()
+    results, needed, rounds = [], self._replicas, 0
+    while needed > 0:
+      may_steal = tf.constant(time.monotonic() - started > STEAL_AFTER_SECS)
+      results += [self._coordinator.schedule(self._gradient_function,
+                                             args=(iterator, tf.constant(step, tf.int64), may_steal))
+                  for _ in range(needed)]
+      self._coordinator.join()
+      needed = self._replicas - int(tf.reduce_sum(tf.cast(tf.equal(self.marks, step), tf.int32)).numpy())
+      rounds += 1
+      if needed > 0:
+        waited = time.monotonic() - started
+        if waited > self._timeout_secs:
+          raise SyncStepTimeout(f"sync step {step}: only {self._replicas - needed} of {self._replicas} worker "
+                                f"batches after {waited:.0f}s; are the workers up?")
+        if rounds == 2:
+          logging.info("sync step %d is waiting for %d more worker batch(es)", step, needed)
+        time.sleep(0.05)
+    return results
+
+
+def install(model, coordinator, num_workers: int, replicas: int) -> SyncSteps:
+  """Makes `model.fit` under ParameterServerStrategy train in sync steps; call under the strategy scope.
+
+  Each of tf-keras's train-function calls runs `steps_per_execution` sync steps and returns the model's metric
+  results after the last update.
+  """
+  def step_fn(batch):
+    logs = model.train_step(batch)
+    return logs["loss"], tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
+
+  steps = SyncSteps(strategy=model.distribute_strategy, coordinator=coordinator, optimizer=lambda: model.optimizer,
+                    step_fn=step_fn, counter=model.optimizer.iterations, num_workers=num_workers, replicas=replicas,
+                    results=model.get_metrics_result)
+
+  def make_train_function(force=False):
+    if model.train_function is None or force:
+      model.train_function = lambda iterator: steps.run(iterator, _tf_private.steps_per_execution(model))[2]
+    return model.train_function
+
+  model.make_train_function = make_train_function
+  model.train_function = None
+  return steps
