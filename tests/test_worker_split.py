@@ -57,23 +57,18 @@ def _ids_by_worker(pss, dataset_fn, min_rows_per_worker):
   return seen
 
 
-def test_workers_split_files(pss, tmp_path):
-  paths, ids_of_file = _write_files(tmp_path, 4)
-  dataset_fn = criteo.criteo_dataset_fn(paths, batch_size=4, num_buckets=10, shuffle_buffer=0, seed=1, scan=False)
-  seen = _ids_by_worker(pss, dataset_fn, min_rows_per_worker=3 * ROWS)
-  assert not seen[0] & seen[1]
-  assert seen[0] | seen[1] == set(range(1, ROWS + 1))
-  for ids in ids_of_file:  # whole files: a file's rows all go to one worker
-    assert ids <= seen[0] or ids <= seen[1]
-
-
-def test_workers_split_lines_of_a_single_file(pss, tmp_path):
-  paths, _ = _write_files(tmp_path, 1)
+@pytest.mark.parametrize("num_files", [4, 1])
+def test_workers_read_disjoint_shares_of_everything(pss, tmp_path, num_files):
+  """4 files: each worker reads 2 whole files. 1 file: each reads every other line of it."""
+  paths, ids_of_file = _write_files(tmp_path, num_files)
   dataset_fn = criteo.criteo_dataset_fn(paths, batch_size=5, num_buckets=10, shuffle_buffer=8, seed=1, scan=False)
   seen = _ids_by_worker(pss, dataset_fn, min_rows_per_worker=3 * ROWS)
   assert not seen[0] & seen[1]
   assert seen[0] | seen[1] == set(range(1, ROWS + 1))
   assert len(seen[0]) == len(seen[1]) == ROWS // 2
+  if num_files > 1:
+    for ids in ids_of_file:  # a file's rows all go to one worker
+      assert ids <= seen[0] or ids <= seen[1]
 
 
 def test_one_pass_readers_are_not_split(pss, tmp_path):

@@ -27,6 +27,7 @@ import glob
 import os
 from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
+from absl import logging
 import tensorflow as tf
 
 from tfps import strategy as strategy_lib
@@ -81,7 +82,10 @@ def shard_plan(num_files: int, input_context: Optional[tf.distribute.InputContex
       worker = pss_worker() if repeat else None
       if worker is None:
         return None
-      return Shard(worker[0], worker[1], by_file=num_files >= worker[0])  # the index is a tensor: nothing to check
+      shard = Shard(worker[0], worker[1], by_file=num_files >= worker[0])  # the index is a tensor: nothing to check
+      logging.info("Each of the %d workers reads its own share of the training data (%s)", shard.num_shards,
+                   "whole files" if shard.by_file else f"one line in {shard.num_shards} of each file")
+      return shard
   if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
     raise ValueError(f"`num_shards` ({num_shards!r}) must be a positive integer")
   if isinstance(shard_index, bool) or not isinstance(shard_index, int) or not 0 <= shard_index < num_shards:
