@@ -52,11 +52,11 @@ def loss_of(model, features, labels):
   return float(np.mean(np.maximum(logits, 0) - logits * labels + np.log1p(np.exp(-np.abs(logits)))))
 
 
-def trained_alone(features, labels):
-  """One process, no strategy: STEPS steps on `features, labels` as one batch. (Built after the cluster is connected:
-  models made before live on a device the connected process no longer has.)"""
+def trained_alone(features, labels, steps=STEPS):
+  """One process, no strategy: `steps` steps on `features, labels` as one batch. (Built after the cluster is
+  connected: models made before live on a device the connected process no longer has.)"""
   model = build_model()
-  for _ in range(STEPS):
+  for _ in range(steps):
     model.train_on_batch(features, labels)
   return model
 
@@ -96,3 +96,32 @@ def test_sync_estimator_matches_single_process_on_the_combined_batch(cluster, tm
   expected = loss_of(trained_alone(features, labels), features, labels)
   assert results["global_step"] == STEPS
   assert abs(results["loss"] - expected) < 1e-4
+
+
+def trained_alone_on(worker, steps):
+  model = build_model()
+  for _ in range(steps):
+    model.train_on_batch(*batch_of(worker))
+  return model
+
+
+def test_geo_round_trains_a_local_copy_and_pushes_its_difference(cluster):
+  """One round of 10 steps on one worker leaves on the ps exactly what 10 steps of one process on that worker's batch
+  give: the pull, the local steps (dense copies, cached rows of both table shards, Adagrad's slots) and the push."""
+  history = tfps.fit(build_model, per_worker_batches, epochs=1, steps_per_epoch=10,
+                     sync_mode=tfps.TrainingMode("geo", geo_steps=10), cluster=cluster)
+  assert int(history.model.optimizer.iterations.numpy()) == 10
+  features, _ = combined()
+  predictions = history.model(features).numpy()
+  gaps = [np.abs(predictions - trained_alone_on(worker, 10)(features).numpy()).max() for worker in (0, 1)]
+  assert min(gaps) < 1e-5, gaps
+  assert max(gaps) > 1e-3  # the two workers' batches train apart: the check tells which one ran
+
+
+def test_geo_fit_learns_with_rounds_on_both_workers(cluster):
+  history = tfps.fit(build_model, per_worker_batches, epochs=2, steps_per_epoch=50, sync_mode="geo",
+                     cluster=cluster)
+  features, labels = combined()
+  assert int(history.model.optimizer.iterations.numpy()) == 100
+  assert loss_of(history.model, features, labels) < 0.5 * loss_of(trained_alone(features, labels, steps=0),
+                                                                 features, labels)

@@ -13,6 +13,7 @@ _env.prepare()
 from tfps.cluster import ClusterConfig  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tfps.errors import ClusterConfigError, KerasVersionError, TfpsError, UnreachableTaskError, UsageError  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tfps.flags import config_from_flags, define_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tfps.modes import TrainingMode, define_mode_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 __version__ = "0.1.0"
 

@@ -3,6 +3,8 @@
 Each function names why no public way exists. Check them on every TensorFlow / tf-keras upgrade.
 """
 
+import contextlib
+
 import tensorflow as tf
 
 
@@ -32,3 +34,33 @@ def set_exact_evaluation_shards(model, shards: int) -> None:
 def exact_evaluation_shards(model) -> int:
   """The model's `pss_evaluation_shards` (0: exact evaluation off)."""
   return getattr(model, "_pss_evaluation_shards", 0) or 0
+
+
+@contextlib.contextmanager
+def swapped_handle(variable, handle):
+  """While tracing: every op on `variable` (reads, the optimizer's updates) uses `handle` instead of its own.
+
+  This is how geo training runs the user's step unchanged on worker-local copies: tf-keras layers and optimizers
+  hold their variables, and a variable's ops take its `_handle`; TensorFlow has no public way to redirect them.
+  """
+  variable = unwrapped(variable)
+  original = variable._handle  # pylint: disable=protected-access
+  variable._handle = handle  # pylint: disable=protected-access
+  try:
+    yield
+  finally:
+    variable._handle = original  # pylint: disable=protected-access
+
+
+def unwrapped(variable):
+  """The variable itself: ParameterServerStrategy hands out its variables wrapped in a `CachingVariable`, which
+  passes every op to the wrapped one (`_v`)."""
+  return variable.__dict__.get("_v", variable)
+
+
+def create_optimizer_slots(optimizer, variables) -> None:
+  """Creates a tf-keras legacy optimizer's slots (and hyperparameters) for `variables` now, under the strategy scope.
+
+  They are otherwise made by its first `apply_gradients`, which geo training runs on worker-local copies.
+  """
+  optimizer._create_all_weights(variables)  # pylint: disable=protected-access

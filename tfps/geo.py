@@ -1,8 +1,304 @@
-"""Geo training mode (not implemented yet)."""
+"""Geo training (PaddleRec's geo-SGD): each worker trains `geo_steps` steps on a local copy of the parameters, then
+adds its parameter difference to the ps.
 
+One scheduled function is one round on one worker:
+
+1. Pull: a local copy (a variable in the worker's own memory) of every dense trainable variable and of the
+   optimizer's variables is loaded from the ps.
+2. Discover: the round's batches run forward once with every tf-keras `Embedding` answering zeros, which yields the
+   ids each table is looked up with; the rows of those ids (and of the optimizer's slots of the table) are gathered
+   from the ps into a local cache of the touched rows only, never a table-sized buffer.
+3. Train: `geo_steps` steps of the user's own step (Keras `train_step`, or the model_fn's loss and optimizer) run
+   with every variable, slot and table redirected to its local copy; lookups go to the cached rows.
+4. Push: the difference between each local copy and what was pulled is added to the ps (dense variables and slots
+   whole, tables and their slots row by row), and the step counter grows by the steps run.
+
+What crosses the network per round is one pull and one push of the dense parameters and of the distinct touched
+rows, against one of each per step in async training. Optimizer slots are pushed additively too, which is exact for
+Adagrad's accumulators and an approximation for momentum-like slots. A round that a worker failure cut short is run
+again from its pull; a round whose push was recorded (`tfps.exactly_once`) is not run again.
+"""
+
+import contextlib
+import itertools
+from typing import Callable, Dict, List, Optional
+
+import tensorflow as tf
+import tf_keras
+
+from tfps import _tf_private
+from tfps import exactly_once
 from tfps.errors import UsageError
 
+LARGE_DENSE_ELEMENTS = 1 << 20  # a variable this large and not an Embedding table is not copied to every worker
 
-def install(model, geo_steps, steps_per_epoch):
-  del model, geo_steps, steps_per_epoch
-  raise UsageError("sync_mode=geo is not available yet")
+
+def _shards(variable) -> List[tf.Variable]:
+  return list(variable.variables) if hasattr(variable, "variables") and not isinstance(variable, tf.Variable) \
+      else [variable]
+
+
+class _LocalNames:
+  """Names of worker-local variables: stable across traces of one GeoRounds, distinct between GeoRounds."""
+
+  _instances = itertools.count()
+
+  def __init__(self):
+    self._prefix = f"tfps_geo_{next(self._instances)}"
+    self._names: Dict[tuple, str] = {}
+
+  def handle(self, variable, kind: str, shape, dtype) -> tf.Tensor:
+    """A variable in the memory of the worker running the function (each worker has its own)."""
+    key = (_id(variable), kind)
+    name = self._names.setdefault(key, f"{self._prefix}/{len(self._names)}")
+    return tf.raw_ops.VarHandleOp(dtype=dtype, shape=shape, shared_name=name, container="")
+
+
+class _Dense:
+  """A whole local copy of one variable."""
+
+  def __init__(self, variable, names: _LocalNames):
+    self.variable = variable
+    self.handle = names.handle(variable, "copy", variable.shape, variable.dtype)
+    self.pulled = variable.read_value()
+    self.pull = tf.raw_ops.AssignVariableOp(resource=self.handle, value=self.pulled)
+
+  def push(self):
+    with tf.control_dependencies([self.pull]):
+      local = tf.raw_ops.ReadVariableOp(resource=self.handle, dtype=self.variable.dtype)
+    return self.variable.assign_add(local - self.pulled)
+
+
+class _Table:
+  """The touched rows of one embedding table (sharded or not) and of its optimizer slots, cached locally."""
+
+  def __init__(self, table, ids: tf.Tensor, slots: Callable, names: _LocalNames):
+    self.shards = _shards(table)
+    rows = [shard.shape[0] for shard in self.shards]
+    self.offsets = [sum(rows[:k]) for k in range(len(rows) + 1)]
+    self.ids, _ = tf.unique(tf.reshape(tf.cast(ids, tf.int64), [-1]))
+    self.ids = tf.sort(self.ids)
+    self.starts = tf.searchsorted(self.ids, tf.constant(self.offsets, tf.int64), out_type=tf.int64)  # where each shard's ids start
+    self.caches = []  # (variable, handle, local ids, filled value, fill op)
+    for k, shard in enumerate(self.shards):
+      local_ids = self.ids[self.starts[k]:self.starts[k + 1]] - self.offsets[k]
+      for variable in [shard] + slots(shard):
+        handle = names.handle(variable, "rows", tf.TensorShape([None]).concatenate(variable.shape[1:]),
+                              variable.dtype)
+        filled = tf.gather(variable, local_ids)
+        fill = tf.raw_ops.AssignVariableOp(resource=handle, value=filled)
+        self.caches.append((variable, handle, local_ids, filled, fill))
+
+  def virtual_ids(self, ids: tf.Tensor) -> tf.Tensor:
+    """Ids under which the cached rows answer `ids`: shard k's row p of the cache is id `offsets[k] + p` (the rows
+    of a sharded table are split in order, as `tf.nn.embedding_lookup` reads them)."""
+    flat = tf.reshape(tf.cast(ids, tf.int64), [-1])
+    shard = (tf.searchsorted(tf.constant(self.offsets[1:-1], tf.int64), flat, side="right", out_type=tf.int64)
+             if len(self.shards) > 1 else tf.zeros_like(flat))
+    position = tf.searchsorted(self.ids, flat, out_type=tf.int64) - tf.gather(self.starts, shard)
+    return tf.reshape(tf.gather(tf.constant(self.offsets[:-1], tf.int64), shard) + position, tf.shape(ids))
+
+  def push(self) -> List:
+    pushes = []
+    for variable, handle, local_ids, filled, fill in self.caches:
+      with tf.control_dependencies([fill]):
+        local = tf.raw_ops.ReadVariableOp(resource=handle, dtype=variable.dtype)
+      pushes.append(variable.scatter_add(tf.IndexedSlices(local - filled, local_ids)))
+    return pushes
+
+
+@contextlib.contextmanager
+def _embeddings_answer(answer: Callable):
+  """While tracing, every tf-keras Embedding layer's call is `answer(layer, ids, original_call)`."""
+  original = tf_keras.layers.Embedding.call
+  tf_keras.layers.Embedding.call = lambda layer, ids: answer(layer, ids, original)
+  try:
+    yield
+  finally:
+    tf_keras.layers.Embedding.call = original
+
+
+@contextlib.contextmanager
+def _no_aggregation(optimizer):
+  """While tracing: the optimizer's gradient aggregation across replicas is the identity.
+
+  Under ParameterServerStrategy a worker is one replica, so aggregating is the identity anyway; it is skipped because
+  it asks each variable for its device, which a local copy leaves to the worker that runs the function.
+  """
+  original = optimizer.gradient_aggregator
+  optimizer.gradient_aggregator = lambda grads_and_vars: grads_and_vars
+  try:
+    yield
+  finally:
+    optimizer.gradient_aggregator = original
+
+
+def _key(table) -> tuple:
+  return tuple(_id(shard) for shard in _shards(table))
+
+
+def _id(variable) -> int:
+  """One identity per variable, whether handed out wrapped by the strategy or not."""
+  return id(_tf_private.unwrapped(variable))
+
+
+class GeoRounds:
+  """Builds the round function; see the module docstring.
+
+  Args:
+    strategy: the cluster's strategy.
+    forward: `fn(batch)` computing the model's output alone (replica context), used to discover the ids.
+    step_fn: the user's training step `fn(batch) -> (loss, num_examples)` (replica context), applying its gradients
+      with `optimizer()`.
+    optimizer: returns the (tf-keras legacy) optimizer the step uses.
+    variables: returns the trainable variables of the model.
+    counter: the step counter on a ps: the optimizer's `iterations` (pushed with the optimizer's variables), or a
+      global step that `increment(steps)` adds the round's steps to.
+  """
+
+  def __init__(self, *, strategy, forward: Callable, step_fn: Callable, optimizer: Callable, variables: Callable,
+               counter: tf.Variable, increment: Optional[Callable] = None):
+    self._strategy = strategy
+    self._forward = forward
+    self._step_fn = step_fn
+    self._optimizer = optimizer
+    self._variables = variables
+    self._counter = counter
+    self._increment = increment
+    self._names = _LocalNames()
+    self.progress = exactly_once.StepProgress(1, counter)
+
+  def _slots(self, variable) -> List[tf.Variable]:
+    optimizer = self._optimizer()
+    return [optimizer.get_slot(variable, name) for name in optimizer.get_slot_names()]
+
+  def round_function(self, iterator, num_steps: int, seq):
+    """A scheduled round of `num_steps` (a Python int) steps; returns `(loss summed over steps, examples)`.
+
+    `seq` is `progress.next_sequence()`: a round run again after its push was recorded does nothing.
+    """
+    def run():
+      return self._round(iterator, num_steps)
+
+    def skip():
+      return tf.constant(0.0), tf.constant(0, tf.int64), self._counter.read_value()
+
+    loss, examples, counter = tf.cond(self.progress.first_step(seq, 1) > 0, skip, run)
+    recorded = self.progress.record(seq, 0, counter)
+    with tf.control_dependencies([recorded]):
+      return tf.identity(loss), tf.identity(examples)
+
+  def _tables_of(self, batch) -> Dict[tuple, object]:
+    """The tables the step looks up (by tracing the forward pass in a scratch graph, which never runs)."""
+    found = {}
+
+    def note(layer, ids, original):
+      del original
+      found[_key(layer.embeddings)] = layer.embeddings
+      return tf.zeros(tf.concat([tf.shape(ids), [layer.output_dim]], 0), layer.compute_dtype)
+
+    def forward(batch):
+      self._strategy.run(self._forward, args=(batch,))
+
+    with _embeddings_answer(note):
+      tf.function(forward).get_concrete_function(tf.nest.map_structure(tf.TensorSpec.from_tensor, batch))
+    return found
+
+  def _round(self, iterator, num_steps: int):
+    optimizer = self._optimizer()
+    if not hasattr(optimizer, "get_slot_names"):
+      raise UsageError(f"sync_mode=geo needs a tf_keras.optimizers.legacy optimizer, got {type(optimizer).__name__}")
+    batches = [next(iterator) for _ in range(num_steps)]
+    table_parts = set()
+    for table in self._tables_of(batches[0]).values():
+      for shard in _shards(table):
+        table_parts.update([_id(shard)] + [_id(slot) for slot in self._slots(shard)])
+    # 1. Pull the dense variables and the optimizer's.
+    dense, copied = [], set()
+    for variable in list(self._variables()) + list(optimizer.variables()):
+      for part in _shards(variable):
+        if _id(part) in table_parts or _id(part) in copied:
+          continue
+        if (part.shape.num_elements() or 0) > LARGE_DENSE_ELEMENTS:
+          raise UsageError(f"sync_mode=geo copies every variable but embedding tables to each worker; {part.name} "
+                           f"{part.shape} is large and not the table of a tf_keras Embedding layer")
+        copied.add(_id(part))
+        dense.append(_Dense(part, self._names))
+    with contextlib.ExitStack() as swaps:
+      for copy in dense:
+        swaps.enter_context(_tf_private.swapped_handle(copy.variable, copy.handle))
+      # 2. Discover the ids of every table; cache their rows.
+      seen: Dict[tuple, list] = {}
+
+      def record(layer, ids, original):
+        del original
+        seen.setdefault(_key(layer.embeddings), [layer.embeddings]).append(tf.reshape(ids, [-1]))
+        return tf.zeros(tf.concat([tf.shape(ids), [layer.output_dim]], 0), layer.compute_dtype)
+
+      with tf.control_dependencies([copy.pull for copy in dense]), _embeddings_answer(record):
+        for batch in batches:
+          self._strategy.run(self._forward, args=(batch,))
+      tables = {key: _Table(entry[0], tf.concat(entry[1:], 0), self._slots, self._names)
+                for key, entry in seen.items()}
+      fills = [copy.pull for copy in dense] + [cache[4] for table in tables.values() for cache in table.caches]
+      for table in tables.values():
+        for variable, handle, *_ in table.caches:
+          swaps.enter_context(_tf_private.swapped_handle(variable, handle))
+
+      # 3. Train on the local copies.
+      def lookup(layer, ids, original):
+        return original(layer, tables[_key(layer.embeddings)].virtual_ids(ids))
+
+      losses, examples = [], []
+      with _embeddings_answer(lookup), _no_aggregation(optimizer):
+        for batch in batches:
+          with tf.control_dependencies(fills + losses[-1:]):
+            loss, count = self._strategy.run(self._step_fn, args=(batch,))
+          losses.append(tf.cast(loss, tf.float32))
+          examples.append(tf.cast(count, tf.int64))
+    # 4. Push the differences (the variables answer from the ps again).
+    with tf.control_dependencies(losses):
+      pushes = [copy.push() for copy in dense] + [op for table in tables.values() for op in table.push()]
+    if self._increment is not None:
+      with tf.control_dependencies(pushes):
+        pushes.append(self._increment(num_steps))
+    with tf.control_dependencies(pushes):
+      return tf.add_n(losses), tf.add_n(examples), self._counter.read_value()
+
+
+def install(model: tf_keras.Model, coordinator, geo_steps: int) -> GeoRounds:
+  """Makes `model.fit` under ParameterServerStrategy train in geo rounds; call under the strategy scope.
+
+  Each of tf-keras's train-function calls is one round of `steps_per_execution` steps (tfps.fit sets it to
+  `geo_steps`) and returns the model's metric results.
+  """
+  del geo_steps  # the rounds are as long as tf-keras's executions
+  _tf_private.create_optimizer_slots(model.optimizer, model.trainable_variables)
+
+  def forward(batch):
+    features, _, _ = tf_keras.utils.unpack_x_y_sample_weight(batch)
+    model(features, training=True)
+
+  def step_fn(batch):
+    logs = model.train_step(batch)
+    return logs["loss"], tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
+
+  rounds = GeoRounds(strategy=model.distribute_strategy, forward=forward, step_fn=step_fn,
+                     optimizer=lambda: model.optimizer, variables=lambda: model.trainable_variables,
+                     counter=model.optimizer.iterations)
+
+  @tf.function(autograph=False)
+  def train_function(iterator, num_steps, seq):
+    loss, _ = rounds.round_function(iterator, num_steps, seq)
+    with tf.control_dependencies([loss]):
+      return model.get_metrics_result()
+
+  def make_train_function(force=False):
+    if model.train_function is None or force:
+      model.train_function = lambda iterator: coordinator.schedule(
+          train_function, args=(iterator, _tf_private.steps_per_execution(model), rounds.progress.next_sequence()))
+    return model.train_function
+
+  model.make_train_function = make_train_function
+  model.train_function = None
+  return rounds
