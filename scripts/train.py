@@ -13,6 +13,7 @@ import tfps
 from tfps.models import flags as model_flags
 
 tfps.define_flags()
+tfps.define_mode_flags()
 model_flags.define_model_flags()
 _MODEL_DIR = flags.DEFINE_string("model_dir", "/tmp/tfps_main", "Checkpoints, TensorBoard logs, evaluations.")
 _EPOCHS = flags.DEFINE_integer("epochs", 3, "Epochs.", lower_bound=1)

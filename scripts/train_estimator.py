@@ -17,6 +17,7 @@ import tfps
 from tfps.estimator import synthetic
 
 tfps.define_flags()
+tfps.define_mode_flags()
 _MODEL_DIR = flags.DEFINE_string("model_dir", "/tmp/tfps_estimator", "Checkpoints, loss.log, evaluation results.")
 _MAX_STEPS = flags.DEFINE_integer("max_steps", 2000, "Train until the global step reaches this.", lower_bound=1)
 _BATCH = flags.DEFINE_integer("batch_size", 64, "Batch size per worker.", lower_bound=1)
@@ -37,7 +38,8 @@ _INLINE_EVAL = flags.DEFINE_boolean("inline_eval", True, "The chief evaluates on
 def build_estimator(cluster=None) -> tfps.Estimator:
   params = {"batch_size": _BATCH.value, "learning_rate": _LEARNING_RATE.value, "eval_examples": _EVAL_EXAMPLES.value}
   config = tfps.RunConfig(save_checkpoints_steps=_CHECKPOINT_STEPS.value, log_step_count_steps=_LOG_STEPS.value,
-                          steps_per_execution=_STEPS_PER_EXECUTION.value)
+                          steps_per_execution=_STEPS_PER_EXECUTION.value, sync_mode=flags.FLAGS.sync_mode,
+                          geo_steps=flags.FLAGS.geo_steps, replicas_to_aggregate=flags.FLAGS.replicas_to_aggregate)
   return tfps.Estimator(synthetic.model_fn, model_dir=_MODEL_DIR.value, params=params, config=config,
                         cluster=cluster)
 

@@ -16,6 +16,7 @@ import tensorflow as tf
 import tf_keras
 
 tfps.define_flags()
+tfps.define_mode_flags()
 _MODEL_DIR = flags.DEFINE_string("model_dir", "/tmp/tfps_keras", "Checkpoints, TensorBoard logs, evaluations.")
 _EPOCHS = flags.DEFINE_integer("epochs", 4, "Epochs.", lower_bound=1)
 _STEPS = flags.DEFINE_integer("steps_per_epoch", 100, "Steps per epoch.", lower_bound=1)

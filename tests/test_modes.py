@@ -1,11 +1,18 @@
 """Training modes on the in-process cluster: sync equals single-process training on the workers' batches combined."""
 
+import pathlib
+import re
+import subprocess
+import sys
+
 import numpy as np
+import pytest
 
 import tfps
 import tensorflow as tf
 import tf_keras
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
 VOCAB, NUM_IDS, BATCH, STEPS = 50_000, 4, 32, 50  # the table (1.6 MB) is sharded over both ps
 
 
@@ -125,3 +132,64 @@ def test_geo_fit_learns_with_rounds_on_both_workers(cluster):
   assert int(history.model.optimizer.iterations.numpy()) == 100
   assert loss_of(history.model, features, labels) < 0.5 * loss_of(trained_alone(features, labels, steps=0),
                                                                  features, labels)
+
+
+def test_geo_estimator_round_matches_single_process_on_one_worker_batch(cluster, tmp_path):
+  estimator = tfps.Estimator(model_fn, model_dir=str(tmp_path), cluster=cluster,
+                             config=tfps.RunConfig(sync_mode="geo", geo_steps=10, log_step_count_steps=10))
+  estimator.train(per_worker_batches, max_steps=10)
+  features, labels = combined()
+  results = estimator.evaluate(lambda: tf.data.Dataset.from_tensors((features, labels)), steps=None)
+  assert results["global_step"] == 10
+  gaps = [abs(results["loss"] - loss_of(trained_alone_on(worker, 10), features, labels)) for worker in (0, 1)]
+  assert min(gaps) < 1e-5, gaps
+  estimator.train(per_worker_batches, max_steps=60)  # rounds on both workers
+  assert estimator.evaluate(lambda: tf.data.Dataset.from_tensors((features, labels)), steps=None)["loss"] < \
+      results["loss"]
+
+
+@pytest.mark.parametrize("mode, message", [
+    (dict(sync_mode="fast"), "`sync_mode` ('fast') must be one of async, sync, geo"),
+    (dict(sync_mode="async", geo_steps=5), "`geo_steps` (5) applies only to sync_mode=geo, not async"),
+    (dict(sync_mode="geo", replicas_to_aggregate=2), "`replicas_to_aggregate` (2) applies only to sync_mode=sync"),
+    (dict(sync_mode="geo", geo_steps=0), "`geo_steps` (0) must be a positive integer"),
+])
+def test_modes_that_make_no_sense_are_refused(mode, message):
+  with pytest.raises(tfps.UsageError, match=re.escape(message)):
+    tfps.TrainingMode(**mode)
+  with pytest.raises(tfps.UsageError, match=re.escape(message)):
+    tfps.RunConfig(**mode)
+
+
+def test_sync_with_more_replicas_than_workers_or_steps_per_execution_is_refused(cluster, tmp_path):
+  with pytest.raises(tfps.UsageError, match=re.escape("`replicas_to_aggregate` (3) is more than the 2 workers")):
+    tfps.fit(build_model, per_worker_batches, epochs=1, steps_per_epoch=5, cluster=cluster,
+             sync_mode=tfps.TrainingMode("sync", replicas_to_aggregate=3))
+  with pytest.raises(tfps.UsageError, match="`steps_per_execution` .4. applies to sync_mode=async only"):
+    tfps.fit(build_model, per_worker_batches, epochs=1, steps_per_epoch=5, cluster=cluster, sync_mode="geo",
+             steps_per_execution=4)
+  with pytest.raises(tfps.UsageError, match=re.escape("`replicas_to_aggregate` (3) is more than the 2 workers")):
+    tfps.Estimator(model_fn, model_dir=str(tmp_path), cluster=cluster,
+                   config=tfps.RunConfig(sync_mode="sync", replicas_to_aggregate=3)).train(per_worker_batches, 1)
+
+
+def test_sync_with_one_replica_per_step_uses_one_batch_per_update(cluster):
+  history = tfps.fit(build_model, per_worker_batches, epochs=1, steps_per_epoch=20, cluster=cluster,
+                     sync_mode=tfps.TrainingMode("sync", replicas_to_aggregate=1))
+  assert int(history.model.optimizer.iterations.numpy()) == 20
+  features, _ = combined()
+  predictions = history.model(features).numpy()
+  # Each update used one worker's batch alone: the result is not that of the two batches averaged.
+  assert np.abs(predictions - trained_alone(*combined(), steps=20)(features).numpy()).max() > 1e-3
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sync_mode=fast"], "`sync_mode` ('fast') must be one of async, sync, geo"),
+    (["--geo_steps=5"], "`geo_steps` (5) applies only to sync_mode=geo, not async"),
+])
+def test_a_script_given_a_bad_mode_says_so_in_one_line(args, message, subprocess_env):
+  result = subprocess.run([sys.executable, "scripts/train_keras.py", *args], cwd=REPO, env=subprocess_env,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines()[-1] == f"train_keras.py: {message}"
+  assert "Traceback" not in result.stderr

@@ -86,7 +86,7 @@ class TrainLoop:
 
   def __init__(self, *, coordinator, train_function: Callable, iterator, global_step: tf.Variable,
                progress: exactly_once.StepProgress, checkpoint_manager: tf.train.CheckpointManager,
-               config: LoopConfig, model_dir: str, sync_steps=None):
+               config: LoopConfig, model_dir: str, sync_steps=None, static_steps: bool = False):
     self._coordinator = coordinator
     self._progress = progress
     self._train_function = train_function
@@ -97,6 +97,7 @@ class TrainLoop:
     self._model_dir = model_dir
     self._writer = tf.summary.create_file_writer(model_dir)
     self._sync_steps = sync_steps  # a tfps.sync.SyncSteps: steps run in sync mode, not packed async
+    self._static_steps = static_steps  # the train function takes its step count as a Python int (geo rounds)
 
   @property
   def step(self) -> int:
@@ -141,8 +142,9 @@ class TrainLoop:
     results: List = []
     while num_steps > 0:
       count = min(num_steps, self._config.steps_per_execution)
+      steps = count if self._static_steps else tf.constant(count, tf.int32)
       results.append(self._coordinator.schedule(
-          self._train_function, args=(self._iterator, tf.constant(count, tf.int32), self._progress.next_sequence())))
+          self._train_function, args=(self._iterator, steps, self._progress.next_sequence())))
       num_steps -= count
     self._coordinator.join()
     loss_sum, examples = 0.0, 0

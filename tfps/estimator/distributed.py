@@ -8,6 +8,7 @@ import tensorflow as tf
 from tfps import checkpoints as checkpoints_lib
 from tfps import cluster as cluster_lib
 from tfps import exactly_once
+from tfps import geo
 from tfps import loop
 from tfps import strategy as strategy_lib
 from tfps import sync
@@ -35,6 +36,7 @@ class DistributedModel:
     self._manager: Optional[tf.train.CheckpointManager] = None
     self._evaluations: Dict[tuple, ShardedEvaluation] = {}
     self._sync: Optional[sync.SyncSteps] = None
+    self._geo: Optional[geo.GeoRounds] = None
 
   def _per_worker_iterator(self, input_fn: Callable):
     def dataset_fn(input_context):
@@ -70,6 +72,11 @@ class DistributedModel:
     train_function = loop.build_train_function(self.strategy, self.model.train_step, self.global_step, self.progress)
     if self._manager is None:
       self._build(train_function, iterator)
+    progress, steps_per_execution = self.progress, self._config.steps_per_execution
+    if self._config.training_mode.sync_mode == "geo":
+      rounds = self._geo_rounds()
+      train_function, progress = tf.function(rounds.round_function, autograph=False), rounds.progress
+      steps_per_execution = self._config.training_mode.geo_steps
     step = int(self.global_step.numpy())
     if steps is not None:
       max_steps = step + steps
@@ -79,13 +86,14 @@ class DistributedModel:
     logging.info("Training from step %d to %s (%s)", step,
                  max_steps if max_steps is not None else "the end of the input",
                  self._config.training_mode.describe(self._num_workers))
-    loop_config = loop.LoopConfig(steps_per_execution=self._config.steps_per_execution,
+    loop_config = loop.LoopConfig(steps_per_execution=steps_per_execution,
                                   log_every_steps=self._config.log_step_count_steps,
                                   checkpoint_every_steps=self._config.save_checkpoints_steps)
     train_loop = loop.TrainLoop(coordinator=self.coordinator, train_function=train_function, iterator=iterator,
-                                global_step=self.global_step, progress=self.progress,
+                                global_step=self.global_step, progress=progress,
                                 checkpoint_manager=self._manager, config=loop_config,
-                                model_dir=self._config.model_dir, sync_steps=self._sync_steps())
+                                model_dir=self._config.model_dir, sync_steps=self._sync_steps(),
+                                static_steps=self._config.training_mode.sync_mode == "geo")
     final_step = train_loop.run(max_steps, after_checkpoint)
     if max_steps is None or final_step >= max_steps:
       checkpoints_lib.write_final_marker(self._config.model_dir, self._manager.latest_checkpoint,
@@ -102,6 +110,18 @@ class DistributedModel:
           step_fn=self.model.train_step, counter=self.global_step, num_workers=self._num_workers,
           replicas=mode.replicas(self._num_workers), increment=lambda: self.global_step.assign_add(1))
     return self._sync
+
+  def _geo_rounds(self) -> geo.GeoRounds:
+    if self._geo is None:
+      def forward(batch):
+        features, labels = calls.split_element(batch, ModeKeys.TRAIN)
+        self.model(features, labels, ModeKeys.TRAIN)
+
+      self._geo = geo.GeoRounds(
+          strategy=self.strategy, forward=forward, step_fn=self.model.train_step,
+          optimizer=lambda: self.model.optimizer, variables=self.model.variables.trainable_variables_flat,
+          counter=self.global_step, increment=self.global_step.assign_add)
+    return self._geo
 
   def evaluate(self, input_fn: Callable, steps: Optional[int], num_shards: Optional[int] = None) -> Dict[str, object]:
     """Evaluates the current variables on the workers, every batch exactly once; needs a `train` call first.

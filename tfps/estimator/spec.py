@@ -128,7 +128,8 @@ class RunConfig:
     save_checkpoints_steps: save a checkpoint every this many steps (default: 1000).
     keep_checkpoint_max: checkpoints kept (older ones are deleted).
     log_step_count_steps: one step-log line (step | loss | steps/s | ex/s) every this many steps.
-    steps_per_execution: training steps packed into one scheduled function (tfps; not in tf.estimator).
+    steps_per_execution: training steps packed into one scheduled function (tfps; not in tf.estimator); async only
+      (a sync step is its own round; a geo round is `geo_steps` steps).
     eval_shards: shards an evaluation dataset is split into, each evaluated exactly once by one closure (tfps;
       default: 2 per worker).
     save_summary_steps: accepted for compatibility; summaries are written at each step-log line.
