@@ -1,12 +1,15 @@
 """Runs one `train_bench.py` measurement (alone, or as a cluster under `tfps-launch`) and watches its processes.
 
-While a cluster runs, every task process (found by its TF_CONFIG) is sampled every `sample_secs`: CPU time, and
-peak RSS (`VmHWM` of /proc/<pid>/status, through psutil). The result is the chief's JSON plus, per task,
-`peak_rss_bytes` and `cores` (CPU seconds per second over the chief's measured span). Imports no TensorFlow.
+While a cluster runs, every task process (found by its TF_CONFIG) is sampled every `sample_secs`: CPU time, peak RSS
+(`VmHWM` of /proc/<pid>/status, through psutil), and the bytes its TCP sockets sent and received (`ss -tinp`: the
+kernel's per-connection `bytes_sent`/`bytes_received`; gRPC keeps its connections open, so nothing is lost between
+samples). The result is the chief's JSON plus, per task, `peak_rss_bytes`, and over the chief's measured span `cores`
+(CPU seconds per second) and `network_bytes`. Imports no TensorFlow.
 """
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -50,8 +53,30 @@ def _peak_rss(process: psutil.Process) -> int:
   return 0
 
 
+_SS_PID = re.compile(r"pid=(\d+),")
+_SS_BYTES = re.compile(r"\bbytes_(?:sent|received):(\d+)")
+
+
+def _socket_bytes() -> Dict[int, int]:
+  """`{pid: bytes sent + received over its TCP sockets}` on this machine, from `ss -tinp` (0 where ss is missing)."""
+  try:
+    lines = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, timeout=10, check=False).stdout
+  except (OSError, subprocess.TimeoutExpired):
+    return {}
+  totals: Dict[int, int] = {}
+  owners: List[int] = []
+  for line in lines.splitlines():
+    if not line.startswith((" ", "\t")):  # a connection line; its counters follow on the next line
+      owners = [int(pid) for pid in _SS_PID.findall(line)]
+      continue
+    count = sum(int(value) for value in _SS_BYTES.findall(line))
+    for pid in owners[:1]:
+      totals[pid] = totals.get(pid, 0) + count
+  return totals
+
+
 def _sample(root: psutil.Process, tasks: Dict[str, psutil.Process]) -> Dict[str, tuple]:
-  """`{task: (time, cpu_secs, peak_rss)}` of every live task process under `root`."""
+  """`{task: (time, cpu_secs, peak_rss, network_bytes)}` of every live task process under `root`."""
   try:
     children = root.children(recursive=True)
   except psutil.Error:
@@ -62,10 +87,11 @@ def _sample(root: psutil.Process, tasks: Dict[str, psutil.Process]) -> Dict[str,
       if name:
         tasks[name] = child
   result = {}
+  network = _socket_bytes()
   for name, process in tasks.items():
     try:
       times = process.cpu_times()
-      result[name] = (time.time(), times.user + times.system, _peak_rss(process))
+      result[name] = (time.time(), times.user + times.system, _peak_rss(process), network.get(process.pid, 0))
     except (psutil.Error, OSError):
       continue
   return result
@@ -136,9 +162,12 @@ def run(args: Sequence[str], *, num_ps: int = 0, num_workers: int = 0, log_dir: 
 
 
 def _task_summary(series: List[tuple], span: Optional[Sequence[float]]) -> dict:
-  summary = {"peak_rss_bytes": max(peak for _, _, peak in series)}
+  summary = {"peak_rss_bytes": max(sample[2] for sample in series)}
   if span and span[0] and span[1]:
-    inside = [(t, cpu) for t, cpu, _ in series if span[0] <= t <= span[1]]
+    inside = [sample for sample in series if span[0] <= sample[0] <= span[1]]
     if len(inside) >= 2 and inside[-1][0] > inside[0][0]:
-      summary["cores"] = (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+      first, last = inside[0], inside[-1]
+      summary["cores"] = (last[1] - first[1]) / (last[0] - first[0])
+      summary["network_bytes"] = last[3] - first[3]
+      summary["network_secs"] = last[0] - first[0]
   return summary

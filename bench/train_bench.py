@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import tfps  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 tfps.define_flags()
+tfps.define_mode_flags()
 _PATH = flags.DEFINE_enum("path", "fit", ["single", "fit", "estimator", "tutorial", "trivial", "idle"],
                           "What to measure.")
 _BATCH = flags.DEFINE_integer("batch_size", 256, "Examples per step (per worker).", lower_bound=1)
@@ -52,8 +53,8 @@ def _workload():
                            stack_tables=_STACK.value)
 
 
-def _rates(seconds):
-  examples = _STEPS.value * _BATCH.value
+def _rates(seconds, batches_per_step: int = 1):
+  examples = _STEPS.value * _BATCH.value * batches_per_step
   rates = [examples / s for s in seconds]
   return {"examples_per_sec": statistics.median(rates), "window_examples_per_sec": rates,
           "step_secs": statistics.median(seconds) / _STEPS.value}
@@ -139,6 +140,7 @@ def run_fit(config) -> dict:
   """`tfps.fit`, timed per epoch; the chief's time in `schedule` and its CPU time per measured epoch."""
   from bench import workload as workload_lib  # pylint: disable=g-import-not-at-top
   from tfps import fitting  # pylint: disable=g-import-not-at-top
+  from tfps import modes  # pylint: disable=g-import-not-at-top
   workload = _workload()
   _time_schedule_calls()
   timer = _EpochTimer()
@@ -146,7 +148,11 @@ def run_fit(config) -> dict:
            steps_per_epoch=_STEPS.value, callbacks=[timer.callback], steps_per_execution=_SPE.value,
            batch_size=workload.batch_size, cluster=config)
   wall = sum(timer.seconds)
-  return dict(_rates(timer.seconds), steps_per_execution=_SPE.value or fitting.DEFAULT_STEPS_PER_EXECUTION,
+  mode = modes.mode_from_flags()
+  batches_per_step = mode.replicas(config.num_workers) if mode.sync_mode == "sync" else 1  # a sync step averages
+  return dict(_rates(timer.seconds, batches_per_step), sync_mode=mode.sync_mode,
+              examples_per_step=batches_per_step * workload.batch_size,
+              steps_per_execution=_SPE.value or fitting.DEFAULT_STEPS_PER_EXECUTION,
               chief_schedule_share=sum(timer.schedule) / wall, chief_cpu_share=sum(timer.cpu) / wall,
               measured_span=timer.span)
 

@@ -78,7 +78,8 @@ class _Table:
     self.offsets = [sum(rows[:k]) for k in range(len(rows) + 1)]
     self.ids, _ = tf.unique(tf.reshape(tf.cast(ids, tf.int64), [-1]))
     self.ids = tf.sort(self.ids)
-    self.starts = tf.searchsorted(self.ids, tf.constant(self.offsets, tf.int64), out_type=tf.int64)  # where each shard's ids start
+    # Where each shard's ids start in the sorted ids.
+    self.starts = tf.searchsorted(self.ids, tf.constant(self.offsets, tf.int64), out_type=tf.int64)
     self.caches = []  # (variable, handle, local ids, filled value, fill op)
     for k, shard in enumerate(self.shards):
       local_ids = self.ids[self.starts[k]:self.starts[k + 1]] - self.offsets[k]
@@ -105,6 +106,15 @@ class _Table:
         local = tf.raw_ops.ReadVariableOp(resource=handle, dtype=variable.dtype)
       pushes.append(variable.scatter_add(tf.IndexedSlices(local - filled, local_ids)))
     return pushes
+
+
+def _recording(record: Callable):
+  """While tracing: every tf-keras Embedding layer calls `record(layer, ids)` and answers zeros, reading no table."""
+  def answer(layer, ids, original):
+    del original
+    record(layer, ids)
+    return tf.zeros(tf.concat([tf.shape(ids), [layer.output_dim]], 0), layer.compute_dtype)
+  return _embeddings_answer(answer)
 
 
 @contextlib.contextmanager
@@ -192,50 +202,47 @@ class GeoRounds:
     """The tables the step looks up (by tracing the forward pass in a scratch graph, which never runs)."""
     found = {}
 
-    def note(layer, ids, original):
-      del original
-      found[_key(layer.embeddings)] = layer.embeddings
-      return tf.zeros(tf.concat([tf.shape(ids), [layer.output_dim]], 0), layer.compute_dtype)
-
     def forward(batch):
       self._strategy.run(self._forward, args=(batch,))
 
-    with _embeddings_answer(note):
+    with _recording(lambda layer, ids: found.setdefault(_key(layer.embeddings), layer.embeddings)):
       tf.function(forward).get_concrete_function(tf.nest.map_structure(tf.TensorSpec.from_tensor, batch))
     return found
+
+  def _dense_copies(self, optimizer, batch) -> List[_Dense]:
+    """Local copies (pulled) of every variable of the model and the optimizer but the tables and their slots."""
+    table_parts = set()
+    for table in self._tables_of(batch).values():
+      for shard in _shards(table):
+        table_parts.update([_id(shard)] + [_id(slot) for slot in self._slots(shard)])
+    dense = []
+    for variable in list(self._variables()) + list(optimizer.variables()):
+      for part in _shards(variable):
+        if _id(part) in table_parts:
+          continue
+        if (part.shape.num_elements() or 0) > LARGE_DENSE_ELEMENTS:
+          raise UsageError(f"sync_mode=geo copies every variable but embedding tables to each worker; {part.name} "
+                           f"{part.shape} is large and not the table of a tf_keras Embedding layer")
+        table_parts.add(_id(part))  # once, though listed by both the model and the optimizer
+        dense.append(_Dense(part, self._names))
+    return dense
 
   def _round(self, iterator, num_steps: int):
     optimizer = self._optimizer()
     if not hasattr(optimizer, "get_slot_names"):
       raise UsageError(f"sync_mode=geo needs a tf_keras.optimizers.legacy optimizer, got {type(optimizer).__name__}")
     batches = [next(iterator) for _ in range(num_steps)]
-    table_parts = set()
-    for table in self._tables_of(batches[0]).values():
-      for shard in _shards(table):
-        table_parts.update([_id(shard)] + [_id(slot) for slot in self._slots(shard)])
-    # 1. Pull the dense variables and the optimizer's.
-    dense, copied = [], set()
-    for variable in list(self._variables()) + list(optimizer.variables()):
-      for part in _shards(variable):
-        if _id(part) in table_parts or _id(part) in copied:
-          continue
-        if (part.shape.num_elements() or 0) > LARGE_DENSE_ELEMENTS:
-          raise UsageError(f"sync_mode=geo copies every variable but embedding tables to each worker; {part.name} "
-                           f"{part.shape} is large and not the table of a tf_keras Embedding layer")
-        copied.add(_id(part))
-        dense.append(_Dense(part, self._names))
+    dense = self._dense_copies(optimizer, batches[0])  # 1. Pull.
     with contextlib.ExitStack() as swaps:
       for copy in dense:
         swaps.enter_context(_tf_private.swapped_handle(copy.variable, copy.handle))
-      # 2. Discover the ids of every table; cache their rows.
+      # 2. Discover the ids of every table (on the local dense copies); cache their rows.
       seen: Dict[tuple, list] = {}
 
-      def record(layer, ids, original):
-        del original
+      def record(layer, ids):
         seen.setdefault(_key(layer.embeddings), [layer.embeddings]).append(tf.reshape(ids, [-1]))
-        return tf.zeros(tf.concat([tf.shape(ids), [layer.output_dim]], 0), layer.compute_dtype)
 
-      with tf.control_dependencies([copy.pull for copy in dense]), _embeddings_answer(record):
+      with tf.control_dependencies([copy.pull for copy in dense]), _recording(record):
         for batch in batches:
           self._strategy.run(self._forward, args=(batch,))
       tables = {key: _Table(entry[0], tf.concat(entry[1:], 0), self._slots, self._names)

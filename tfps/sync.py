@@ -98,11 +98,9 @@ class GradientBuffers:
     for variable, buffer in self.entries:
       if isinstance(buffer, list):
         ids, rows = [], []
+        none = (tf.zeros([0], tf.int64), tf.zeros([0] + variable.shape[1:], buffer[0].value_dtype))
         for slot, table in enumerate(buffer):
-          slot_ids, slot_rows = tf.cond(chosen[slot], table.export,
-                                        lambda table=table: (tf.zeros([0], tf.int64),
-                                                             tf.zeros([0] + table._default_value.shape,  # pylint: disable=protected-access
-                                                                      table.value_dtype)))
+          slot_ids, slot_rows = tf.cond(chosen[slot], table.export, lambda: none)
           ids.append(slot_ids)
           rows.append(slot_rows)
         pairs.append((tf.IndexedSlices(tf.concat(rows, 0) / replicas, tf.concat(ids, 0),
