@@ -115,6 +115,22 @@ def test_workers_killed_several_times(run):
   assert job.output().count("restarting worker:") == 3
 
 
+@pytest.mark.parametrize("mode", ["sync", "geo"])
+def test_sync_and_geo_modes_survive_worker_kills(run, mode):
+  job = run("--max_restarts=5", script_args=[f"--sync_mode={mode}"])
+  for epoch in (1, 2):
+    job.wait_for_checkpoint(epoch)
+    time.sleep(0.2)
+    job.kill(f"worker:{epoch % 2}")
+  code, final = job.finish()
+  assert code == 0, job.output()[-3000:]
+  assert job.output().count("restarting worker:") == 2
+  # sync: an update applies only while the step counter equals its step, and a worker's slot is filled once per
+  # step; geo: a round is recorded like an async function. The bound allows for the one step (sync) or round (geo)
+  # that could be on its way to the ps when a re-run starts.
+  assert EPOCHS * STEPS <= final["iterations"] <= EPOCHS * STEPS + (2 if mode == "sync" else 10)  # 400 in 2 of 2
+
+
 @pytest.mark.parametrize("victim", ["ps:0", "chief:0"])
 def test_ps_or_chief_killed_resumes_from_the_backup(run, victim):
   job = run()
