@@ -42,7 +42,7 @@ _STREAMS = flags.DEFINE_integer("streams", 1, "single mode: alternate batches of
                                "passes over u1.base, as tfps workers each read their own (a diagnostic: the data "
                                "order of N workers without their asynchrony).", lower_bound=1)
 _RANKING_LR = flags.DEFINE_float("ranking_learning_rate", 0.2, "Adagrad learning rate of the ranking models.")
-_RETRIEVAL_LR = flags.DEFINE_float("retrieval_learning_rate", 0.1, "Adagrad learning rate of the retrieval model.")
+_RETRIEVAL_LR = flags.DEFINE_float("retrieval_learning_rate", 0.05, "Adagrad learning rate of the retrieval model.")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Where the results go (JSON).", required=True)
 
 TRAIN_SPLIT, TEST_SPLIT = "u1.base", "u1.test"
