@@ -3,19 +3,22 @@ adds its parameter difference to the ps.
 
 One scheduled function is one round on one worker:
 
-1. Pull: a local copy (a variable in the worker's own memory) of every dense trainable variable and of the
-   optimizer's variables is loaded from the ps.
+1. Pull: a local copy (a variable in the worker's own memory) of every dense trainable variable is loaded from the
+   ps. The optimizer's state of those variables (Adagrad's accumulators, ...) stays on the worker between rounds,
+   loaded from the ps by the worker's first round only: each worker keeps its own, as geo-SGD's local optimizer does.
 2. Discover: the round's batches run forward once with every tf-keras `Embedding` answering zeros, which yields the
    ids each table is looked up with; the rows of those ids (and of the optimizer's slots of the table) are gathered
    from the ps into a local cache of the touched rows only, never a table-sized buffer.
 3. Train: `geo_steps` steps of the user's own step (Keras `train_step`, or the model_fn's loss and optimizer) run
    with every variable, slot and table redirected to its local copy; lookups go to the cached rows.
-4. Push: the difference between each local copy and what was pulled is added to the ps (dense variables and slots
-   whole, tables and their slots row by row), and the step counter grows by the steps run.
+4. Push: the difference between each local copy and what was pulled is added to the ps (dense variables whole,
+   tables and their slots row by row), and the step counter grows by the steps run.
 
 What crosses the network per round is one pull and one push of the dense parameters and of the distinct touched
-rows, against one of each per step in async training. Optimizer slots are pushed additively too, which is exact for
-Adagrad's accumulators and an approximation for momentum-like slots. A round that a worker failure cut short is run
+rows with their slot rows, against the dense parameters and the batch's rows read and their gradients written at
+every step in async training. A table's slot rows are pushed additively, which is exact for Adagrad's accumulators
+and an approximation for momentum-like slots. The ps keeps the dense variables' optimizer state of the time training
+started (checkpoints hold it as such): each worker's is its own. A round that a worker failure cut short is run
 again from its pull; a round whose push was recorded (`tfps.exactly_once`) is not run again.
 """
 
@@ -55,15 +58,23 @@ class _LocalNames:
 
 
 class _Dense:
-  """A whole local copy of one variable."""
+  """A whole local copy of one variable: pulled and pushed every round, or `resident` (the optimizer's state of a
+  dense variable): pulled by a worker's first round only, then kept and updated on the worker, never pushed."""
 
-  def __init__(self, variable, names: _LocalNames):
+  def __init__(self, variable, names: _LocalNames, resident: bool = False):
     self.variable = variable
+    self.resident = resident
     self.handle = names.handle(variable, "copy", variable.shape, variable.dtype)
-    self.pulled = variable.read_value()
-    self.pull = tf.raw_ops.AssignVariableOp(resource=self.handle, value=self.pulled)
+    if resident:
+      self.pull = tf.cond(tf.raw_ops.VarIsInitializedOp(resource=self.handle), tf.no_op,
+                          lambda: tf.raw_ops.AssignVariableOp(resource=self.handle, value=variable.read_value()))
+    else:
+      self.pulled = variable.read_value()
+      self.pull = tf.raw_ops.AssignVariableOp(resource=self.handle, value=self.pulled)
 
   def push(self):
+    if self.resident:
+      return self.pull
     with tf.control_dependencies([self.pull]):
       local = tf.raw_ops.ReadVariableOp(resource=self.handle, dtype=self.variable.dtype)
     return self.variable.assign_add(local - self.pulled)
@@ -216,6 +227,7 @@ class GeoRounds:
       for shard in _shards(table):
         table_parts.update([_id(shard)] + [_id(slot) for slot in self._slots(shard)])
     dense = []
+    trainable = {_id(part) for variable in self._variables() for part in _shards(variable)}
     for variable in list(self._variables()) + list(optimizer.variables()):
       for part in _shards(variable):
         if _id(part) in table_parts:
@@ -224,7 +236,8 @@ class GeoRounds:
           raise UsageError(f"sync_mode=geo copies every variable but embedding tables to each worker; {part.name} "
                            f"{part.shape} is large and not the table of a tf_keras Embedding layer")
         table_parts.add(_id(part))  # once, though listed by both the model and the optimizer
-        dense.append(_Dense(part, self._names))
+        resident = _id(part) not in trainable and _id(part) != _id(optimizer.iterations)
+        dense.append(_Dense(part, self._names, resident=resident))
     return dense
 
   def _round(self, iterator, num_steps: int):
