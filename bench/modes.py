@@ -36,8 +36,9 @@ MODES = ("async", "sync", "geo")
 _MODES = flags.DEFINE_list("modes", list(MODES), "Modes to compare (async first: the others are relative to it).")
 _GEO_STEPS = flags.DEFINE_integer("geo_steps", 10, "geo: local steps per round.", lower_bound=1)
 _BATCH = flags.DEFINE_integer("batch_size", 256, "Throughput part: examples per worker batch.", lower_bound=1)
-_VOCABS = flags.DEFINE_list("vocab_sizes", ["100000", "1000"], "Throughput part: rows of each feature's table, one "
-                            "run per size (ids repeat more within a geo round in small tables).")
+_VOCABS = flags.DEFINE_list("vocab_sizes", ["100000", "1000", "10"], "Throughput part: rows of each feature's table, "
+                            "one run per size (ids repeat more within a geo round in small tables; at 10 rows the "
+                            "dense weights are nearly all the traffic).")
 _STEPS = flags.DEFINE_integer("steps", 400, "Throughput part: steps per measured window.", lower_bound=1)
 _MEASURE = flags.DEFINE_integer("measure", 2, "Throughput part: measured windows after the warm-up.", lower_bound=1)
 _DATA_DIR = flags.DEFINE_string("data_dir", os.path.join(os.path.dirname(ROOT), "shared", "data", "ml-100k"),
