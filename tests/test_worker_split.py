@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import tfps
 from tfps.data import criteo
+from tfps.estimator.distributed import DistributedModel
 
 ROWS = 24
 ROUNDS = 30  # scheduling rounds before giving up on hearing from both workers
@@ -36,7 +37,10 @@ def _ids_by_worker(pss, dataset_fn, min_rows_per_worker):
   strategy, coordinator = pss
   with strategy.scope():
     per_worker = coordinator.create_per_worker_dataset(lambda: strategy.distribute_datasets_from_function(dataset_fn))
-  iterator = iter(per_worker)
+  return _ids_read(coordinator, iter(per_worker), min_rows_per_worker)
+
+
+def _ids_read(coordinator, iterator, min_rows_per_worker):
 
   @tf.function
   def take(iterator):
@@ -69,6 +73,17 @@ def test_workers_read_disjoint_shares_of_everything(pss, tmp_path, num_files):
   if num_files > 1:
     for ids in ids_of_file:  # a file's rows all go to one worker
       assert ids <= seen[0] or ids <= seen[1]
+
+
+def test_the_estimator_path_splits_too(cluster, tmp_path):
+  paths, _ = _write_files(tmp_path, 4)
+  dataset_fn = criteo.criteo_dataset_fn(paths, batch_size=5, num_buckets=10, shuffle_buffer=8, seed=1, scan=False)
+  model = DistributedModel(lambda features, labels, mode: None, {}, tfps.RunConfig(model_dir=str(tmp_path)), cluster,
+                           {})
+  seen = _ids_read(model.coordinator, model._per_worker_iterator(lambda input_context: dataset_fn(input_context)),  # pylint: disable=protected-access
+                   min_rows_per_worker=3 * ROWS)
+  assert not seen[0] & seen[1]
+  assert seen[0] | seen[1] == set(range(1, ROWS + 1))
 
 
 def test_one_pass_readers_are_not_split(pss, tmp_path):

@@ -82,7 +82,8 @@ class EpochCheckpoint(tf_keras.callbacks.Callback):
   """Saves `tf.train.Checkpoint(model=...)` at the end of every epoch into `model_dir/checkpoints/ckpt-<epoch>`.
 
   Sharded variables are saved whole, so the checkpoints restore into an unsharded model (sidecar evaluator, export).
-  At the end of training it writes the FINAL marker naming the last checkpoint.
+  At the end of the last epoch (or of training, where it stops earlier) it writes the FINAL marker naming the last
+  checkpoint.
   """
 
   def __init__(self, model_dir: str, max_to_keep: Optional[int] = 5):
@@ -100,7 +101,15 @@ class EpochCheckpoint(tf_keras.callbacks.Callback):
   def on_epoch_end(self, epoch, logs=None):
     path = self._manager.save(checkpoint_number=epoch + 1)
     logging.info("Saved checkpoint %s", path)
+    if epoch + 1 == self.params.get("epochs"):
+      # At the last epoch's end, before BackupAndRestore deletes its backup (in on_train_end): a chief or ps that
+      # dies at any moment of the end leaves a backup to resume from or a finished run.
+      self._write_final_marker()
 
   def on_train_end(self, logs=None):
+    if checkpoints_lib.read_final_marker(self.model_dir) is None:  # training stopped before its last epoch
+      self._write_final_marker()
+
+  def _write_final_marker(self):
     iterations = int(self.model.optimizer.iterations.numpy())
     checkpoints_lib.write_final_marker(self.model_dir, self._manager.latest_checkpoint, iterations=iterations)

@@ -135,10 +135,8 @@ def _default_callbacks(model_dir, steps_per_epoch, epochs, batch_size, log_every
       callbacks_lib.ProgressLogger(steps_per_epoch, epochs, batch_size, log_every_secs)]
   if model_dir:
     result += [
-        # Before BackupAndRestore, which deletes the backup at the end: the FINAL marker is written first, so a chief
-        # or ps that dies at any moment of the end leaves either a backup to resume from or a finished run.
-        callbacks_lib.EpochCheckpoint(model_dir, keep_checkpoint_max),
         tf_keras.callbacks.BackupAndRestore(os.path.join(model_dir, "backup")),
+        callbacks_lib.EpochCheckpoint(model_dir, keep_checkpoint_max),
         tf_keras.callbacks.TensorBoard(os.path.join(model_dir, "logs"), profile_batch=0),
     ]
   return result

@@ -7,12 +7,12 @@ Sharding and epochs (the documented behaviour of every tfps reader):
 * `n` and `i`, in order of precedence: `shard_index`/`num_shards` where given; else the input context where it has
   several pipelines (`num_input_pipelines`, `input_pipeline_id`); else, for a repeating (training) reader whose
   dataset function is traced for the workers of a ParameterServerStrategy built by tfps, under its scope (as
-  `tfps.fit` does), the number of workers and the worker's index. Otherwise nothing is split.
+  both training paths do), the number of workers and the worker's index. Otherwise nothing is split.
 * Under PSS TensorFlow passes every worker the same context, pipeline 0 of 1 (the dataset function is traced once for
   all workers), so the worker's index comes from `tf.distribute.coordinator.experimental_get_current_worker_index()`:
   a tensor fed when the traced function runs on each worker. A worker that fails reads its share again when it
-  returns; until then its share goes unread. The Estimator-style path builds its per-worker dataset outside the
-  strategy's scope, so its workers still each read everything.
+  returns; until then its share goes unread. Both training paths (`tfps.fit`, the Estimator path) trace their
+  per-worker datasets under the strategy's scope.
 * A one-pass reader (`repeat=False`, evaluation) is not split by worker: exactly-once evaluation (`tfps.evaluation`)
   shards the whole set itself and may run any of its shards on any worker.
 * `repeat=True` (the default, as PSS training needs) repeats the share forever, reshuffling each pass. An "epoch" is

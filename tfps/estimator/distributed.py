@@ -45,7 +45,8 @@ class DistributedModel:
     def per_worker_dataset_fn():
       return self.strategy.distribute_datasets_from_function(dataset_fn)
 
-    return iter(self.coordinator.create_per_worker_dataset(per_worker_dataset_fn))
+    with self.strategy.scope():  # tfps readers split the training data between the workers of the strategy in scope
+      return iter(self.coordinator.create_per_worker_dataset(per_worker_dataset_fn))
 
   def _build(self, train_function, iterator) -> None:
     """Traces (and runs for 0 steps) the train function, which creates every variable; then restores."""
