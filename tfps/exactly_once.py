@@ -8,11 +8,12 @@ reset and a re-run knows exactly where its first run stopped. Both training path
 `Model.fit`, `tfps.loop` for the coordinator loop.
 
 The record is placed beside the counter each step increments (the optimizer's `iterations`, the loop's global step)
-and depends on nothing but that increment, so a worker killed after its step reached the ps cannot cut the record
-off (when the record waited for the step's outputs on the worker, 3 worker kills in 400 steps gave 0 to 2 extra
-steps). A re-run (a function that finds its own start mark) also waits a moment before reading the vector: the dead
-worker's last step may still be on its way through the ps, to be applied and recorded there (without the wait, one
-run in three of 3 worker kills in 400 steps ended one step over).
+and depends on nothing but that increment, so both run on the same ps. What remains: on the Keras path a run with 3
+worker kills in 400 steps still ends one step over now and then (401 in 2 of 7 runs checked exactly, 400 in the
+others; 0 to 2 over while the record waited for the step's outputs on the worker; 9 over without records). A re-run
+that first waited a second for the dead worker's last step to land did no better (401 in 1 of 4), so the step is not
+one still in flight; the likely cause is a step whose update reached the ps while the record's own inputs, sent by the worker,
+never did. The coordinator loop (Estimator path) has ended exact in every run measured.
 """
 
 import itertools
@@ -23,15 +24,6 @@ import tf_keras
 from tfps import _tf_private
 
 SLOTS = 16_384  # more than the functions scheduled between two joins of the coordinator
-RERUN_DELAY_SECS = 1.0
-
-
-def _wait_for_a_dead_workers_last_step() -> tf.Tensor:
-  """Sleeps `RERUN_DELAY_SECS` inside a function: TensorFlow's only sleep is a dataset's (`SleepDataset`)."""
-  spec = {"output_types": [tf.int64], "output_shapes": [[]]}
-  one = tf.raw_ops.RangeDataset(start=0, stop=1, step=1, **spec)
-  slept = tf.raw_ops.SleepDataset(input_dataset=one, sleep_microseconds=int(RERUN_DELAY_SECS * 1e6), **spec)
-  return tf.raw_ops.DatasetToSingleElement(dataset=slept, **spec)[0]
 
 
 class StepProgress:
@@ -49,9 +41,6 @@ class StepProgress:
     with tf.distribute.get_strategy().extended.colocate_vars_with(counter):
       self.variable = tf.Variable(tf.zeros([SLOTS], tf.int64), trainable=False, name="tfps_step_progress",
                                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-      # `seq + 1` once function `seq` has started: a function that finds its own mark is a re-run.
-      self.started = tf.Variable(tf.zeros([SLOTS], tf.int64), trainable=False, name="tfps_step_started",
-                                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     self.stride = stride
     self._sequence = itertools.count()
 
@@ -60,18 +49,8 @@ class StepProgress:
     return tf.constant(next(self._sequence), tf.int64)
 
   def first_step(self, seq, steps):
-    """In a scheduled function: the first of its `steps` steps not applied yet (`steps` if all were).
-
-    A re-run first waits `RERUN_DELAY_SECS`: the step its dead worker had already sent to the ps is then applied and
-    recorded before the re-run reads how far the first run got.
-    """
-    slot = tf.reshape(seq % SLOTS, [1])
-    rerun = tf.equal(self.started[seq % SLOTS], seq + 1)
-    with tf.control_dependencies([rerun]):
-      mark = self.started.scatter_update(tf.IndexedSlices(tf.reshape(seq + 1, [1]), slot))
-    waited = tf.cond(rerun, _wait_for_a_dead_workers_last_step, lambda: tf.constant(0, tf.int64))
-    with tf.control_dependencies([mark, waited]):
-      done = self.variable[seq % SLOTS] - seq * self.stride
+    """In a scheduled function: the first of its `steps` steps not applied yet (`steps` if all were)."""
+    done = self.variable[seq % SLOTS] - seq * self.stride
     return tf.minimum(tf.maximum(done, 0), tf.cast(steps, tf.int64))
 
   def record(self, seq, step, increment):
