@@ -9,11 +9,11 @@ reset and a re-run knows exactly where its first run stopped. Both training path
 
 The record is placed beside the counter each step increments (the optimizer's `iterations`, the loop's global step)
 and depends on nothing but that increment, so both run on the same ps. What remains: on the Keras path a run with 3
-worker kills in 400 steps still ends one step over now and then (401 in 2 of 7 runs checked exactly, 400 in the
-others; 0 to 2 over while the record waited for the step's outputs on the worker; 9 over without records). A re-run
-that first waited a second for the dead worker's last step to land did no better (401 in 1 of 4), so the step is not
-one still in flight; the likely cause is a step whose update reached the ps while the record's own inputs, sent by the worker,
-never did. The coordinator loop (Estimator path) has ended exact in every run measured.
+worker kills in 400 steps still ends a step or two over now and then (401 in 2 of 7 runs checked exactly, 400 in the
+others; in 3 more runs with one step at a time in the loop: 400, 401, 402; 9 over without records). Neither making a
+re-run wait a second for the dead worker's last step to land nor running the loop's iterations strictly one after
+another changed it, so the cause is not a step still in flight nor records landing out of order; it is not found.
+The coordinator loop (Estimator path) has ended exact in every run measured.
 """
 
 import itertools
