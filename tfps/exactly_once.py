@@ -21,7 +21,7 @@ import itertools
 import tensorflow as tf
 import tf_keras
 
-from tfps import _tf_private
+from tfps import keras_train
 
 SLOTS = 16_384  # more than the functions scheduled between two joins of the coordinator
 
@@ -84,13 +84,6 @@ def install(model: tf_keras.Model, max_steps_per_execution: int, steps_per_epoch
 
   traced = tf.function(train_function, reduce_retracing=True)
 
-  def make_train_function(force=False):
-    if model.train_function is None or force:
-      model.train_function = lambda iterator: coordinator.schedule(
-          traced, args=(iterator, tf.constant(_tf_private.steps_per_execution(model), tf.int64),
-                        progress.next_sequence()))
-    return model.train_function
-
-  model.make_train_function = make_train_function
-  model.train_function = None
+  keras_train.set_train_function(model, lambda iterator, steps: coordinator.schedule(
+      traced, args=(iterator, tf.constant(steps, tf.int64), progress.next_sequence())))
   return traced, progress

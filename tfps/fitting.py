@@ -163,7 +163,7 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
     if mode.sync_mode == "sync":
       sync.install(model, coordinator, config.num_workers, mode.replicas(config.num_workers))
     elif mode.sync_mode == "geo":
-      geo.install(model, coordinator, mode.geo_steps)
+      geo.install(model, coordinator)
     else:
       exactly_once.install(model, _tf_private.steps_per_execution(model), steps_per_epoch)
   validation = None

@@ -31,6 +31,7 @@ import tf_keras
 
 from tfps import _tf_private
 from tfps import exactly_once
+from tfps import keras_train
 from tfps.errors import UsageError
 
 LARGE_DENSE_ELEMENTS = 1 << 20  # a variable this large and not an Embedding table is not copied to every worker
@@ -286,24 +287,19 @@ class GeoRounds:
       return tf.add_n(losses), tf.add_n(examples), self._counter.read_value()
 
 
-def install(model: tf_keras.Model, coordinator, geo_steps: int) -> GeoRounds:
+def install(model: tf_keras.Model, coordinator) -> GeoRounds:
   """Makes `model.fit` under ParameterServerStrategy train in geo rounds; call under the strategy scope.
 
   Each of tf-keras's train-function calls is one round of `steps_per_execution` steps (tfps.fit sets it to
   `geo_steps`) and returns the model's metric results.
   """
-  del geo_steps  # the rounds are as long as tf-keras's executions
   _tf_private.create_optimizer_slots(model.optimizer, model.trainable_variables)
 
   def forward(batch):
     features, _, _ = tf_keras.utils.unpack_x_y_sample_weight(batch)
     model(features, training=True)
 
-  def step_fn(batch):
-    logs = model.train_step(batch)
-    return logs["loss"], tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
-
-  rounds = GeoRounds(strategy=model.distribute_strategy, forward=forward, step_fn=step_fn,
+  rounds = GeoRounds(strategy=model.distribute_strategy, forward=forward, step_fn=keras_train.step_fn(model),
                      optimizer=lambda: model.optimizer, variables=lambda: model.trainable_variables,
                      counter=model.optimizer.iterations)
 
@@ -313,12 +309,6 @@ def install(model: tf_keras.Model, coordinator, geo_steps: int) -> GeoRounds:
     with tf.control_dependencies([loss]):
       return model.get_metrics_result()
 
-  def make_train_function(force=False):
-    if model.train_function is None or force:
-      model.train_function = lambda iterator: coordinator.schedule(
-          train_function, args=(iterator, _tf_private.steps_per_execution(model), rounds.progress.next_sequence()))
-    return model.train_function
-
-  model.make_train_function = make_train_function
-  model.train_function = None
+  keras_train.set_train_function(model, lambda iterator, steps: coordinator.schedule(
+      train_function, args=(iterator, steps, rounds.progress.next_sequence())))
   return rounds

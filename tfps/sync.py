@@ -24,7 +24,7 @@ from typing import Callable, List, Optional, Tuple
 from absl import logging
 import tensorflow as tf
 
-from tfps import _tf_private
+from tfps import keras_train
 from tfps.errors import TfpsError
 
 STEAL_AFTER_SECS = 2.0
@@ -238,19 +238,8 @@ def install(model, coordinator, num_workers: int, replicas: int) -> SyncSteps:
   Each of tf-keras's train-function calls runs `steps_per_execution` sync steps and returns the model's metric
   results after the last update.
   """
-  def step_fn(batch):
-    logs = model.train_step(batch)
-    return logs["loss"], tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
-
   steps = SyncSteps(strategy=model.distribute_strategy, coordinator=coordinator, optimizer=lambda: model.optimizer,
-                    step_fn=step_fn, counter=model.optimizer.iterations, num_workers=num_workers, replicas=replicas,
-                    results=model.get_metrics_result)
-
-  def make_train_function(force=False):
-    if model.train_function is None or force:
-      model.train_function = lambda iterator: steps.run(iterator, _tf_private.steps_per_execution(model))[2]
-    return model.train_function
-
-  model.make_train_function = make_train_function
-  model.train_function = None
+                    step_fn=keras_train.step_fn(model), counter=model.optimizer.iterations, num_workers=num_workers,
+                    replicas=replicas, results=model.get_metrics_result)
+  keras_train.set_train_function(model, lambda iterator, num_steps: steps.run(iterator, num_steps)[2])
   return steps
