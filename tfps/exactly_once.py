@@ -3,17 +3,20 @@
 ParameterServerStrategy runs a function that was on a failed worker again, in full, on another worker, although it
 may already have applied some of its steps to the ps. `StepProgress` records on a ps how many of its steps each
 scheduled function has applied, and a function run again starts after those. Scheduled function number `seq` owns
-slot `seq % SLOTS` of a progress vector and writes absolute values (`seq * stride + steps done`), so a slot needs no
+slot `seq % SLOTS` of a progress vector and holds absolute values (`seq * stride + steps done`), so a slot needs no
 reset and a re-run knows exactly where its first run stopped. Both training paths use it: `install` for tf-keras
 `Model.fit`, `tfps.loop` for the coordinator loop.
 
-The record is placed beside the counter each step increments (the optimizer's `iterations`, the loop's global step)
-and depends on nothing but that increment, so both run on the same ps. What remains: on the Keras path a run with 3
-worker kills in 400 steps still ends a step or two over now and then (401 in 2 of 7 runs checked exactly, 400 in the
-others; in 3 more runs with one step at a time in the loop: 400, 401, 402; 9 over without records). Neither making a
-re-run wait a second for the dead worker's last step to land nor running the loop's iterations strictly one after
-another changed it, so the cause is not a step still in flight nor records landing out of order; it is not found.
-The coordinator loop (Estimator path) has ended exact in every run measured.
+The record sits beside the counter each step increments (the optimizer's `iterations`, the loop's global step), and
+everything it needs (its slot) is on that ps before the function's first step, so it waits for nothing from the worker.
+It still cannot be atomic with the step. A step's update is many ops (one per variable, on each ps), and when the
+worker a step came from dies, the ps runs none of that step's remaining ops, not even ones that need nothing from the
+worker: a trace of every increment, written by a ps-local op after it, lacked exactly one increment in each of the 3 of
+8 runs (3 worker kills each) that ended at 401 of 400 steps. So a worker failure can leave one step
+applied (or partly applied) without its record, and the re-run applies it again: at most one step per failed
+function, where ParameterServerStrategy alone runs the whole function again (9 steps over in the same test). On the
+Keras path this leaves 401 or 402 of 400 steps in about half the runs (9 of 18 at 401); the coordinator loop (Estimator path) has
+ended exact in every run measured.
 """
 
 import itertools
@@ -48,17 +51,23 @@ class StepProgress:
     """The sequence number to schedule the next function with."""
     return tf.constant(next(self._sequence), tf.int64)
 
-  def first_step(self, seq, steps):
-    """In a scheduled function: the first of its `steps` steps not applied yet (`steps` if all were)."""
-    done = self.variable[seq % SLOTS] - seq * self.stride
-    return tf.minimum(tf.maximum(done, 0), tf.cast(steps, tf.int64))
+  def begin(self, seq, steps):
+    """At a scheduled function's start: `(slot, first)`, its slot (kept on the vector's ps, for `record`) and the
+    first of its `steps` steps not applied yet (`steps` if all were)."""
+    with tf.device(self.variable.device):
+      slot = tf.reshape(seq % SLOTS, [1])
+      # A slot last used by an older function holds less than `seq * stride`: raise it to that, the "none done" mark.
+      floor = self.variable.scatter_max(tf.IndexedSlices(tf.reshape(seq * self.stride, [1]), slot))
+      with tf.control_dependencies([floor]):
+        done = tf.gather(self.variable.read_value(), slot)[0] - seq * self.stride
+      return slot, tf.minimum(tf.maximum(done, 0), tf.cast(steps, tf.int64))
 
-  def record(self, seq, step, increment):
-    """In a scheduled function: step `step` (0-based) of function `seq` is applied; `increment` is the op or value by
-    which that step incremented the counter (the record depends on it alone)."""
-    with tf.control_dependencies([increment]):
-      return self.variable.scatter_update(tf.IndexedSlices(tf.reshape(seq * self.stride + tf.cast(step, tf.int64) + 1,
-                                                                      [1]), tf.reshape(seq % SLOTS, [1])))
+  def record(self, slot, increment):
+    """In a scheduled function: one more of its steps is applied; `increment` is the op or value by which that step
+    incremented the counter. Everything the record needs is on the counter's ps before the step starts, so once the
+    increment has run, nothing from the worker is awaited before the record runs too."""
+    with tf.device(self.variable.device), tf.control_dependencies([increment]):
+      return self.variable.scatter_add(tf.IndexedSlices(tf.ones([1], tf.int64), slot))
 
 
 def install(model: tf_keras.Model, max_steps_per_execution: int, steps_per_epoch: int):
@@ -73,11 +82,12 @@ def install(model: tf_keras.Model, max_steps_per_execution: int, steps_per_epoch
   coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(model.distribute_strategy)
 
   def train_function(iterator, steps, seq):
-    for step in tf.range(progress.first_step(seq, steps), steps):
+    slot, first = progress.begin(seq, steps)
+    for _ in tf.range(first, steps):
       model.distribute_strategy.run(model.train_step, args=(next(iterator),))
       # The read of the optimizer's step counter comes after the step's increment (ops on one variable keep program
       # order) and runs on the counter's ps, as the record does.
-      progress.record(seq, step, model.optimizer.iterations.read_value())
+      progress.record(slot, model.optimizer.iterations.read_value())
     # The metrics' results, not the last step's outputs: a re-run may have no step left to run. tf-keras replaces the
     # logs with these results at every epoch end anyway.
     return model.get_metrics_result()

@@ -205,8 +205,9 @@ class GeoRounds:
     def skip():
       return tf.constant(0.0), tf.constant(0, tf.int64), self._counter.read_value()
 
-    loss, examples, counter = tf.cond(self.progress.first_step(seq, 1) > 0, skip, run)
-    recorded = self.progress.record(seq, 0, counter)
+    slot, first = self.progress.begin(seq, 1)
+    loss, examples, counter = tf.cond(first > 0, skip, run)
+    recorded = self.progress.record(slot, counter)
     with tf.control_dependencies([recorded]):
       return tf.identity(loss), tf.identity(examples)
 

@@ -40,11 +40,12 @@ def build_train_function(strategy: tf.distribute.Strategy, step_fn: Callable, gl
       loss, count = strategy.run(step_fn, args=(next(iterator),))
       with tf.control_dependencies([loss]):
         increment = global_step.assign_add(1)
-      recorded = progress.record(seq, index, increment)
+      recorded = progress.record(slot, increment)
       with tf.control_dependencies([recorded]):
         return index + 1, loss_sum + tf.cast(loss, tf.float32), examples + tf.cast(count, tf.int64)
 
-    first = tf.cast(progress.first_step(seq, num_steps), tf.int32)
+    slot, first = progress.begin(seq, num_steps)
+    first = tf.cast(first, tf.int32)
     start = (first, tf.constant(0.0, tf.float32), tf.constant(0, tf.int64))
     _, loss_sum, examples = tf.while_loop(lambda index, *_: index < num_steps, body, start, parallel_iterations=1)
     return loss_sum, examples
