@@ -32,7 +32,8 @@ _MODE = flags.DEFINE_enum("mode", "single", ("single", "tfps"), "single: no stra
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "The MovieLens 100K folder (ml-100k).", required=True)
 _MODELS = flags.DEFINE_list("models", ["wide_deep", "retrieval"], "Models to train: wide_deep, dcn, retrieval.")
 _SEEDS = flags.DEFINE_list("seeds", ["0"], "Seeds; every model is trained once per seed.")
-_EPOCHS = flags.DEFINE_integer("epochs", 10, "Epochs.", lower_bound=1)
+_EPOCHS = flags.DEFINE_integer("epochs", 10, "Epochs of the ranking models.", lower_bound=1)
+_RETRIEVAL_EPOCHS = flags.DEFINE_integer("retrieval_epochs", 20, "Epochs of the retrieval model.", lower_bound=1)
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 256, "Examples per step (per worker under tfps).", lower_bound=1)
 _MAX_ROWS = flags.DEFINE_integer("max_rows", 0, "Training rows per epoch (0: all of u1.base); for quick runs.",
                                  lower_bound=0)
@@ -93,20 +94,27 @@ def test_dataset_fn(tables: movielens.MovieLensTables) -> Callable:
                                         repeat=False, shuffle_buffer=0, drop_remainder=False)
 
 
-def train_single(build: Callable, tables: movielens.MovieLensTables, seed: int, steps: int) -> tf_keras.Model:
+def epochs_of(name: str) -> int:
+  """The epochs model `name` trains for."""
+  return _RETRIEVAL_EPOCHS.value if name == "retrieval" else _EPOCHS.value
+
+
+def train_single(build: Callable, tables: movielens.MovieLensTables, seed: int, steps: int,
+                 epochs: int) -> tf_keras.Model:
   """Plain tf-keras `fit`, no strategy; with `--streams` > 1 on batches taken in turn from that many streams, each
   shuffled with its own seed."""
   model = build()
   streams = [train_dataset_fn(tables, seed + 1000 * index)(None) for index in range(_STREAMS.value)]
   dataset = streams[0] if len(streams) == 1 else tf.data.Dataset.choose_from_datasets(
       streams, tf.data.Dataset.range(len(streams)).repeat())
-  model.fit(dataset, epochs=_EPOCHS.value, steps_per_epoch=steps, verbose=0)
+  model.fit(dataset, epochs=epochs, steps_per_epoch=steps, verbose=0)
   return model
 
 
-def train_tfps(build: Callable, tables: movielens.MovieLensTables, seed: int, steps: int) -> tf_keras.Model:
+def train_tfps(build: Callable, tables: movielens.MovieLensTables, seed: int, steps: int,
+               epochs: int) -> tf_keras.Model:
   """`tfps.fit` on this task's cluster (this process is the chief)."""
-  history = tfps.fit(build, train_dataset_fn(tables, seed), epochs=_EPOCHS.value, steps_per_epoch=steps,
+  history = tfps.fit(build, train_dataset_fn(tables, seed), epochs=epochs, steps_per_epoch=steps,
                      batch_size=_BATCH_SIZE.value)
   return history.model
 
@@ -128,10 +136,11 @@ def run_one(name: str, seed: int, tables: movielens.MovieLensTables, steps: int)
   """Trains and evaluates model `name` with `seed`; returns its record."""
   train = train_single if _MODE.value == "single" else train_tfps
   start = time.monotonic()
-  model = train(model_builder(name, tables, seed), tables, seed, steps)
+  model = train(model_builder(name, tables, seed), tables, seed, steps, epochs_of(name))
   train_secs = time.monotonic() - start
   metrics = evaluate(name, model, tables)
-  record = {"model": name, "seed": seed, **metrics, "optimizer_steps": int(model.optimizer.iterations.numpy()),
+  record = {"model": name, "seed": seed, **metrics, "epochs": epochs_of(name),
+            "optimizer_steps": int(model.optimizer.iterations.numpy()),
             "train_secs": round(train_secs, 1)}
   logging.info("quality %s: %s", _MODE.value, record)
   return record
@@ -147,7 +156,8 @@ def main(argv):
   tables = movielens.load_tables(_DATA_DIR.value)
   steps = steps_per_epoch(_DATA_DIR.value, _BATCH_SIZE.value, _MAX_ROWS.value)
   runs = [run_one(name, int(seed), tables, steps) for seed in _SEEDS.value for name in _MODELS.value]
-  result = {"mode": _MODE.value, "epochs": _EPOCHS.value, "batch_size": _BATCH_SIZE.value, "steps_per_epoch": steps,
+  result = {"mode": _MODE.value, "epochs": _EPOCHS.value, "retrieval_epochs": _RETRIEVAL_EPOCHS.value,
+            "batch_size": _BATCH_SIZE.value, "steps_per_epoch": steps,
             "shuffle_buffer": _SHUFFLE_BUFFER.value, "ranking_learning_rate": _RANKING_LR.value,
             "retrieval_learning_rate": _RETRIEVAL_LR.value, "tensorflow": tf.__version__, "runs": runs}
   os.makedirs(os.path.dirname(os.path.abspath(_JSON_OUT.value)), exist_ok=True)

@@ -32,8 +32,8 @@ def test_quality_bench_writes_both_sides_metrics(tmp_path, shared_data, subproce
   if not (data_dir / "u1.base").is_file():
     pytest.skip(f"no MovieLens 100K at {data_dir}")
   out = tmp_path / "quality.json"
-  command = [sys.executable, "bench/quality.py", f"--data_dir={data_dir}", "--epochs=1", "--max_rows=2000",
-             "--seeds=0", "--models=wide_deep,retrieval", f"--json_out={out}", f"--logs={tmp_path / 'logs'}"]
+  command = [sys.executable, "bench/quality.py", f"--data_dir={data_dir}", "--epochs=1", "--retrieval_epochs=2",
+             "--max_rows=2000", "--seeds=0", "--models=wide_deep,retrieval", f"--json_out={out}", f"--logs={tmp_path / 'logs'}"]
   result = subprocess.run(command, cwd=REPO, env=subprocess_env, capture_output=True, text=True, timeout=400)
   try:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -50,6 +50,8 @@ def test_quality_bench_writes_both_sides_metrics(tmp_path, shared_data, subproce
     for side in ("single", "tfps"):
       assert [run["model"] for run in report[side]] == ["wide_deep", "retrieval"]
       assert report[side][1]["examples"] == 20_000  # every u1.test pair ranked against all movies
+      # the retrieval model trains its own number of epochs
+      assert [run["optimizer_steps"] for run in report[side]] == [2000 // 256, 2 * (2000 // 256)]
     assert "| wide_deep | auc |" in result.stdout
   finally:
     leftovers = processes_naming(str(tmp_path))
