@@ -72,7 +72,11 @@ def trained(cluster, tmp_path_factory):
 def test_fit_learns_the_planted_signal(trained):
   history, _ = trained
   assert history.history["val_auc"][-1] > 0.75
-  assert history.history["loss"][-1] < history.history["loss"][0]
+  # Below the log loss of always predicting the validation click rate (the best a model without the signal can do).
+  # (Not "the last epoch's training loss below the first's": the signal is learned within the first epoch, after
+  # which the epoch losses differ only by noise.)
+  rate = examples(2_000, seed=99)[1].mean()
+  assert history.history["val_loss"][-1] < -(rate * np.log(rate) + (1 - rate) * np.log(1 - rate)) - 0.05
 
 
 def test_fit_shards_the_table_over_both_ps(trained):

@@ -10,6 +10,7 @@ from absl import logging
 import tensorflow as tf
 
 from tfps import cluster as cluster_lib
+from tfps import initialization
 from tfps.errors import UnreachableTaskError
 
 DEFAULT_MIN_SHARD_BYTES = 256 << 10
@@ -40,6 +41,14 @@ class ShardLargeVariables(tf.distribute.experimental.partitioners.Partitioner):
       if nbytes >= self.min_shard_bytes:
         partitions[axis] = min(self.num_shards, shape[axis])
     return partitions
+
+
+class ParameterServerStrategy(tf.distribute.experimental.ParameterServerStrategy):
+  """TensorFlow's strategy, whose scope also creates large variables in place on their ps
+  (`tfps.initialization`): each ps then holds one copy of its share of a table, not three while it is created."""
+
+  def scope(self):
+    return initialization.around(super().scope())
 
 
 def build_cluster_resolver(config: cluster_lib.ClusterConfig) -> tf.distribute.cluster_resolver.ClusterResolver:
@@ -90,7 +99,7 @@ def build_strategy(config: cluster_lib.ClusterConfig, num_shards: Optional[int] 
   if tf.get_logger().level == py_logging.NOTSET:  # TensorFlow's per-closure INFO lines drown tfps's progress
     tf.get_logger().setLevel(py_logging.WARNING)
   wait_for_tasks(config, connect_timeout_secs)
-  strategy = tf.distribute.experimental.ParameterServerStrategy(
+  strategy = ParameterServerStrategy(
       build_cluster_resolver(config), variable_partitioner=ShardLargeVariables(num_shards, min_shard_bytes))
   coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
   _CLUSTERS[strategy] = config
