@@ -14,6 +14,7 @@ import tensorflow as tf
 import tf_keras
 
 import tfps
+from tfps import checkpoints as checkpoints_lib
 from tfps import initialization
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -87,3 +88,17 @@ def test_a_large_table_restored_on_creation_gets_the_checkpointed_values(cluster
   status.assert_consumed()
   np.testing.assert_array_equal(np.concatenate([shard.numpy() for shard in restored.embeddings.variables]),
                                 np.concatenate([shard.numpy() for shard in saved.embeddings.variables]))
+
+
+def test_an_estimator_whose_table_is_created_in_place_trains(cluster, tmp_path):
+  """The Estimator path builds its tables while its train function is traced (the slots too)."""
+  from tfps.estimator import synthetic  # pylint: disable=g-import-not-at-top
+  dim = initialization.MIN_BYTES // (4 * synthetic.NUM_USERS) + 1  # the user table is just over the threshold
+  estimator = tfps.Estimator(synthetic.model_fn, model_dir=str(tmp_path / "run"), cluster=cluster,
+                             config=tfps.RunConfig(save_checkpoints_steps=20, steps_per_execution=5),
+                             params={"batch_size": 32, "embedding_dim": dim})
+  estimator.train(synthetic.train_input_fn, max_steps=20)
+  assert checkpoints_lib.read_final_marker(str(tmp_path / "run"))["global_step"] == 20
+  reader = tf.train.load_checkpoint(str(tmp_path / "run" / "checkpoints"))
+  tables = [shape for shape in reader.get_variable_to_shape_map().values() if len(shape) == 2 and shape[1] == dim]
+  assert sum(rows for rows, _ in tables) == 2 * (synthetic.NUM_USERS + synthetic.NUM_ITEMS)  # with accumulators

@@ -24,17 +24,12 @@ def _in_place(next_creator, **kwargs):
   # tf-keras optimizers give a slot's shape and dtype only to its initializer: `partial(initializer, shape=, dtype=)`
   bound = getattr(initial_value, "keywords", None) or {}
   shape, dtype = kwargs.get("shape") or bound.get("shape"), kwargs.get("dtype") or bound.get("dtype")
-  if not callable(initial_value) or shape is None or dtype is None or _restores(initial_value):
+  if (kwargs.get("distribute_strategy") is None  # not below the strategy's creator: not placed (or sharded) yet
+      or not callable(initial_value) or shape is None or dtype is None or _restores(initial_value)):
     return next_creator(**kwargs)
   shape, dtype = tf.TensorShape(shape), tf.as_dtype(dtype)
   if not shape.is_fully_defined() or shape.num_elements() * dtype.size < MIN_BYTES:
     return next_creator(**kwargs)
-  made = []  # what kind of value the initializer makes, from a trace that never runs
-  tf.function(lambda: made.append(initial_value()), autograph=False).get_concrete_function()
-  traced = made[0]
-  if hasattr(traced, "checkpoint_position"):  # restored on creation (the strategy hides it behind a shard's lambda)
-    return next_creator(**kwargs)
-  repeated = _repeated_value(traced)
   colocated = kwargs.get("colocate_with")  # an optimizer slot: ParameterServerStrategy colocates it with its variable
   with tf.init_scope(), (tf.device(colocated.device) if colocated is not None else contextlib.nullcontext()):
     # (init_scope as in `tf.Variable`: created and filled once, even while a function is traced)
@@ -42,16 +37,27 @@ def _in_place(next_creator, **kwargs):
         shape=shape, dtype=dtype, name=kwargs.get("name"), trainable=kwargs.get("trainable"),
         constraint=kwargs.get("constraint"), synchronization=kwargs.get("synchronization"),
         aggregation=kwargs.get("aggregation"), distribute_strategy=kwargs.get("distribute_strategy"))
+    made = []
 
-    def fill():
-      with tf.device(variable.device):  # the initializer's ops too, not only the assignment
-        value = initial_value() if repeated is None else tf.fill(shape, tf.constant(repeated, dtype))
-        with tf.control_dependencies([variable.assign(value, read_value=False)]):
-          return tf.constant(True)
+    def fill_with(value_fn):
+      def fill():
+        with tf.device(variable.device):  # the initializer's ops too, not only the assignment
+          made.append(value_fn())
+          with tf.control_dependencies([variable.assign(made[-1], read_value=False)]):
+            return tf.constant(True)
+      return tf.function(fill, autograph=False).get_concrete_function()  # traced (the initializer called), not run
 
-    with _no_constant_folding() if repeated is None else contextlib.nullcontext():
-      tf.function(fill, autograph=False)().numpy()  # built and run before the option is restored
-  return variable
+    computed = fill_with(initial_value)
+    restored = hasattr(made[0], "checkpoint_position")  # restored on creation (the strategy hides it behind a lambda)
+    repeated = None if restored else _repeated_value(made[0])
+    if restored:
+      pass
+    elif repeated is None:
+      with _no_constant_folding():
+        computed().numpy()  # built and run before the option is restored
+    else:
+      fill_with(lambda: tf.fill(shape, tf.constant(repeated, dtype)))().numpy()
+  return next_creator(**kwargs) if restored else variable
 
 
 def _restores(initial_value) -> bool:
