@@ -11,11 +11,11 @@ The record sits beside the counter each step increments (the optimizer's `iterat
 everything it needs (its slot) is on that ps before the function's first step, so it waits for nothing from the worker.
 It still cannot be atomic with the step. A step's update is many ops (one per variable, on each ps), and when the
 worker a step came from dies, the ps runs none of that step's remaining ops, not even ones that need nothing from the
-worker: a trace of every increment, written by a ps-local op after it, lacked exactly one increment in each of the 3 of
-8 runs (3 worker kills each) that ended at 401 of 400 steps. So a worker failure can leave one step
-applied (or partly applied) without its record, and the re-run applies it again: at most one step per failed
-function, where ParameterServerStrategy alone runs the whole function again (9 steps over in the same test). On the
-Keras path this leaves 401 or 402 of 400 steps in about half the runs (9 of 18 at 401); the coordinator loop (Estimator path) has
+worker: a trace of every increment, written by a ps-local op after it, lacked exactly one increment in each of the 3
+of 8 runs (3 worker kills each) that ended at 401 of 400 steps. So a worker failure can leave one step applied (or
+partly applied) without its record, and the re-run applies it again: at most one step per failed function, where
+ParameterServerStrategy alone runs the whole function again (9 steps over in the same test). On the Keras path this
+leaves 401 or 402 of 400 steps in about half the runs (9 of 18 at 401); the coordinator loop (Estimator path) has
 ended exact in every run measured.
 """
 

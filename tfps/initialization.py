@@ -48,20 +48,20 @@ def _in_place(next_creator, **kwargs):
       return tf.function(fill, autograph=False).get_concrete_function()  # traced (the initializer called), not run
 
     computed = fill_with(initial_value)
-    restored = hasattr(made[0], "checkpoint_position")  # restored on creation (the strategy hides it behind a lambda)
-    repeated = None if restored else _repeated_value(made[0])
-    if restored:
-      pass
-    elif repeated is None:
-      with _no_constant_folding():
-        computed().numpy()  # built and run before the option is restored
-    else:
-      fill_with(lambda: tf.fill(shape, tf.constant(repeated, dtype)))().numpy()
+    # Restored on creation, behind the strategy's per-shard lambda (`_restores` cannot see it): TensorFlow's path.
+    restored = hasattr(made[0], "checkpoint_position")
+    if not restored:
+      repeated = _repeated_value(made[0])
+      if repeated is None:
+        with _no_constant_folding():
+          computed().numpy()  # built and run before the option is restored
+      else:
+        fill_with(lambda: tf.fill(shape, tf.constant(repeated, dtype)))().numpy()
   return next_creator(**kwargs) if restored else variable
 
 
 def _restores(initial_value) -> bool:
-  """Whether `initial_value` restores a checkpointed value (it takes the shard to restore)."""
+  """Whether `initial_value` restores a checkpointed value (it takes the shard to restore); seen before tracing it."""
   try:
     return "shard_info" in inspect.signature(initial_value).parameters
   except (TypeError, ValueError):  # no signature to read
