@@ -39,13 +39,13 @@ def _in_place(next_creator, **kwargs):
         aggregation=kwargs.get("aggregation"), distribute_strategy=kwargs.get("distribute_strategy"))
     made = []
 
-    def fill_with(value_fn):
-      def fill():
+    def fill_with(value_fn, *args):
+      def fill(*inputs):
         with tf.device(variable.device):  # the initializer's ops too, not only the assignment
-          made.append(value_fn())
+          made.append(value_fn(*inputs))
           with tf.control_dependencies([variable.assign(made[-1], read_value=False)]):
             return tf.constant(True)
-      return tf.function(fill, autograph=False).get_concrete_function()  # traced (the initializer called), not run
+      return tf.function(fill, autograph=False).get_concrete_function(*args)  # traced (the initializer called)
 
     computed = fill_with(initial_value)
     # Restored on creation, behind the strategy's per-shard lambda (`_restores` cannot see it): TensorFlow's path.
@@ -55,8 +55,9 @@ def _in_place(next_creator, **kwargs):
       if repeated is None:
         with _no_constant_folding():
           computed().numpy()  # built and run before the option is restored
-      else:
-        fill_with(lambda: tf.fill(shape, tf.constant(repeated, dtype)))().numpy()
+      else:  # the value as an argument: no constant the size of the variable can be folded from it
+        value = tf.constant(repeated, dtype)
+        fill_with(lambda scalar: tf.fill(shape, scalar), value)(value).numpy()
   return next_creator(**kwargs) if restored else variable
 
 
@@ -73,7 +74,8 @@ def _repeated_value(value):
   initializer's, such as Adagrad's accumulator's), else None.
 
   A constant op keeps its whole value for as long as its function lives, so the variable could not take over its
-  memory (measured: twice the variable on the ps); a `tf.fill` of the value makes a result it can take over.
+  memory (measured: twice the variable on the ps); a `tf.fill` of the value, given as an argument so that nothing
+  folds it back into a constant, makes a result it can take over.
   """
   if not isinstance(value, tf.Tensor) or value.op.type != "Const":
     return None
@@ -89,8 +91,7 @@ def _repeated_value(value):
 @contextlib.contextmanager
 def _no_constant_folding():
   """Grappler folds an initializer with constant seeds (tf-keras's) into a constant as big as the table, which the
-  function then keeps on the ps: twice the table (measured). Off while such a filling function is built; a `tf.fill`
-  is left to the default optimization, since with Grappler's folding off its result was folded (twice again)."""
+  function then keeps on the ps: twice the table (measured). Off while such a filling function is built and run."""
   previous = tf.config.optimizer.get_experimental_options()
   tf.config.optimizer.set_experimental_options({"constant_folding": False})
   try:
