@@ -100,14 +100,9 @@ def _no_constant_folding():
     tf.config.optimizer.set_experimental_options({"constant_folding": previous.get("constant_folding", True)})
 
 
-def in_place_scope():
-  """Within it, variables of at least `MIN_BYTES` given an initializer are created by `_in_place`; enter it outside
-  a strategy's scope so that it creates each shard the strategy asks for."""
-  return tf.variable_creator_scope(_in_place)
-
-
 @contextlib.contextmanager
 def around(scope):
-  """`scope` (a strategy's scope) with `in_place_scope` outside it."""
-  with in_place_scope(), scope:
+  """`scope` (a strategy's scope) inside a creator scope of `_in_place`: entered outside the strategy's own creator,
+  `_in_place` is reached with each shard the strategy asks for, already placed on its ps."""
+  with tf.variable_creator_scope(_in_place), scope:
     yield
