@@ -1,7 +1,13 @@
-"""A scheduled training function run again (as after a worker failure) applies only the steps it had not applied."""
+"""A scheduled training function run again (as after a worker failure) applies only the steps it had not applied, a step
+is recorded only once it has been applied, and the step counter ends at the steps recorded."""
+
+import logging
+import threading
+import time
 
 import tfps
 from tfps import exactly_once
+from tfps import loop
 import tensorflow as tf
 import tf_keras
 
@@ -48,3 +54,103 @@ def test_the_progress_vector_stays_whole_when_every_variable_is_sharded(cluster)
   coordinator.join()
   assert int(model.optimizer.iterations.numpy()) == 5
   assert int(progress.variable[0].numpy()) == 5
+
+
+def _gated_model(strategy, entered: threading.Event, release: threading.Event):
+  """A model whose first layer's gradients wait (in the worker) until `release` is set."""
+  def wait(gradient):
+    entered.set()
+    release.wait(120)
+    return gradient
+
+  @tf.custom_gradient
+  def gate(x):
+    def gradient(upstream):
+      waited = tf.py_function(wait, [upstream], upstream.dtype)
+      waited.set_shape(upstream.shape)
+      return waited
+    return tf.identity(x), gradient
+
+  with strategy.scope():
+    model = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(4), tf_keras.layers.Lambda(gate),
+                                 tf_keras.layers.Dense(1)])
+    model.compile(tf_keras.optimizers.Adagrad(0.01), "mse")
+  return model
+
+
+def test_a_step_is_recorded_only_after_all_its_updates(cluster):
+  """tf-keras increments the step counter before the step's updates land; a record made then would let a re-run skip
+  a step whose gradients never reached the ps."""
+  strategy, coordinator = tfps.build_strategy(cluster)
+  entered, release = threading.Event(), threading.Event()
+  model = _gated_model(strategy, entered, release)
+  with strategy.scope():
+    train_function, progress = exactly_once.install(model, max_steps_per_execution=5, steps_per_epoch=100)
+  iterator = iter(coordinator.create_per_worker_dataset(
+      lambda: tf.data.Dataset.from_tensors((tf.ones((4, 2)), tf.ones((4, 1)))).repeat()))
+  kernel = model.layers[0].kernel.numpy()
+  try:
+    coordinator.schedule(train_function, args=(iterator, tf.constant(1, tf.int64), progress.next_sequence()))
+    assert entered.wait(60)
+    deadline = time.monotonic() + 60
+    while int(model.optimizer.iterations.numpy()) == 0:  # the ps has run the step's increment
+      assert time.monotonic() < deadline
+      time.sleep(0.05)
+    assert (model.layers[0].kernel.numpy() == kernel).all()  # the gated update has not landed
+    assert int(progress.variable[0].numpy()) == 0  # so the step is not recorded
+  finally:
+    release.set()
+  coordinator.join()
+  assert int(progress.variable[0].numpy()) == 1
+  assert (model.layers[0].kernel.numpy() != kernel).any()
+
+
+def test_the_step_counter_is_settled_from_the_records_at_each_epoch_end(cluster, caplog):
+  """A step counted but not recorded (its worker died between the two) runs again; the count is taken back."""
+  strategy, coordinator = tfps.build_strategy(cluster)
+  with strategy.scope():
+    model = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(1)])
+    model.compile(tf_keras.optimizers.legacy.SGD(0.01), "mse")
+    train_function, progress = exactly_once.install(model, max_steps_per_execution=5, steps_per_epoch=100)
+  iterator = iter(coordinator.create_per_worker_dataset(
+      lambda: tf.data.Dataset.from_tensors((tf.ones((4, 2)), tf.ones((4, 1)))).repeat()))
+  counter = exactly_once.StepCounter(progress)
+  counter.set_model(model)
+  for epoch, extra in enumerate((0, 2)):
+    counter.on_epoch_begin(epoch)
+    for steps in (5, 5, 3):
+      coordinator.schedule(train_function, args=(iterator, tf.constant(steps, tf.int64), progress.next_sequence()))
+    coordinator.join()
+    model.optimizer.iterations.assign_add(extra)  # as two steps counted twice
+    with caplog.at_level(logging.INFO):
+      counter.on_epoch_end(epoch)
+    assert int(model.optimizer.iterations.numpy()) == 13 * (epoch + 1)
+  assert "Step counter settled at 26 from the steps recorded on the ps (it read 28)" in caplog.text
+  assert "settled at 13" not in caplog.text  # nothing to settle in the first epoch
+
+
+def test_the_coordinator_loop_settles_its_global_step_after_each_chunk(cluster, tmp_path):
+  """Here every step's own extra increment of the global step stands for a count no record backs."""
+  strategy, coordinator = tfps.build_strategy(cluster)
+  with strategy.scope():
+    global_step = loop.build_global_step()
+    progress = exactly_once.StepProgress(4, global_step)
+    weight = tf.Variable(0.0)
+
+  def step_fn(batch):
+    weight.assign_add(tf.reduce_sum(batch))
+    global_step.assign_add(1)
+    return tf.constant(1.0), tf.constant(2, tf.int64)
+
+  train_function = loop.build_train_function(strategy, step_fn, global_step, progress, lambda: [weight])
+  iterator = iter(coordinator.create_per_worker_dataset(lambda: tf.data.Dataset.from_tensors(tf.ones([2])).repeat()))
+  manager = tf.train.CheckpointManager(tf.train.Checkpoint(global_step=global_step, weight=weight), str(tmp_path), 3)
+  train_loop = loop.TrainLoop(coordinator=coordinator, train_function=train_function, iterator=iterator,
+                              global_step=global_step, progress=progress, checkpoint_manager=manager,
+                              config=loop.LoopConfig(steps_per_execution=4, log_every_steps=10,
+                                                     checkpoint_every_steps=20),
+                              model_dir=str(tmp_path))
+  assert train_loop.run(max_steps=30) == 30
+  assert int(global_step.numpy()) == 30
+  assert float(weight.numpy()) == 60.0  # 30 steps ran, each once
+  assert [int(path.rsplit("-", 1)[1]) for path in manager.checkpoints] == [20, 30]

@@ -1,4 +1,4 @@
-"""Steps applied once even when a scheduled training function is run again after a worker failure.
+"""Steps applied once, and counted once, even when a scheduled training function is run again after a worker failure.
 
 ParameterServerStrategy runs a function that was on a failed worker again, in full, on another worker, although it
 may already have applied some of its steps to the ps. `StepProgress` records on a ps how many of its steps each
@@ -7,20 +7,24 @@ slot `seq % SLOTS` of a progress vector and holds absolute values (`seq * stride
 reset and a re-run knows exactly where its first run stopped. Both training paths use it: `install` for tf-keras
 `Model.fit`, `tfps.loop` for the coordinator loop.
 
-The record sits beside the counter each step increments (the optimizer's `iterations`, the loop's global step), and
-everything it needs (its slot) is on that ps before the function's first step, so it waits for nothing from the worker.
-It still cannot be atomic with the step. A step's update is many ops (one per variable, on each ps), and when the
-worker a step came from dies, the ps runs none of that step's remaining ops, not even ones that need nothing from the
-worker: a trace of every increment, written by a ps-local op after it, lacked exactly one increment in each of the 3
-of 8 runs (3 worker kills each) that ended at 401 of 400 steps. So a worker failure can leave one step applied (or
-partly applied) without its record, and the re-run applies it again: at most one step per failed function, where
-ParameterServerStrategy alone runs the whole function again (9 steps over in the same test). On the Keras path this
-leaves 401 or 402 of 400 steps in about half the runs (9 of 18 at 401); the coordinator loop (Estimator path) has
-ended exact in every run measured.
+A step's record runs on the ps only after every variable the step updates has been updated (on every ps), so a
+recorded step is a whole step: a re-run never skips a step that did not reach the ps.
+
+A step's update is many ops (one per variable, on each ps) and cannot be atomic with its record: when the worker a
+step came from dies, the ps runs none of that step's remaining ops, not even ones that need nothing from the worker.
+(A trace of every increment of the optimizer's step counter, written by a ps-local op right after it, lacked exactly
+one increment in each run that ended at 401 of 400 steps.) So the dead worker's step in flight can reach some
+variables and the step counter without being recorded; the re-run applies it again in full. The step counter is
+therefore settled from the records wherever the coordinator has joined every function (`StepCounter` at each tf-keras
+epoch end, `tfps.loop` after each chunk): it ends at exactly the steps recorded. What remains is that the variables the
+dead worker's last step had reached get that step's update twice, once per failed function, where
+ParameterServerStrategy alone runs the whole function again.
 """
 
-import itertools
+from typing import Iterable, List
 
+from absl import logging
+import numpy as np
 import tensorflow as tf
 import tf_keras
 
@@ -45,11 +49,17 @@ class StepProgress:
       self.variable = tf.Variable(tf.zeros([SLOTS], tf.int64), trainable=False, name="tfps_step_progress",
                                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     self.stride = stride
-    self._sequence = itertools.count()
+    self._next = 0
 
   def next_sequence(self) -> tf.Tensor:
     """The sequence number to schedule the next function with."""
-    return tf.constant(next(self._sequence), tf.int64)
+    seq, self._next = self._next, self._next + 1
+    return tf.constant(seq, tf.int64)
+
+  @property
+  def position(self) -> int:
+    """The sequence number the next scheduled function gets (for `settle`)."""
+    return self._next
 
   def begin(self, seq, steps):
     """At a scheduled function's start: `(slot, first)`, its slot (kept on the vector's ps, for `record`) and the
@@ -62,18 +72,78 @@ class StepProgress:
         done = tf.gather(self.variable.read_value(), slot)[0] - seq * self.stride
       return slot, tf.minimum(tf.maximum(done, 0), tf.cast(steps, tf.int64))
 
-  def record(self, slot, increment):
-    """In a scheduled function: one more of its steps is applied; `increment` is the op or value by which that step
-    incremented the counter. Everything the record needs is on the counter's ps before the step starts, so once the
-    increment has run, nothing from the worker is awaited before the record runs too."""
-    with tf.device(self.variable.device), tf.control_dependencies([increment]):
+  def record(self, slot, after):
+    """In a scheduled function: one more of its steps is applied, once the ops or tensors in `after` have run (the
+    step's updates: `after_updates`)."""
+    with tf.device(self.variable.device), tf.control_dependencies(after):
       return self.variable.scatter_add(tf.IndexedSlices(tf.ones([1], tf.int64), slot))
+
+  def steps_recorded(self, since: int) -> int:
+    """The steps recorded by the functions scheduled from position `since` on; call when they have all ended (after
+    the coordinator's join)."""
+    if self._next - since > SLOTS:
+      raise RuntimeError(f"{self._next - since} functions were scheduled between two joins of the coordinator; at most "
+                         f"{SLOTS} can be tracked")
+    seqs = np.arange(since, self._next, dtype=np.int64)
+    done = self.variable.numpy()[seqs % SLOTS] - seqs * self.stride
+    return int(np.clip(done, 0, self.stride).sum())
+
+  def settle(self, counter: tf.Variable, start: int, since: int) -> int:
+    """Sets `counter` to `start` plus the steps recorded since position `since` (see the module docstring) and returns
+    it; call when every function scheduled since has ended."""
+    settled = start + self.steps_recorded(since)
+    counted = int(counter.numpy())
+    if counted != settled:
+      logging.info("Step counter settled at %d from the steps recorded on the ps (it read %d): a failed worker's step "
+                   "reached the ps without its record and ran again", settled, counted)
+      counter.assign(settled)
+    return settled
+
+
+def after_updates(variables: Iterable[tf.Variable]) -> List[tf.Operation]:
+  """In a tf.function: one op per ps that runs after the updates so far (in program order) of every one of
+  `variables` on it. A record made after these is made after the whole step."""
+  by_device = {}
+  for variable in variables:
+    for part in _parts(variable):
+      # Any op taking the variable's handle is ordered after the variable's earlier updates by tf.function's automatic
+      # control dependencies; this one reads nothing but the shape.
+      by_device.setdefault(part.device, []).append(tf.raw_ops.VariableShape(input=part.handle))
+  groups = []
+  for device, ops in sorted(by_device.items()):
+    with tf.device(device):
+      groups.append(tf.group(*ops))
+  return groups
+
+
+def _parts(variable) -> List[tf.Variable]:
+  """The variables holding `variable`: its shards if it is sharded."""
+  if isinstance(variable, tf.__internal__.distribute.ShardedVariable):
+    return list(variable.variables)
+  return [variable]
+
+
+class StepCounter(tf_keras.callbacks.Callback):
+  """Settles the optimizer's step counter from the records at each epoch end (every function has ended by then), before
+  the callbacks after it (checkpoints, backups) read it. tfps puts it first."""
+
+  def __init__(self, progress: StepProgress):
+    super().__init__()
+    self._progress = progress
+    self._start = (0, 0)
+
+  def on_epoch_begin(self, epoch, logs=None):
+    self._start = (int(self.model.optimizer.iterations.numpy()), self._progress.position)
+
+  def on_epoch_end(self, epoch, logs=None):
+    self._progress.settle(self.model.optimizer.iterations, *self._start)
 
 
 def install(model: tf_keras.Model, max_steps_per_execution: int, steps_per_epoch: int):
   """Makes `model.fit` under ParameterServerStrategy apply each step once; call under the strategy scope.
 
-  Returns `(train_function, progress)`: the function it schedules, `(iterator, steps, seq)`, and its `StepProgress`.
+  Returns `(train_function, progress)`: the function it schedules, `(iterator, steps, seq)`, and its `StepProgress`;
+  `StepCounter(progress)` must be the first callback of the fit.
   """
   if -(-steps_per_epoch // max_steps_per_execution) > SLOTS:
     raise ValueError(f"`steps_per_epoch` ({steps_per_epoch}) needs more than {SLOTS} scheduled functions per epoch "
@@ -85,9 +155,7 @@ def install(model: tf_keras.Model, max_steps_per_execution: int, steps_per_epoch
     slot, first = progress.begin(seq, steps)
     for _ in tf.range(first, steps):
       model.distribute_strategy.run(model.train_step, args=(next(iterator),))
-      # The read of the optimizer's step counter comes after the step's increment (ops on one variable keep program
-      # order) and runs on the counter's ps, as the record does.
-      progress.record(slot, model.optimizer.iterations.read_value())
+      progress.record(slot, after_updates(model.trainable_variables + [model.optimizer.iterations]))
     # The metrics' results, not the last step's outputs: a re-run may have no step left to run. tf-keras replaces the
     # logs with these results at every epoch end anyway.
     return model.get_metrics_result()

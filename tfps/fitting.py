@@ -157,6 +157,7 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
     steps_per_execution = min(DEFAULT_STEPS_PER_EXECUTION, steps_per_epoch)
   if mode.sync_mode == "geo":
     steps_per_execution = min(mode.geo_steps, steps_per_epoch)
+  step_counter = []  # settles the step counter before any other callback reads it at an epoch end
   with strategy.scope():
     if steps_per_execution is not None:
       _tf_private.set_steps_per_execution(model, steps_per_execution)
@@ -165,7 +166,8 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
     elif mode.sync_mode == "geo":
       geo.install(model, coordinator)
     else:
-      exactly_once.install(model, _tf_private.steps_per_execution(model), steps_per_epoch)
+      _, progress = exactly_once.install(model, _tf_private.steps_per_execution(model), steps_per_epoch)
+      step_counter.append(exactly_once.StepCounter(progress))
   validation = None
   if validation_dataset_fn is not None:
     if exact_evaluation:
@@ -174,7 +176,7 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
       _tf_private.set_exact_evaluation_shards(model, shards)
     validation = tf_keras.utils.experimental.DatasetCreator(validation_dataset_fn)
   batch_size = batch_size or dataset_fns.batch_size_of(sample)
-  all_callbacks = _default_callbacks(model_dir, steps_per_epoch, epochs, batch_size, log_every_secs,
+  all_callbacks = step_counter + _default_callbacks(model_dir, steps_per_epoch, epochs, batch_size, log_every_secs,
                                      keep_checkpoint_max) + user_callbacks
   logging.info("Training on %s (%s): %d epochs x %d steps, %d steps per execution", config.sizes(),
                mode.describe(config.num_workers), epochs, steps_per_epoch, _tf_private.steps_per_execution(model))

@@ -207,7 +207,7 @@ class GeoRounds:
 
     slot, first = self.progress.begin(seq, 1)
     loss, examples, counter = tf.cond(first > 0, skip, run)
-    recorded = self.progress.record(slot, counter)
+    recorded = self.progress.record(slot, [counter])
     with tf.control_dependencies([recorded]):
       return tf.identity(loss), tf.identity(examples)
 

@@ -28,10 +28,12 @@ def build_global_step() -> tf.Variable:
 
 
 def build_train_function(strategy: tf.distribute.Strategy, step_fn: Callable, global_step: tf.Variable,
-                         progress: exactly_once.StepProgress) -> Callable:
+                         progress: exactly_once.StepProgress, variables: Callable[[], List[tf.Variable]]) -> Callable:
   """A `tf.function(iterator, num_steps, seq) -> (loss_sum, num_examples)` running `num_steps` steps of `step_fn`.
 
   `seq` is `progress.next_sequence()`: a function run again after a worker failure skips the steps it applied.
+  `variables()` gives the variables a step updates (they may be created by the step's first trace); a step is recorded
+  after their updates.
   """
 
   @tf.function(autograph=False)  # errors in step_fn surface as raised, not wrapped in autograph's StagingError
@@ -39,8 +41,8 @@ def build_train_function(strategy: tf.distribute.Strategy, step_fn: Callable, gl
     def body(index, loss_sum, examples):
       loss, count = strategy.run(step_fn, args=(next(iterator),))
       with tf.control_dependencies([loss]):
-        increment = global_step.assign_add(1)
-      recorded = progress.record(slot, increment)
+        global_step.assign_add(1)
+      recorded = progress.record(slot, exactly_once.after_updates(variables() + [global_step]))
       with tf.control_dependencies([recorded]):
         return index + 1, loss_sum + tf.cast(loss, tf.float32), examples + tf.cast(count, tf.int64)
 
@@ -141,6 +143,7 @@ class TrainLoop:
       loss_sum, examples, _ = self._sync_steps.run(self._iterator, num_steps)
       return loss_sum, examples
     results: List = []
+    start = (self.step, self._progress.position)
     while num_steps > 0:
       count = min(num_steps, self._config.steps_per_execution)
       steps = count if self._static_steps else tf.constant(count, tf.int32)
@@ -148,6 +151,8 @@ class TrainLoop:
           self._train_function, args=(self._iterator, steps, self._progress.next_sequence())))
       num_steps -= count
     self._coordinator.join()
+    if not self._static_steps:  # a geo round is recorded once for all its steps
+      self._progress.settle(self._global_step, *start)
     loss_sum, examples = 0.0, 0
     for result in results:
       loss, count = result.fetch()

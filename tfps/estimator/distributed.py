@@ -70,7 +70,8 @@ class DistributedModel:
     """
     checkpoints_lib.clear_final_marker(self._config.model_dir)
     iterator = self._per_worker_iterator(input_fn)
-    train_function = loop.build_train_function(self.strategy, self.model.train_step, self.global_step, self.progress)
+    train_function = loop.build_train_function(self.strategy, self.model.train_step, self.global_step, self.progress,
+                                               self.model.variables.trainable_variables_flat)
     if self._manager is None:
       self._build(train_function, iterator)
     progress, steps_per_execution = self.progress, self._config.steps_per_execution
