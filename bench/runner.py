@@ -34,7 +34,7 @@ class BenchError(RuntimeError):
   """A benchmark run failed; the message holds the end of its log."""
 
 
-def _task_name(process: psutil.Process) -> Optional[str]:
+def task_name(process: psutil.Process) -> Optional[str]:
   try:
     tf_config = process.environ().get("TF_CONFIG")
   except (psutil.Error, OSError):
@@ -83,7 +83,7 @@ def _sample(root: psutil.Process, tasks: Dict[str, psutil.Process]) -> Dict[str,
     children = []
   for child in children:
     if child.pid not in {p.pid for p in tasks.values()}:
-      name = _task_name(child)
+      name = task_name(child)
       if name:
         tasks[name] = child
   result = {}
@@ -97,7 +97,7 @@ def _sample(root: psutil.Process, tasks: Dict[str, psutil.Process]) -> Dict[str,
   return result
 
 
-def _stop(process: subprocess.Popen, grace_secs: float = 10.0) -> None:
+def stop(process: subprocess.Popen, grace_secs: float = 10.0) -> None:
   """SIGTERM to the launcher's process group (it stops its tasks), then SIGKILL after `grace_secs`."""
   if process.poll() is not None:
     return
@@ -148,7 +148,7 @@ def run(args: Sequence[str], *, num_ps: int = 0, num_workers: int = 0, log_dir: 
         samples.setdefault(name, []).append(sample)
       time.sleep(sample_secs)
   finally:
-    _stop(process)
+    stop(process)
   try:
     if process.returncode != 0:
       raise BenchError(f"{' '.join(command)} exited with {process.returncode}; log {log_path}:\n{_tail(log_path)}")

@@ -29,6 +29,7 @@ import tensorflow as tf
 import tf_keras
 
 from tfps import keras_train
+from tfps import strategy as strategy_lib
 
 SLOTS = 16_384  # more than the functions scheduled between two joins of the coordinator
 
@@ -105,7 +106,7 @@ def after_updates(variables: Iterable[tf.Variable]) -> List[tf.Operation]:
   `variables` on it. A record made after these is made after the whole step."""
   by_device = {}
   for variable in variables:
-    for part in _parts(variable):
+    for part in strategy_lib.shards_of(variable):
       # Any op taking the variable's handle is ordered after the variable's earlier updates by tf.function's automatic
       # control dependencies; this one reads nothing but the shape.
       by_device.setdefault(part.device, []).append(tf.raw_ops.VariableShape(input=part.handle))
@@ -114,13 +115,6 @@ def after_updates(variables: Iterable[tf.Variable]) -> List[tf.Operation]:
     with tf.device(device):
       groups.append(tf.group(*ops))
   return groups
-
-
-def _parts(variable) -> List[tf.Variable]:
-  """The variables holding `variable`: its shards if it is sharded."""
-  if isinstance(variable, tf.__internal__.distribute.ShardedVariable):
-    return list(variable.variables)
-  return [variable]
 
 
 class StepCounter(tf_keras.callbacks.Callback):
@@ -155,7 +149,7 @@ def install(model: tf_keras.Model, max_steps_per_execution: int, steps_per_epoch
     slot, first = progress.begin(seq, steps)
     for _ in tf.range(first, steps):
       model.distribute_strategy.run(model.train_step, args=(next(iterator),))
-      progress.record(slot, after_updates(model.trainable_variables + [model.optimizer.iterations]))
+      progress.record(slot, after_updates(model.variables + [model.optimizer.iterations]))
     # The metrics' results, not the last step's outputs: a re-run may have no step left to run. tf-keras replaces the
     # logs with these results at every epoch end anyway.
     return model.get_metrics_result()

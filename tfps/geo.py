@@ -32,14 +32,10 @@ import tf_keras
 from tfps import _tf_private
 from tfps import exactly_once
 from tfps import keras_train
+from tfps import strategy as strategy_lib
 from tfps.errors import UsageError
 
 LARGE_DENSE_ELEMENTS = 1 << 20  # a variable this large and not an Embedding table is not copied to every worker
-
-
-def _shards(variable) -> List[tf.Variable]:
-  return list(variable.variables) if hasattr(variable, "variables") and not isinstance(variable, tf.Variable) \
-      else [variable]
 
 
 class _LocalNames:
@@ -85,7 +81,7 @@ class _Table:
   """The touched rows of one embedding table (sharded or not) and of its optimizer slots, cached locally."""
 
   def __init__(self, table, ids: tf.Tensor, slots: Callable, names: _LocalNames):
-    self.shards = _shards(table)
+    self.shards = strategy_lib.shards_of(table)
     rows = [shard.shape[0] for shard in self.shards]
     self.offsets = [sum(rows[:k]) for k in range(len(rows) + 1)]
     self.ids, _ = tf.unique(tf.reshape(tf.cast(ids, tf.int64), [-1]))
@@ -156,7 +152,7 @@ def _no_aggregation(optimizer):
 
 
 def _key(table) -> tuple:
-  return tuple(_id(shard) for shard in _shards(table))
+  return tuple(_id(shard) for shard in strategy_lib.shards_of(table))
 
 
 def _id(variable) -> int:
@@ -226,12 +222,12 @@ class GeoRounds:
     """Local copies (pulled) of every variable of the model and the optimizer but the tables and their slots."""
     table_parts = set()
     for table in self._tables_of(batch).values():
-      for shard in _shards(table):
+      for shard in strategy_lib.shards_of(table):
         table_parts.update([_id(shard)] + [_id(slot) for slot in self._slots(shard)])
     dense = []
-    trainable = {_id(part) for variable in self._variables() for part in _shards(variable)}
+    trainable = {_id(part) for variable in self._variables() for part in strategy_lib.shards_of(variable)}
     for variable in list(self._variables()) + list(optimizer.variables()):
-      for part in _shards(variable):
+      for part in strategy_lib.shards_of(variable):
         if _id(part) in table_parts:
           continue
         if (part.shape.num_elements() or 0) > LARGE_DENSE_ELEMENTS:

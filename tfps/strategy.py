@@ -4,7 +4,7 @@ import logging as py_logging
 import socket
 import time
 import weakref
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from absl import logging
 import tensorflow as tf
@@ -112,3 +112,10 @@ def cluster_of(strategy: tf.distribute.Strategy) -> cluster_lib.ClusterConfig:
   if strategy not in _CLUSTERS:
     raise ValueError("this model was not built under a strategy from tfps.build_strategy (tfps.fit builds one)")
   return _CLUSTERS[strategy]
+
+
+def shards_of(variable) -> List[tf.Variable]:
+  """The variables holding `variable`: its shards if ParameterServerStrategy partitioned it, else itself."""
+  if isinstance(variable, tf.__internal__.distribute.ShardedVariable):
+    return list(variable.variables)
+  return [variable]

@@ -23,6 +23,7 @@ from typing import Callable, List, Optional
 from absl import logging
 import tensorflow as tf
 
+from tfps import strategy as strategy_lib
 from tfps.estimator.spec import ModelFnError
 
 
@@ -131,7 +132,7 @@ class ModelFnVariables(tf.Module):
     for variable in self.created:
       if not getattr(variable, "trainable", True):
         continue
-      flat.extend([variable] if isinstance(variable, tf.Variable) else list(variable.variables))
+      flat.extend(strategy_lib.shards_of(variable))
     return flat
 
   @contextlib.contextmanager

@@ -1,0 +1,105 @@
+"""Worker kills on the Keras path, run many times: does every run end with exactly the asked steps, counted and applied?
+
+Each run trains `bench/worker_kills_train.py` (4 epochs x 100 steps) under `tfps-launch --num_workers=2 --num_ps=1`,
+and SIGKILLs a worker 0.2 s after each of the first three epoch checkpoints (as `tests/test_chaos.py` does), at a random
+point of a step. Per run it reports the optimizer's final `iterations`, how many times a step's update reached the
+counting weight (`applied_steps`: more than asked means a dead worker's step in flight reached it and ran again), and
+whether the chief settled its step counter from the records (`tfps/exactly_once.py`). Writes
+`bench/results/worker_kills.json`.
+
+  .venv/bin/python bench/worker_kills.py --runs=20      # about 25 s a run here
+"""
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+import psutil
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, for `bench`
+
+from bench import runner  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+_RUNS = flags.DEFINE_integer("runs", 20, "Runs.", lower_bound=1)
+_KILLS = flags.DEFINE_integer("kills", 3, "Worker kills per run, one an epoch (at most epochs - 1).", lower_bound=1)
+_OUT = flags.DEFINE_string("out", os.path.join(runner.ROOT, "bench", "results", "worker_kills.json"), "Result JSON.")
+
+SCRIPT = os.path.join(runner.ROOT, "bench", "worker_kills_train.py")
+EPOCHS, TIMEOUT_SECS = 4, 400
+
+
+def _task(launcher: psutil.Process, name: str):
+  for child in launcher.children(recursive=True):
+    try:
+      if runner.task_name(child) == name and child.status() != psutil.STATUS_ZOMBIE:
+        return child
+    except psutil.Error:
+      continue
+  return None
+
+
+def _wait(condition, what: str, process: subprocess.Popen, timeout_secs: float = 240) -> None:
+  deadline = time.monotonic() + timeout_secs
+  while not condition():
+    if process.poll() is not None or time.monotonic() > deadline:
+      raise runner.BenchError(f"{what}: not reached (launcher exit status {process.poll()})")
+    time.sleep(0.05)
+
+
+def one_run(workdir: str) -> dict:
+  model_dir, counts_path = os.path.join(workdir, "run"), os.path.join(workdir, "counts.json")
+  log_dir = os.path.join(workdir, "logs")
+  command = [runner.LAUNCHER, "--num_ps=1", "--num_workers=2", "--max_restarts=5", f"--log_dir={log_dir}", SCRIPT,
+             "--", f"--model_dir={model_dir}", f"--counts_json={counts_path}", f"--epochs={EPOCHS}"]
+  with open(os.path.join(workdir, "out.txt"), "w", encoding="utf-8") as out:
+    process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               start_new_session=True, cwd=runner.ROOT)
+  try:
+    launcher = psutil.Process(process.pid)
+    for epoch in range(1, _KILLS.value + 1):
+      checkpoint = os.path.join(model_dir, "checkpoints", f"ckpt-{epoch}.index")
+      _wait(lambda: os.path.exists(checkpoint), f"checkpoint {epoch}", process)
+      time.sleep(0.2)
+      victim = f"worker:{epoch % 2}"
+      _wait(lambda: _task(launcher, victim) is not None, f"{victim} running", process, 60)
+      _task(launcher, victim).send_signal(signal.SIGKILL)
+    process.wait(timeout=TIMEOUT_SECS)
+  finally:
+    runner.stop(process)
+  if process.returncode != 0:
+    raise runner.BenchError(f"run in {workdir} exited with {process.returncode}")
+  with open(counts_path, encoding="utf-8") as counts_file:
+    result = json.load(counts_file)
+  with open(os.path.join(log_dir, "chief-0.log"), encoding="utf-8", errors="replace") as chief_log:
+    result["settled"] = sum("Step counter settled" in line for line in chief_log)
+  return result
+
+
+def main(argv):
+  del argv
+  results = []
+  for index in range(_RUNS.value):
+    with tempfile.TemporaryDirectory(prefix="tfps_worker_kills_") as workdir:
+      results.append(one_run(workdir))
+    print(f"run {index + 1}/{_RUNS.value}: {results[-1]}", flush=True)
+  summary = {
+      "runs": len(results), "kills_per_run": _KILLS.value,
+      "iterations": dict(collections.Counter(str(r["iterations"]) for r in results)),
+      "applied_steps": dict(collections.Counter(str(r["applied_steps"]) for r in results)),
+      "runs_settled": sum(r["settled"] > 0 for r in results),
+  }
+  print(json.dumps(summary))
+  os.makedirs(os.path.dirname(_OUT.value), exist_ok=True)
+  with open(_OUT.value, "w", encoding="utf-8") as out:
+    json.dump({"summary": summary, "runs": results}, out, indent=1)
+
+
+if __name__ == "__main__":
+  app.run(main)
