@@ -1,6 +1,6 @@
 """Worker kills on the Keras path, run many times: does every run end with exactly the asked steps, counted and applied?
 
-Each run trains `bench/worker_kills_train.py` (4 epochs x 100 steps) under `tfps-launch --num_workers=2 --num_ps=1`,
+Each run trains `bench/worker_kills_train.py` (4 epochs x 100 steps) under `tfps-launch --num_workers=2` (`--num_ps`),
 and SIGKILLs a worker 0.2 s after each of the first three epoch checkpoints (as `tests/test_chaos.py` does), at a random
 point of a step. Per run it reports the optimizer's final `iterations`, how many times a step's update reached the
 counting weight (`applied_steps`: more than asked means a dead worker's step in flight reached it and ran again), and
@@ -8,6 +8,7 @@ whether the chief settled its step counter from the records (`tfps/exactly_once.
 `bench/results/worker_kills.json`.
 
   .venv/bin/python bench/worker_kills.py --runs=20      # about 25 s a run here
+  .venv/bin/python bench/worker_kills.py --runs=10 --num_ps=2 --out=bench/results/worker_kills_2ps.json
 """
 
 import collections
@@ -28,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from bench import runner  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _RUNS = flags.DEFINE_integer("runs", 20, "Runs.", lower_bound=1)
+_NUM_PS = flags.DEFINE_integer("num_ps", 1, "ps tasks (the counting weight lives on one of them).", lower_bound=1)
 _KILLS = flags.DEFINE_integer("kills", 3, "Worker kills per run, one an epoch (at most epochs - 1).", lower_bound=1)
 _OUT = flags.DEFINE_string("out", os.path.join(runner.ROOT, "bench", "results", "worker_kills.json"), "Result JSON.")
 
@@ -56,8 +58,9 @@ def _wait(condition, what: str, process: subprocess.Popen, timeout_secs: float =
 def one_run(workdir: str) -> dict:
   model_dir, counts_path = os.path.join(workdir, "run"), os.path.join(workdir, "counts.json")
   log_dir = os.path.join(workdir, "logs")
-  command = [runner.LAUNCHER, "--num_ps=1", "--num_workers=2", "--max_restarts=5", f"--log_dir={log_dir}", SCRIPT,
-             "--", f"--model_dir={model_dir}", f"--counts_json={counts_path}", f"--epochs={EPOCHS}"]
+  command = [runner.LAUNCHER, f"--num_ps={_NUM_PS.value}", "--num_workers=2", "--max_restarts=5",
+             f"--log_dir={log_dir}", SCRIPT, "--", f"--model_dir={model_dir}", f"--counts_json={counts_path}",
+             f"--epochs={EPOCHS}"]
   with open(os.path.join(workdir, "out.txt"), "w", encoding="utf-8") as out:
     process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                start_new_session=True, cwd=runner.ROOT)
@@ -90,7 +93,7 @@ def main(argv):
       results.append(one_run(workdir))
     print(f"run {index + 1}/{_RUNS.value}: {results[-1]}", flush=True)
   summary = {
-      "runs": len(results), "kills_per_run": _KILLS.value,
+      "runs": len(results), "num_ps": _NUM_PS.value, "kills_per_run": _KILLS.value,
       "iterations": dict(collections.Counter(str(r["iterations"]) for r in results)),
       "applied_steps": dict(collections.Counter(str(r["applied_steps"]) for r in results)),
       "runs_settled": sum(r["settled"] > 0 for r in results),

@@ -37,6 +37,7 @@ def build_model() -> tf_keras.Model:
   ids = tf_keras.Input((NUM_IDS,), dtype="int64", name="ids")
   embedded = tf_keras.layers.Flatten()(tf_keras.layers.Embedding(VOCAB, 8, name="table")(ids))
   hidden = AppliedSteps(name="applied")(tf_keras.layers.Dense(16, activation="relu")(embedded))
+  hidden = AppliedSteps(name="applied_b")(hidden)  # created next: on the next ps when there are several
   model = tf_keras.Model(ids, tf_keras.layers.Dense(1, activation="sigmoid")(hidden))
   model.compile(tf_keras.optimizers.legacy.Adagrad(0.1, initial_accumulator_value=INITIAL_ACCUMULATOR),
                 "binary_crossentropy")
@@ -55,10 +56,16 @@ def main(argv):
   history = tfps.fit(build_model, train_dataset_fn, epochs=_EPOCHS.value, steps_per_epoch=_STEPS.value,
                      model_dir=_MODEL_DIR.value)
   model = history.model
-  weight = model.get_layer("applied").weight
-  accumulator = model.optimizer.get_slot(weight, "accumulator")
+  applied = {}
+  for name in ("applied", "applied_b"):
+    weight = model.get_layer(name).weight
+    accumulator = model.optimizer.get_slot(weight, "accumulator")
+    applied[weight.device.split("/")[3] if weight.device.startswith("/job:ps") else name] = round(
+        float(accumulator.numpy()) - INITIAL_ACCUMULATOR)
   counts = {"iterations": int(model.optimizer.iterations.numpy()),
-            "applied_steps": round(float(accumulator.numpy()) - INITIAL_ACCUMULATOR),
+            "applied_steps": max(applied.values()),
+            "applied_by_ps": applied,
+            "iterations_ps": model.optimizer.iterations.device.split("/")[3],
             "asked_steps": _EPOCHS.value * _STEPS.value}
   with open(_COUNTS.value, "w", encoding="utf-8") as out:
     json.dump(counts, out)

@@ -1,7 +1,7 @@
 """Chaos under tfps-launch with real processes: SIGKILL workers, the ps, the chief; SIGTERM the launcher.
 
-Each run trains scripts/train_keras.py for 4 epochs; the steps it ran are read from the optimizer's iterations that
-the chief records in the FINAL marker.
+Each run trains scripts/train_keras.py (or the counting model of bench/worker_kills_train.py) for 4 epochs; the steps it
+ran are read from the optimizer's iterations that the chief records in the FINAL marker.
 """
 
 import json
@@ -23,6 +23,8 @@ pytestmark = pytest.mark.slow
 
 KERAS_ARGS = ("scripts/train_keras.py", "--", f"--epochs={EPOCHS}", f"--steps_per_epoch={STEPS}", "--vocab_size=2000",
               "--batch_size=32", "--noexact_evaluation")
+# A model with a weight whose Adagrad accumulator counts the step updates that reached it (bench/worker_kills_train.py).
+COUNTING_ARGS = ("bench/worker_kills_train.py", "--", f"--epochs={EPOCHS}", f"--steps_per_epoch={STEPS}")
 ESTIMATOR_STEPS = 3000
 ESTIMATOR_ARGS = ("scripts/train_estimator.py", "--", f"--max_steps={ESTIMATOR_STEPS}", "--save_checkpoints_steps=500",
                   "--noinline_eval")
@@ -100,18 +102,22 @@ def run(tmp_path, subprocess_env):
   assert not leftovers, f"processes left behind: {leftovers}"
 
 
-def test_workers_killed_several_times(run):
-  job = run("--max_restarts=5")
+def test_workers_killed_several_times_every_step_is_applied_and_counted_once(run, tmp_path):
+  """bench/worker_kills.py repeats this run and counts the outcomes."""
+  counts = tmp_path / "counts.json"
+  job = run("--max_restarts=5", script=COUNTING_ARGS, script_args=[f"--counts_json={counts}"])
   for epoch in (1, 2, 3):
     job.wait_for_checkpoint(epoch)
     time.sleep(0.2)  # into the next epoch, which lasts seconds
     job.kill(f"worker:{epoch % 2}")
   code, final = job.finish()
   assert code == 0, job.output()[-3000:]
-  # The function that was running on the killed worker is run again elsewhere, skipping the steps it had recorded
-  # (9 steps too many without the record); a step counted but not recorded is taken back at the epoch's end.
-  assert final["iterations"] == EPOCHS * STEPS
   assert job.output().count("restarting worker:") == 3
+  # The function that was running on the killed worker is run again elsewhere, skipping the steps it had recorded
+  # (9 steps too many without the record), and the step its worker was sending is applied by the re-run alone.
+  assert final["iterations"] == EPOCHS * STEPS
+  counted = json.loads(counts.read_text())
+  assert (counted["iterations"], counted["applied_steps"]) == (EPOCHS * STEPS, EPOCHS * STEPS), counted
 
 
 @pytest.mark.parametrize("mode", ["sync", "geo"])

@@ -78,9 +78,10 @@ def _gated_model(strategy, entered: threading.Event, release: threading.Event):
   return model
 
 
-def test_a_step_is_recorded_only_after_all_its_updates(cluster):
-  """tf-keras increments the step counter before the step's updates land; a record made then would let a re-run skip
-  a step whose gradients never reached the ps."""
+def test_no_update_of_a_step_lands_and_it_is_not_recorded_before_all_its_gradients_are_on_the_ps(cluster):
+  """A worker that dies before sending a step's last gradient must leave none of that step applied or recorded: tf-keras
+  would otherwise increment the step counter and update the variables whose gradients came first, and a record made
+  then would let a re-run skip a step whose other gradients never arrived."""
   strategy, coordinator = tfps.build_strategy(cluster)
   entered, release = threading.Event(), threading.Event()
   model = _gated_model(strategy, entered, release)
@@ -88,21 +89,41 @@ def test_a_step_is_recorded_only_after_all_its_updates(cluster):
     train_function, progress = exactly_once.install(model, max_steps_per_execution=5, steps_per_epoch=100)
   iterator = iter(coordinator.create_per_worker_dataset(
       lambda: tf.data.Dataset.from_tensors((tf.ones((4, 2)), tf.ones((4, 1)))).repeat()))
-  kernel = model.layers[0].kernel.numpy()
+  before = [variable.numpy() for variable in model.variables]
   try:
     coordinator.schedule(train_function, args=(iterator, tf.constant(1, tf.int64), progress.next_sequence()))
-    assert entered.wait(60)
-    deadline = time.monotonic() + 60
-    while int(model.optimizer.iterations.numpy()) == 0:  # the ps has run the step's increment
-      assert time.monotonic() < deadline
-      time.sleep(0.05)
-    assert (model.layers[0].kernel.numpy() == kernel).all()  # the gated update has not landed
-    assert int(progress.variable[0].numpy()) == 0  # so the step is not recorded
+    assert entered.wait(60)  # the first layer's gradients are held; the last layer's are computed
+    deadline = time.monotonic() + 2  # ample for the ps to apply what has arrived (milliseconds)
+    while time.monotonic() < deadline:
+      assert all((variable.numpy() == value).all() for variable, value in zip(model.variables, before))
+      assert int(model.optimizer.iterations.numpy()) == 0
+      assert int(progress.variable[0].numpy()) == 0
+      time.sleep(0.1)
   finally:
     release.set()
   coordinator.join()
   assert int(progress.variable[0].numpy()) == 1
-  assert (model.layers[0].kernel.numpy() != kernel).any()
+  assert int(model.optimizer.iterations.numpy()) == 1
+  assert all((variable.numpy() != value).any() for variable, value in zip(model.variables, before))
+  assert "apply_gradients" not in vars(model.optimizer)  # the hold-back was only there while the step was traced
+
+
+def test_an_optimizer_that_clips_its_gradients_trains_without_the_hold_back(cluster):
+  """It derives the gradients it applies inside apply_gradients: holding the given ones back would send them twice."""
+  strategy, coordinator = tfps.build_strategy(cluster)
+  with strategy.scope():
+    model = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(1)])
+    model.compile(tf_keras.optimizers.SGD(0.01, global_clipnorm=1.0), "mse")
+    train_function, progress = exactly_once.install(model, max_steps_per_execution=5, steps_per_epoch=100)
+  iterator = iter(coordinator.create_per_worker_dataset(
+      lambda: tf.data.Dataset.from_tensors((tf.ones((4, 2)), tf.ones((4, 1)))).repeat()))
+  coordinator.schedule(train_function, args=(iterator, tf.constant(5, tf.int64), progress.next_sequence()))
+  coordinator.join()
+  assert int(model.optimizer.iterations.numpy()) == 5
+  assert int(progress.variable[0].numpy()) == 5
+  graph = train_function.get_concrete_function(iterator, tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.int64)).graph
+  assert "Identity" not in {node.op for function in graph.as_graph_def().library.function
+                            for node in function.node_def if "/job:ps" in node.device}
 
 
 def test_the_step_counter_is_settled_from_the_records_at_each_epoch_end(cluster, caplog):

@@ -7,20 +7,26 @@ slot `seq % SLOTS` of a progress vector and holds absolute values (`seq * stride
 reset and a re-run knows exactly where its first run stopped. Both training paths use it: `install` for tf-keras
 `Model.fit`, `tfps.loop` for the coordinator loop.
 
-A step's record runs on the ps only after every variable the step updates has been updated (on every ps), so a
-recorded step is a whole step: a re-run never skips a step that did not reach the ps.
+Three rules keep a step's effect on the ps whole when its worker dies:
 
-A step's update is many ops (one per variable, on each ps) and cannot be atomic with its record: when the worker a
-step came from dies, the ps runs none of that step's remaining ops, not even ones that need nothing from the worker.
-(A trace of every increment of the optimizer's step counter, written by a ps-local op right after it, lacked exactly
-one increment in each run that ended at 401 of 400 steps.) So the dead worker's step in flight can reach some
-variables and the step counter without being recorded; the re-run applies it again in full. The step counter is
-therefore settled from the records wherever the coordinator has joined every function (`StepCounter` at each tf-keras
-epoch end, `tfps.loop` after each chunk): it ends at exactly the steps recorded. What remains is that the variables the
-dead worker's last step had reached get that step's update twice, once per failed function, where
-ParameterServerStrategy alone runs the whole function again.
+1. On the Keras path a step's updates start only once all its gradients are on their ps (tf-keras would otherwise
+   apply each gradient, and increment the optimizer's step counter, as soon as it arrives). A worker that dies before
+   sending its last gradient leaves nothing of that step applied. (Not for an optimizer that clips or scales its
+   gradients: see `_updates_after_every_gradient`.)
+2. A step is recorded only after the updates of every variable it trains, on every ps, so a re-run never skips a step
+   that did not reach the ps.
+3. A step's update is still many ops (one per variable, on each ps), and when the worker a step came from dies, its ps
+   runs none of that step's remaining ops, not even ones that need nothing from the worker. So a step can reach the
+   step counter and some variables without being recorded, and its re-run applies it again. The step counter is
+   therefore settled from the records wherever every function has ended (`StepCounter` at each tf-keras epoch end,
+   `tfps.loop` after each chunk): it ends at exactly the steps recorded.
+
+What remains: the variables that the dead worker's last step had reached, in the short time between its last gradient
+arriving and its updates ending, get that step's update twice, once per failed function (`bench/worker_kills.py`
+counts it), where ParameterServerStrategy alone runs the whole function again.
 """
 
+import contextlib
 from typing import Iterable, List
 
 from absl import logging
@@ -117,6 +123,56 @@ def after_updates(variables: Iterable[tf.Variable]) -> List[tf.Operation]:
   return groups
 
 
+def _on_their_ps(grads_and_vars) -> List[tf.Operation]:
+  """In a tf.function: one op per ps that runs once every gradient for a variable on that ps is there."""
+  by_device = {}
+  for gradient, variable in grads_and_vars:
+    if gradient is None:
+      continue
+    parts = [gradient.values, gradient.indices] if isinstance(gradient, tf.IndexedSlices) else [gradient]
+    with tf.device(variable.device):
+      by_device.setdefault(variable.device, []).extend(tf.identity(part) for part in parts)
+  groups = []
+  for device, ops in sorted(by_device.items()):
+    with tf.device(device):
+      groups.append(tf.group(*ops))
+  return groups
+
+
+def _applies_gradients_as_given(optimizer) -> bool:
+  """Whether `optimizer.apply_gradients` updates with the gradients it is given, not ones it derives (clipping, loss
+  scaling) after being called."""
+  return (all(getattr(optimizer, name, None) is None for name in ("clipnorm", "clipvalue", "global_clipnorm"))
+          and not hasattr(optimizer, "inner_optimizer"))
+
+
+@contextlib.contextmanager
+def _updates_after_every_gradient(optimizer):
+  """While a train step is traced: the optimizer's updates (on every ps) start only once all the step's gradients have
+  reached their ps, so a worker that dies before sending them all leaves no update of that step behind. (A gradient is
+  still sent once: the update and the wait take it from the same transfer.) Not for an optimizer that clips or scales
+  the gradients itself: it would send them twice, and the ones it applies would still arrive one by one."""
+  if not _applies_gradients_as_given(optimizer):
+    yield
+    return
+  apply_gradients = optimizer.apply_gradients
+  own = "apply_gradients" in vars(optimizer)
+
+  def gated(grads_and_vars, *args, **kwargs):
+    grads_and_vars = list(grads_and_vars)
+    with tf.control_dependencies(_on_their_ps(grads_and_vars)):
+      return apply_gradients(grads_and_vars, *args, **kwargs)
+
+  optimizer.apply_gradients = gated
+  try:
+    yield
+  finally:
+    if own:
+      optimizer.apply_gradients = apply_gradients
+    else:
+      del optimizer.apply_gradients
+
+
 class StepCounter(tf_keras.callbacks.Callback):
   """Settles the optimizer's step counter from the records at each epoch end (every function has ended by then), before
   the callbacks after it (checkpoints, backups) read it. tfps puts it first."""
@@ -148,7 +204,8 @@ def install(model: tf_keras.Model, max_steps_per_execution: int, steps_per_epoch
   def train_function(iterator, steps, seq):
     slot, first = progress.begin(seq, steps)
     for _ in tf.range(first, steps):
-      model.distribute_strategy.run(model.train_step, args=(next(iterator),))
+      with _updates_after_every_gradient(model.optimizer):
+        model.distribute_strategy.run(model.train_step, args=(next(iterator),))
       progress.record(slot, after_updates(model.variables + [model.optimizer.iterations]))
     # The metrics' results, not the last step's outputs: a re-run may have no step left to run. tf-keras replaces the
     # logs with these results at every epoch end anyway.
