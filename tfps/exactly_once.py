@@ -27,7 +27,7 @@ counts it), where ParameterServerStrategy alone runs the whole function again.
 """
 
 import contextlib
-from typing import Iterable, List
+from typing import Dict, Iterable, List, Optional
 
 from absl import logging
 import numpy as np
@@ -56,6 +56,7 @@ class StepProgress:
       self.variable = tf.Variable(tf.zeros([SLOTS], tf.int64), trainable=False, name="tfps_step_progress",
                                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     self.stride = stride
+    self.ps_records: Optional["PsRecords"] = None  # set by `install` (the Keras path)
     self._next = 0
 
   def next_sequence(self) -> tf.Tensor:
@@ -131,7 +132,7 @@ def _on_their_ps(grads_and_vars) -> List[tf.Operation]:
       continue
     parts = [gradient.values, gradient.indices] if isinstance(gradient, tf.IndexedSlices) else [gradient]
     with tf.device(variable.device):
-      by_device.setdefault(variable.device, []).extend(tf.identity(part) for part in parts)
+      by_device.setdefault(variable.device, []).extend(tf.identity(part, name="tfps_gradient_in") for part in parts)
   groups = []
   for device, ops in sorted(by_device.items()):
     with tf.device(device):
@@ -173,6 +174,68 @@ def _updates_after_every_gradient(optimizer):
       del optimizer.apply_gradients
 
 
+class PsRecords:
+  """On every ps that holds variables, the steps of each scheduled function that this ps has applied (absolute marks, as
+  in the progress vector). A step run again skips, on each ps, the updates that ps applied already: a dead worker's
+  step can have reached one ps and not another, or all of them without its record."""
+
+  def __init__(self, variables, stride: int):
+    strategy = tf.distribute.get_strategy()
+    self.stride = stride
+    self.vectors: Dict[str, tf.Variable] = {}
+    for variable in variables:
+      for part in strategy_lib.shards_of(variable):
+        if part.device not in self.vectors:
+          with strategy.extended.colocate_vars_with(part):
+            self.vectors[part.device] = tf.Variable(tf.zeros([SLOTS], tf.int64), trainable=False,
+                                                   name="tfps_applied_steps",
+                                                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+  @contextlib.contextmanager
+  def skipping_applied(self, extended, slot, mark):
+    """While a step is traced: each variable update through `extended.update` (how tf-keras optimizers apply a
+    gradient) runs only if its ps has not applied this step yet; `mark` is `seq * stride + step index + 1`. Yields
+    `records()`, which makes each ps's record of the step, after that ps's updates."""
+    update = extended.update
+    own = "update" in vars(extended)
+    applied: Dict[str, list] = {}
+    already: Dict[str, tf.Tensor] = {}
+
+    def conditional(var, fn, args=(), kwargs=None, group=True):
+      device = var.device
+      vector = self.vectors.get(device)
+      if vector is None:
+        return update(var, fn, args=args, kwargs=kwargs, group=group)
+
+      def apply():
+        result = update(var, fn, args=args, kwargs=kwargs, group=group)
+        with tf.control_dependencies([r for r in tf.nest.flatten(result) if r is not None]):
+          return tf.constant(True)
+
+      with tf.device(device):
+        if device not in already:
+          already[device] = vector.sparse_read(slot)[0] >= mark
+        done = tf.cond(already[device], lambda: tf.constant(False), apply)
+      applied.setdefault(device, []).append(done)
+      return done if group else (done,)  # as ParameterServerStrategy returns them
+
+    def records() -> List[tf.Operation]:
+      made = []
+      for device, done in sorted(applied.items()):
+        with tf.device(device), tf.control_dependencies(done):
+          made.append(self.vectors[device].scatter_max(tf.IndexedSlices(tf.reshape(mark, [1]), slot)))
+      return made
+
+    extended.update = conditional
+    try:
+      yield records
+    finally:
+      if own:
+        extended.update = update
+      else:
+        del extended.update
+
+
 class StepCounter(tf_keras.callbacks.Callback):
   """Settles the optimizer's step counter from the records at each epoch end (every function has ended by then), before
   the callbacks after it (checkpoints, backups) read it. tfps puts it first."""
@@ -193,20 +256,23 @@ def install(model: tf_keras.Model, max_steps_per_execution: int, steps_per_epoch
   """Makes `model.fit` under ParameterServerStrategy apply each step once; call under the strategy scope.
 
   Returns `(train_function, progress)`: the function it schedules, `(iterator, steps, seq)`, and its `StepProgress`;
-  `StepCounter(progress)` must be the first callback of the fit.
+  `StepCounter(progress)` must be the first callback of the fit. The `PsRecords` it makes are `progress.ps_records`.
   """
   if -(-steps_per_epoch // max_steps_per_execution) > SLOTS:
     raise ValueError(f"`steps_per_epoch` ({steps_per_epoch}) needs more than {SLOTS} scheduled functions per epoch "
                      f"at {max_steps_per_execution} steps each; raise `steps_per_execution`")
   progress = StepProgress(max_steps_per_execution, model.optimizer.iterations)
+  ps_records = progress.ps_records = PsRecords(model.variables, max_steps_per_execution)
   coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(model.distribute_strategy)
 
   def train_function(iterator, steps, seq):
     slot, first = progress.begin(seq, steps)
-    for _ in tf.range(first, steps):
-      with _updates_after_every_gradient(model.optimizer):
+    for index in tf.range(first, steps):
+      mark = seq * progress.stride + index + 1
+      with _updates_after_every_gradient(model.optimizer), ps_records.skipping_applied(
+          model.distribute_strategy.extended, slot, mark) as ps_applied:
         model.distribute_strategy.run(model.train_step, args=(next(iterator),))
-      progress.record(slot, after_updates(model.variables + [model.optimizer.iterations]))
+      progress.record(slot, after_updates(model.variables + [model.optimizer.iterations]) + ps_applied())
     # The metrics' results, not the last step's outputs: a re-run may have no step left to run. tf-keras replaces the
     # logs with these results at every epoch end anyway.
     return model.get_metrics_result()
