@@ -184,11 +184,13 @@ def test_a_step_run_again_skips_the_updates_a_ps_applied_already(cluster):
     model = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(4), tf_keras.layers.Dense(1)])
     model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "mse")
     train_function, progress = exactly_once.install(model, max_steps_per_execution=5, steps_per_epoch=100)
+  iterator = iter(coordinator.create_per_worker_dataset(
+      lambda: tf.data.Dataset.from_tensors((tf.ones((4, 2)), tf.ones((4, 1)))).repeat()))
+  coordinator.schedule(train_function, args=(iterator, tf.constant(1, tf.int64), tf.constant(0, tf.int64)))
+  coordinator.join()  # a first step makes the records
   devices = sorted(progress.ps_records.vectors)
   assert len(devices) == 2  # the variables are spread over both ps
   reached = devices[0]
-  iterator = iter(coordinator.create_per_worker_dataset(
-      lambda: tf.data.Dataset.from_tensors((tf.ones((4, 2)), tf.ones((4, 1)))).repeat()))
   before = {variable.name: variable.numpy() for variable in model.variables}
   # Function seq 2 (of 5 steps) ran its first step on `reached` only, then its worker died: mark 2 * 5 + 0 + 1.
   progress.ps_records.vectors[reached].scatter_update(tf.IndexedSlices(tf.constant([11], tf.int64), tf.constant([2])))

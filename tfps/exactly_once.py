@@ -7,23 +7,23 @@ slot `seq % SLOTS` of a progress vector and holds absolute values (`seq * stride
 reset and a re-run knows exactly where its first run stopped. Both training paths use it: `install` for tf-keras
 `Model.fit`, `tfps.loop` for the coordinator loop.
 
-Three rules keep a step's effect on the ps whole when its worker dies:
+Four rules keep a step's effect on the ps whole when its worker dies (Keras path; the coordinator loop has the second
+and the fourth):
 
-1. On the Keras path a step's updates start only once all its gradients are on their ps (tf-keras would otherwise
-   apply each gradient, and increment the optimizer's step counter, as soon as it arrives). A worker that dies before
-   sending its last gradient leaves nothing of that step applied. (Not for an optimizer that clips or scales its
-   gradients: see `_updates_after_every_gradient`.)
-2. A step is recorded only after the updates of every variable it trains, on every ps, so a re-run never skips a step
-   that did not reach the ps.
-3. A step's update is still many ops (one per variable, on each ps), and when the worker a step came from dies, its ps
-   runs none of that step's remaining ops, not even ones that need nothing from the worker. So a step can reach the
-   step counter and some variables without being recorded, and its re-run applies it again. The step counter is
-   therefore settled from the records wherever every function has ended (`StepCounter` at each tf-keras epoch end,
-   `tfps.loop` after each chunk): it ends at exactly the steps recorded.
+1. A step's updates start only once all its gradients are on their ps (`_updates_after_every_gradient`). tf-keras
+   would otherwise apply each gradient, and its current optimizers increment the step counter, as soon as it arrives.
+   A worker that dies before sending its last gradient leaves nothing of that step applied. (Not for an optimizer that
+   clips or scales its gradients: see `_updates_after_every_gradient`.)
+2. A step is recorded only after the updates of every variable of the model, on every ps, so a re-run never skips a
+   step that did not reach every ps.
+3. Each ps records the steps it applied, right after its own updates, and a step run again skips the updates its ps
+   applied already (`PsRecords`). When a worker dies, a ps still awaiting a tensor of its step cancels that step, and
+   the cancellation reaches every ps that awaits a signal from that one: measured with two ps, the ps holding the
+   record was cancelled after its own updates had run, so the step was applied on both ps and not recorded.
+4. The step counter is settled from the records wherever every function has ended (`StepCounter` at each tf-keras
+   epoch end, `tfps.loop` after each chunk), so a step counted but not recorded is not counted twice.
 
-What remains: the variables that the dead worker's last step had reached, in the short time between its last gradient
-arriving and its updates ending, get that step's update twice, once per failed function (`bench/worker_kills.py`
-counts it), where ParameterServerStrategy alone runs the whole function again.
+`bench/worker_kills.py` counts, with weights whose gradient is always 1, how many times each step reached the ps.
 """
 
 import contextlib
@@ -117,6 +117,11 @@ def after_updates(variables: Iterable[tf.Variable]) -> List[tf.Operation]:
       # Any op taking the variable's handle is ordered after the variable's earlier updates by tf.function's automatic
       # control dependencies; this one reads nothing but the shape.
       by_device.setdefault(part.device, []).append(tf.raw_ops.VariableShape(input=part.handle))
+  return _grouped(by_device)
+
+
+def _grouped(by_device: Dict[str, list]) -> List[tf.Operation]:
+  """One op on each device that runs after that device's ops."""
   groups = []
   for device, ops in sorted(by_device.items()):
     with tf.device(device):
@@ -133,11 +138,7 @@ def _on_their_ps(grads_and_vars) -> List[tf.Operation]:
     parts = [gradient.values, gradient.indices] if isinstance(gradient, tf.IndexedSlices) else [gradient]
     with tf.device(variable.device):
       by_device.setdefault(variable.device, []).extend(tf.identity(part, name="tfps_gradient_in") for part in parts)
-  groups = []
-  for device, ops in sorted(by_device.items()):
-    with tf.device(device):
-      groups.append(tf.group(*ops))
-  return groups
+  return _grouped(by_device)
 
 
 def _applies_gradients_as_given(optimizer) -> bool:
@@ -179,17 +180,19 @@ class PsRecords:
   in the progress vector). A step run again skips, on each ps, the updates that ps applied already: a dead worker's
   step can have reached one ps and not another, or all of them without its record."""
 
-  def __init__(self, variables, stride: int):
-    strategy = tf.distribute.get_strategy()
-    self.stride = stride
+  def __init__(self):
     self.vectors: Dict[str, tf.Variable] = {}
-    for variable in variables:
-      for part in strategy_lib.shards_of(variable):
-        if part.device not in self.vectors:
-          with strategy.extended.colocate_vars_with(part):
-            self.vectors[part.device] = tf.Variable(tf.zeros([SLOTS], tf.int64), trainable=False,
-                                                   name="tfps_applied_steps",
-                                                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+
+  def _vector(self, variable) -> tf.Variable:
+    """The record of `variable`'s ps, made (beside it) the first time a step is traced: a model's variables may not all
+    exist before its first step."""
+    if variable.device not in self.vectors:
+      strategy = tf.distribute.get_strategy()
+      with tf.init_scope(), strategy.scope(), strategy.extended.colocate_vars_with(variable):
+        self.vectors[variable.device] = tf.Variable(tf.zeros([SLOTS], tf.int64), trainable=False,
+                                                    name="tfps_applied_steps",
+                                                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    return self.vectors[variable.device]
 
   @contextlib.contextmanager
   def skipping_applied(self, extended, slot, mark):
@@ -202,10 +205,7 @@ class PsRecords:
     already: Dict[str, tf.Tensor] = {}
 
     def conditional(var, fn, args=(), kwargs=None, group=True):
-      device = var.device
-      vector = self.vectors.get(device)
-      if vector is None:
-        return update(var, fn, args=args, kwargs=kwargs, group=group)
+      device, vector = var.device, self._vector(var)
 
       def apply():
         result = update(var, fn, args=args, kwargs=kwargs, group=group)
@@ -262,7 +262,7 @@ def install(model: tf_keras.Model, max_steps_per_execution: int, steps_per_epoch
     raise ValueError(f"`steps_per_epoch` ({steps_per_epoch}) needs more than {SLOTS} scheduled functions per epoch "
                      f"at {max_steps_per_execution} steps each; raise `steps_per_execution`")
   progress = StepProgress(max_steps_per_execution, model.optimizer.iterations)
-  ps_records = progress.ps_records = PsRecords(model.variables, max_steps_per_execution)
+  ps_records = progress.ps_records = PsRecords()
   coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(model.distribute_strategy)
 
   def train_function(iterator, steps, seq):
