@@ -158,21 +158,28 @@ def _updates_after_every_gradient(optimizer):
     yield
     return
   apply_gradients = optimizer.apply_gradients
-  own = "apply_gradients" in vars(optimizer)
 
   def gated(grads_and_vars, *args, **kwargs):
     grads_and_vars = list(grads_and_vars)
     with tf.control_dependencies(_on_their_ps(grads_and_vars)):
       return apply_gradients(grads_and_vars, *args, **kwargs)
 
-  optimizer.apply_gradients = gated
+  with _replaced(optimizer, "apply_gradients", gated):
+    yield
+
+
+@contextlib.contextmanager
+def _replaced(owner, name: str, value):
+  """`owner.<name>` is `value` inside the block (only while a step is traced), and what it was again after."""
+  original, own = getattr(owner, name), name in vars(owner)
+  setattr(owner, name, value)
   try:
     yield
   finally:
     if own:
-      optimizer.apply_gradients = apply_gradients
+      setattr(owner, name, original)
     else:
-      del optimizer.apply_gradients
+      delattr(owner, name)
 
 
 class PsRecords:
@@ -200,7 +207,6 @@ class PsRecords:
     gradient) runs only if its ps has not applied this step yet; `mark` is `seq * stride + step index + 1`. Yields
     `records()`, which makes each ps's record of the step, after that ps's updates."""
     update = extended.update
-    own = "update" in vars(extended)
     applied: Dict[str, list] = {}
     already: Dict[str, tf.Tensor] = {}
 
@@ -226,14 +232,8 @@ class PsRecords:
           made.append(self.vectors[device].scatter_max(tf.IndexedSlices(tf.reshape(mark, [1]), slot)))
       return made
 
-    extended.update = conditional
-    try:
+    with _replaced(extended, "update", conditional):
       yield records
-    finally:
-      if own:
-        extended.update = update
-      else:
-        del extended.update
 
 
 class StepCounter(tf_keras.callbacks.Callback):
