@@ -60,11 +60,10 @@ def main(argv):
   for name in ("applied", "applied_b"):
     weight = model.get_layer(name).weight
     accumulator = model.optimizer.get_slot(weight, "accumulator")
-    applied[weight.device.split("/")[3] if weight.device.startswith("/job:ps") else name] = round(
-        float(accumulator.numpy()) - INITIAL_ACCUMULATOR)
+    applied[f"{name} on {weight.device.split('/')[3]}"] = round(float(accumulator.numpy()) - INITIAL_ACCUMULATOR)
   counts = {"iterations": int(model.optimizer.iterations.numpy()),
             "applied_steps": max(applied.values()),
-            "applied_by_ps": applied,
+            "applied_by_weight": applied,
             "iterations_ps": model.optimizer.iterations.device.split("/")[3],
             "asked_steps": _EPOCHS.value * _STEPS.value}
   with open(_COUNTS.value, "w", encoding="utf-8") as out:

@@ -121,7 +121,7 @@ class TrainLoop:
       if max_steps is not None:
         boundary = min(boundary, max_steps)
       try:
-        loss_sum, examples = self._run_chunk(boundary - step)
+        loss_sum, examples = self._run_chunk(step, boundary - step)
       except tf.errors.OutOfRangeError:
         logging.info("The training input ended at step %d", self.step)
         step = self.step
@@ -137,13 +137,14 @@ class TrainLoop:
     self._writer.flush()
     return step
 
-  def _run_chunk(self, num_steps: int):
-    """Schedules `num_steps` steps in functions of at most `steps_per_execution` steps and waits for them."""
+  def _run_chunk(self, step: int, num_steps: int):
+    """From global step `step`, schedules `num_steps` steps in functions of at most `steps_per_execution` steps and
+    waits for them."""
     if self._sync_steps is not None:
       loss_sum, examples, _ = self._sync_steps.run(self._iterator, num_steps)
       return loss_sum, examples
     results: List = []
-    start = (self.step, self._progress.position)
+    start = (step, self._progress.position)
     while num_steps > 0:
       count = min(num_steps, self._config.steps_per_execution)
       steps = count if self._static_steps else tf.constant(count, tf.int32)
