@@ -139,8 +139,8 @@ def run_single() -> dict:
 def run_fit(config) -> dict:
   """`tfps.fit`, timed per epoch; the chief's time in `schedule` and its CPU time per measured epoch."""
   from bench import workload as workload_lib  # pylint: disable=g-import-not-at-top
-  from tfps import fitting  # pylint: disable=g-import-not-at-top
-  from tfps import modes  # pylint: disable=g-import-not-at-top
+  from tfps.keras import fitting  # pylint: disable=g-import-not-at-top
+  from tfps.training import modes  # pylint: disable=g-import-not-at-top
   workload = _workload()
   _time_schedule_calls()
   timer = _EpochTimer()

@@ -5,7 +5,7 @@ and SIGKILLs a worker 0.2 s after each of the first three epoch checkpoints (as 
 point of a step. Per run it reports the optimizer's final `iterations`, how many times a step's update reached each
 counting weight (`applied_by_weight`, named with its ps: one weight per ps with two ps; `applied_steps` is the largest:
 more than asked means a dead worker's step reached that ps and ran again), and whether the chief settled its step
-counter from the records (`tfps/exactly_once.py`). Writes `bench/results/worker_kills.json`.
+counter from the records (`tfps/training/exactly_once.py`). Writes `bench/results/worker_kills.json`.
 
   .venv/bin/python bench/worker_kills.py --runs=20      # about 25 s a run here
   .venv/bin/python bench/worker_kills.py --runs=10 --num_ps=2 --out=bench/results/worker_kills_2ps.json

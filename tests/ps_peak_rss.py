@@ -25,7 +25,7 @@ def main(out):
     import tfps  # pylint: disable=g-import-not-at-top
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     import tf_keras  # pylint: disable=g-import-not-at-top
-    strategy, coordinator = tfps.build_strategy(tfps.cluster.from_hosts(ps_hosts=[ps], worker_hosts=[worker]))
+    strategy, coordinator = tfps.build_strategy(tfps.cluster.config.from_hosts(ps_hosts=[ps], worker_hosts=[worker]))
     with strategy.scope():
       probe = tf.Variable(1.0)
     float(probe.read_value())  # the ps is up and has run an op

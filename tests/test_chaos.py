@@ -36,7 +36,7 @@ class Run:
   def __init__(self, tmp_path, env, *launch_args, script_args=(), script=KERAS_ARGS):
     self.model_dir = tmp_path / "run"
     self.out = tmp_path / "out.txt"
-    command = [sys.executable, "-m", "tfps.launch", "--num_workers=2", f"--log_dir={tmp_path / 'logs'}", *launch_args,
+    command = [sys.executable, "-m", "tfps.cluster.launch", "--num_workers=2", f"--log_dir={tmp_path / 'logs'}", *launch_args,
                *script, f"--model_dir={self.model_dir}", *script_args]
     self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=open(self.out, "w"), stderr=subprocess.STDOUT,
                                     start_new_session=True)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tfps import cluster as cluster_lib
+from tfps.cluster import config as cluster_lib
 from tfps.errors import ClusterConfigError
 
 PS = "127.0.0.1:2000"

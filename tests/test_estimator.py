@@ -12,7 +12,7 @@ import tfps
 import tensorflow as tf
 import tf_keras
 
-from tfps import checkpoints as checkpoints_lib
+from tfps.training import checkpoints as checkpoints_lib
 from tfps.estimator import evaluation, synthetic
 from tfps.estimator.spec import ModelFnError
 

@@ -135,7 +135,7 @@ def test_chief_restart_resumes_and_sidecar_follows(tmp_path, subprocess_env):
 def test_train_estimator_under_tfps_launch(tmp_path, subprocess_env):
   model_dir = tmp_path / "model"
   env = {k: v for k, v in subprocess_env.items() if k != "TF_CONFIG"}
-  command = [sys.executable, "-m", "tfps.launch", "--num_ps=1", "--num_workers=2", "--evaluator",
+  command = [sys.executable, "-m", "tfps.cluster.launch", "--num_ps=1", "--num_workers=2", "--evaluator",
              f"--log_dir={tmp_path / 'logs'}", str(SCRIPT), "--", f"--model_dir={model_dir}", "--max_steps=400",
              "--save_checkpoints_steps=200", f"--eval_examples={EVAL_EXAMPLES}", "--noinline_eval"]
   launcher = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -163,7 +163,7 @@ from tfps.estimator.evaluation import ShardedEvaluation
 logging.set_verbosity(logging.INFO)
 tf.get_logger().setLevel("INFO")  # the coordinator reports a retried closure at INFO
 ps_hosts, worker_hosts, model_dir = sys.argv[1:4]
-cluster = tfps.cluster.from_hosts(ps_hosts=ps_hosts, worker_hosts=worker_hosts)
+cluster = tfps.cluster.config.from_hosts(ps_hosts=ps_hosts, worker_hosts=worker_hosts)
 params = {"batch_size": 25, "eval_examples": %(examples)d}
 estimator = tfps.Estimator(synthetic.model_fn, model_dir=model_dir, params=params, cluster=cluster)
 estimator.train(synthetic.train_input_fn, max_steps=10)

@@ -5,8 +5,8 @@ import threading
 import time
 
 import tfps
-from tfps import exactly_once
-from tfps import loop
+from tfps.training import exactly_once
+from tfps.training import loop
 import tensorflow as tf
 import tf_keras
 

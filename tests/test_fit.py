@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tfps
-from tfps import checkpoints as checkpoints_lib
+from tfps.training import checkpoints as checkpoints_lib
 import tensorflow as tf
 import tf_keras
 

@@ -87,7 +87,7 @@ def test_negative_task_index_is_rejected_by_the_rules():
 
 
 def run_config_cli(*args, env=None):
-  return subprocess.run([sys.executable, "-m", "tfps.config_cli", *args], capture_output=True, text=True,
+  return subprocess.run([sys.executable, "-m", "tfps.cluster.config_cli", *args], capture_output=True, text=True,
                         env=env, cwd=REPO, timeout=60)
 
 

@@ -1,4 +1,4 @@
-"""Large variables are created in place on their ps (tfps/initialization.py): right values, one copy in memory."""
+"""Large variables are created in place on their ps (tfps/training/initialization.py): right values, one copy in memory."""
 
 import contextlib
 import json
@@ -14,8 +14,8 @@ import tensorflow as tf
 import tf_keras
 
 import tfps
-from tfps import checkpoints as checkpoints_lib
-from tfps import initialization
+from tfps.training import checkpoints as checkpoints_lib
+from tfps.training import initialization
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ROWS = 2 * initialization.MIN_BYTES // (16 * 4)  # each of the 2 shards is just at the threshold

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-LAUNCH = [sys.executable, "-m", "tfps.launch"]
+LAUNCH = [sys.executable, "-m", "tfps.cluster.launch"]
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ FAKE_TASK = REPO / "tests" / "fixtures" / "fake_task.py"
 
 
 def launch(tmp_path, *args, script=FAKE_TASK, script_args=(), env=None, **kwargs):
-  command = [sys.executable, "-m", "tfps.launch", f"--log_dir={tmp_path / 'logs'}", *args, str(script), "--",
+  command = [sys.executable, "-m", "tfps.cluster.launch", f"--log_dir={tmp_path / 'logs'}", *args, str(script), "--",
              *script_args]
   return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           start_new_session=True, **kwargs)
@@ -126,7 +126,7 @@ def test_signal_to_launcher_leaves_no_process_behind(tmp_path, marked_env, signu
     (["--num_ps=two", "x.py"], "tfps-launch: flag --num_ps=two: invalid literal"),
 ])
 def test_bad_launcher_arguments_are_one_line(args, message):
-  result = subprocess.run([sys.executable, "-m", "tfps.launch", *args], cwd=REPO, capture_output=True, text=True,
+  result = subprocess.run([sys.executable, "-m", "tfps.cluster.launch", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=60)
   assert result.returncode == 2
   assert result.stderr.strip().startswith(message), result.stderr

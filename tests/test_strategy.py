@@ -7,8 +7,8 @@ import portpicker
 import pytest
 
 import tfps
-from tfps import cluster as cluster_lib
-from tfps import strategy as strategy_lib
+from tfps.cluster import config as cluster_lib
+from tfps.training import strategy as strategy_lib
 import tensorflow as tf  # after tfps: tf-keras is selected
 import tf_keras
 
@@ -85,7 +85,7 @@ def test_strategy_only_on_the_chief(cluster):
 
 
 def test_import_tfps_is_light_and_selects_tf_keras():
-  code = ("import sys, tfps, tfps.launch, tfps.cluster; assert 'tensorflow' not in sys.modules; "
+  code = ("import sys, tfps, tfps.cluster.launch, tfps.cluster.config; assert 'tensorflow' not in sys.modules; "
           "import os; print(os.environ['TF_USE_LEGACY_KERAS'], os.environ['GRPC_FAIL_FAST'])")
   result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
   assert result.returncode == 0, result.stderr

@@ -10,23 +10,23 @@ from tfps import _env
 
 _env.prepare()
 
-from tfps.cluster import ClusterConfig  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tfps.cluster.config import ClusterConfig  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tfps.errors import ClusterConfigError, KerasVersionError, TfpsError, UnreachableTaskError, UsageError  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tfps.flags import config_from_flags, define_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tfps.modes import TrainingMode, define_mode_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tfps.training.modes import TrainingMode, define_mode_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 __version__ = "0.1.0"
 
 # name -> module that defines it; imported (with TensorFlow) on first use.
 _LAZY = {
-    "build_strategy": "tfps.strategy",
-    "run_task": "tfps.roles",
-    "run_main": "tfps.roles",
-    "resolve_cluster": "tfps.roles",
-    "fit": "tfps.fitting",
-    "evaluate": "tfps.fitting",
-    "export_saved_model": "tfps.export",
-    "run_sidecar_evaluator": "tfps.evaluation",
+    "build_strategy": "tfps.training.strategy",
+    "run_task": "tfps.cluster.roles",
+    "run_main": "tfps.cluster.roles",
+    "resolve_cluster": "tfps.cluster.roles",
+    "fit": "tfps.keras.fitting",
+    "evaluate": "tfps.keras.fitting",
+    "export_saved_model": "tfps.keras.export",
+    "run_sidecar_evaluator": "tfps.keras.evaluation",
     "testing": None,
     "estimator": None,
     "Estimator": "tfps.estimator",

@@ -1,7 +1,7 @@
 """The only module that defines absl flags: `define_flags(flag_values)` and `config_from_flags(...)`.
 
 Flags are defined by calling `define_flags()` (a user's script does it once at module level), never as a side effect
-of importing tfps. A flag's way: absl parses it, `config_from_flags` builds a `ClusterConfig`, `tfps.cluster` checks
+of importing tfps. A flag's way: absl parses it, `config_from_flags` builds a `ClusterConfig`, `tfps.cluster.config` checks
 the cross-field rules, and the config gives the TF_CONFIG.
 """
 
@@ -10,7 +10,7 @@ from typing import Mapping, Optional
 
 from absl import flags
 
-from tfps import cluster as cluster_lib
+from tfps.cluster import config as cluster_lib
 from tfps.errors import ClusterConfigError
 
 _HOST_FLAGS = ("ps_hosts", "worker_hosts", "chief_hosts", "evaluator_hosts")
@@ -82,7 +82,7 @@ def _check_agrees(name: str, flag_value, from_env: cluster_lib.ClusterConfig) ->
 
 
 def strategy_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> dict:
-  """Keyword arguments for `tfps.strategy.build_strategy` from the strategy flags (empty where undefined)."""
+  """Keyword arguments for `tfps.training.strategy.build_strategy` from the strategy flags (empty where undefined)."""
   if "num_shards" not in flag_values:
     return {}
   return {"num_shards": flag_values["num_shards"].value, "min_shard_bytes": flag_values["min_shard_bytes"].value,

@@ -13,7 +13,7 @@ Sharding and epochs (the documented behaviour of every tfps reader):
   a tensor fed when the traced function runs on each worker. A worker that fails reads its share again when it
   returns; until then its share goes unread. Both training paths (`tfps.fit`, the Estimator path) trace their
   per-worker datasets under the strategy's scope.
-* A one-pass reader (`repeat=False`, evaluation) is not split by worker: exactly-once evaluation (`tfps.evaluation`)
+* A one-pass reader (`repeat=False`, evaluation) is not split by worker: exactly-once evaluation (`tfps.keras.evaluation`)
   shards the whole set itself and may run any of its shards on any worker.
 * `repeat=True` (the default, as PSS training needs) repeats the share forever, reshuffling each pass. An "epoch" is
   the training loop's `steps_per_epoch`: each worker cycles through its own share at its own pace (the shuffle
@@ -30,7 +30,7 @@ from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 from absl import logging
 import tensorflow as tf
 
-from tfps import strategy as strategy_lib
+from tfps.training import strategy as strategy_lib
 
 FilePattern = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 

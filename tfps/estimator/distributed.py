@@ -5,13 +5,13 @@ from typing import Callable, Dict, Optional
 from absl import logging
 import tensorflow as tf
 
-from tfps import checkpoints as checkpoints_lib
-from tfps import cluster as cluster_lib
-from tfps import exactly_once
-from tfps import geo
-from tfps import loop
-from tfps import strategy as strategy_lib
-from tfps import sync
+from tfps.training import checkpoints as checkpoints_lib
+from tfps.cluster import config as cluster_lib
+from tfps.training import exactly_once
+from tfps.training import geo
+from tfps.training import loop
+from tfps.training import strategy as strategy_lib
+from tfps.training import sync
 from tfps.estimator import calls
 from tfps.estimator.evaluation import ShardedEvaluation
 from tfps.estimator.model import ModelFnModel
@@ -66,7 +66,7 @@ class DistributedModel:
     """Trains on `input_fn` until the global step reaches `max_steps` (or for `steps` more); returns the final step.
 
     `after_checkpoint(step)` runs after each checkpoint (inline evaluation); reaching `max_steps` (or the end of the
-    input) writes the final marker (`tfps.checkpoints`), a sidecar evaluator's cue that training ended.
+    input) writes the final marker (`tfps.training.checkpoints`), a sidecar evaluator's cue that training ended.
     """
     checkpoints_lib.clear_final_marker(self._config.model_dir)
     iterator = self._per_worker_iterator(input_fn)

@@ -5,9 +5,9 @@ from typing import Callable, Iterator, Mapping, Optional
 
 from absl import flags
 
-from tfps import cluster as cluster_lib
+from tfps.cluster import config as cluster_lib
 from tfps import flags as flags_lib
-from tfps import roles
+from tfps.cluster import roles
 from tfps.estimator import calls, evaluation, local, spec
 from tfps.estimator.distributed import DistributedModel
 from tfps.estimator.spec import RunConfig
@@ -28,7 +28,7 @@ class Estimator:
     config: a `RunConfig`.
     params: passed to `model_fn` and `input_fn`s that take `params`.
     cluster: the cluster to train on (e.g. `tfps.testing.local_cluster()`); default: from flags / TF_CONFIG.
-    strategy_options: keyword arguments for `tfps.strategy.build_strategy` (default: from the tfps flags).
+    strategy_options: keyword arguments for `tfps.training.strategy.build_strategy` (default: from the tfps flags).
   """
 
   def __init__(self, model_fn: Callable, model_dir: Optional[str] = None, config: Optional[RunConfig] = None,

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import tensorflow as tf
 
-from tfps import evaluation as keras_evaluation
+from tfps.keras import evaluation as keras_evaluation
 from tfps.estimator import calls
 from tfps.estimator.model import ModelFnModel
 from tfps.estimator.spec import ModeKeys, ModelFnError

@@ -11,7 +11,7 @@ from typing import Callable, Dict, Iterator, Optional
 
 import tensorflow as tf
 
-from tfps import checkpoints as checkpoints_lib
+from tfps.training import checkpoints as checkpoints_lib
 from tfps.estimator import calls
 from tfps.estimator.evaluation import ShardedEvaluation
 from tfps.estimator.model import ModelFnModel

@@ -8,7 +8,7 @@ Estimators allowed) instead of `(value_op, update_op)` pairs. This module import
 import dataclasses
 from typing import Any, Callable, Mapping, Optional
 
-from tfps import modes
+from tfps.training import modes
 from tfps.errors import TfpsError
 
 
@@ -134,7 +134,7 @@ class RunConfig:
       default: 2 per worker).
     save_summary_steps: accepted for compatibility; summaries are written at each step-log line.
     tf_random_seed: passed to `tf.random.set_seed` before variables are created.
-    sync_mode: "async" (default), "sync" or "geo" (`tfps.modes`; tfps).
+    sync_mode: "async" (default), "sync" or "geo" (`tfps.training.modes`; tfps).
     geo_steps: geo: local steps between two pushes of a worker's difference (default 10).
     replicas_to_aggregate: sync: worker batches averaged per step (default: one per worker).
   """

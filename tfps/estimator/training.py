@@ -6,7 +6,7 @@ from typing import Dict, List, Optional
 from absl import logging
 import tensorflow as tf
 
-from tfps import checkpoints as checkpoints_lib
+from tfps.training import checkpoints as checkpoints_lib
 from tfps.estimator import evaluation
 from tfps.estimator.estimator import Estimator
 from tfps.estimator.spec import EvalSpec, TrainSpec
@@ -76,7 +76,7 @@ def run_evaluator(estimator: Estimator, eval_spec: EvalSpec, poll_secs: float = 
 
   Each checkpoint is restored into unsharded variables and evaluated with the model_fn in EVAL mode, every batch
   exactly once; results go to `model_dir/eval[_<name>]/metrics.jsonl` and TensorBoard. Returns after evaluating the
-  checkpoint of the final step (the chief then has written the final marker of `tfps.checkpoints`), or when no new
+  checkpoint of the final step (the chief then has written the final marker of `tfps.training.checkpoints`), or when no new
   checkpoint came for `timeout_secs`.
   """
   if not isinstance(eval_spec, EvalSpec):

@@ -23,7 +23,7 @@ from typing import Callable, List, Optional
 from absl import logging
 import tensorflow as tf
 
-from tfps import strategy as strategy_lib
+from tfps.training import strategy as strategy_lib
 from tfps.estimator.spec import ModelFnError
 
 

@@ -2,7 +2,7 @@
 
 One table per categorical feature, not one shared hashed table. Each table is sized to its feature's vocabulary
 (Criteo's C-features range from 3 to millions of ids), features never collide with each other, and the strategy's
-partitioner (`tfps.strategy.ShardLargeVariables`) shards exactly the tables big enough to matter while small ones stay
+partitioner (`tfps.training.strategy.ShardLargeVariables`) shards exactly the tables big enough to matter while small ones stay
 whole on one ps. A single shared table would shard more evenly and cost one gather per shard per step instead of one
 per table-shard, but it forces one embedding width and mixes every feature's collisions; per-feature tables are the
 clearer default, and the lookup cost is paid on the ps side, where `tf.nn.embedding_lookup` on a `ShardedVariable`

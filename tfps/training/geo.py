@@ -19,7 +19,7 @@ rows with their slot rows, against the dense parameters and the batch's rows rea
 every step in async training. A table's slot rows are pushed additively, which is exact for Adagrad's accumulators
 and an approximation for momentum-like slots. The ps keeps the dense variables' optimizer state of the time training
 started (checkpoints hold it as such): each worker's is its own. A round that a worker failure cut short is run
-again from its pull; a round whose push was recorded (`tfps.exactly_once`) is not run again.
+again from its pull; a round whose push was recorded (`tfps.training.exactly_once`) is not run again.
 """
 
 import contextlib
@@ -30,9 +30,9 @@ import tensorflow as tf
 import tf_keras
 
 from tfps import _tf_private
-from tfps import exactly_once
-from tfps import keras_train
-from tfps import strategy as strategy_lib
+from tfps.training import exactly_once
+from tfps.training import keras_train
+from tfps.training import strategy as strategy_lib
 from tfps.errors import UsageError
 
 LARGE_DENSE_ELEMENTS = 1 << 20  # a variable this large and not an Embedding table is not copied to every worker

@@ -18,10 +18,10 @@ from absl import flags
 from absl import logging
 import portpicker
 
-from tfps import cluster as cluster_lib
+from tfps.cluster import config as cluster_lib
 from tfps import flags as flags_lib
-from tfps import supervise
-from tfps import tasks as tasks_lib
+from tfps.cluster import supervise
+from tfps.cluster import tasks as tasks_lib
 
 
 @dataclasses.dataclass(frozen=True)

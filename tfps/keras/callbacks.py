@@ -7,7 +7,7 @@ from absl import logging
 import tensorflow as tf
 import tf_keras
 
-from tfps import checkpoints as checkpoints_lib
+from tfps.training import checkpoints as checkpoints_lib
 from tfps.formatting import format_duration, format_rate
 
 

@@ -13,18 +13,18 @@ import tensorflow as tf
 import tf_keras
 
 from tfps import _tf_private
-from tfps import callbacks as callbacks_lib
-from tfps import checkpoints as checkpoints_lib
-from tfps import cluster as cluster_lib
-from tfps import dataset_fns
-from tfps import evaluation
-from tfps import exactly_once
+from tfps.keras import callbacks as callbacks_lib
+from tfps.training import checkpoints as checkpoints_lib
+from tfps.cluster import config as cluster_lib
+from tfps.training import dataset_fns
+from tfps.keras import evaluation
+from tfps.training import exactly_once
 from tfps import flags as flags_lib
-from tfps import geo
-from tfps import modes
-from tfps import roles
-from tfps import strategy as strategy_lib
-from tfps import sync
+from tfps.training import geo
+from tfps.training import modes
+from tfps.cluster import roles
+from tfps.training import strategy as strategy_lib
+from tfps.training import sync
 from tfps.errors import UsageError
 
 DEFAULT_STEPS_PER_EXECUTION = 20

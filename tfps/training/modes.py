@@ -2,9 +2,9 @@
 
 * `async` (the default, ParameterServerStrategy's own): every worker step applies its gradients at once.
 * `sync`: a global step averages the gradients of `replicas_to_aggregate` worker batches (default: one per worker),
-  all computed on the same parameter version, and applies them once (`tfps.sync`).
+  all computed on the same parameter version, and applies them once (`tfps.training.sync`).
 * `geo`: each worker trains `geo_steps` steps on a local copy of the dense parameters and of the embedding rows its
-  batches touch, then adds its parameter difference to the ps (`tfps.geo`).
+  batches touch, then adds its parameter difference to the ps (`tfps.training.geo`).
 """
 
 import dataclasses

@@ -7,7 +7,7 @@ from typing import Callable, Optional, Sequence, TypeVar
 from absl import app
 from absl import flags
 
-from tfps import cluster as cluster_lib
+from tfps.cluster import config as cluster_lib
 from tfps import flags as flags_lib
 from tfps.errors import ClusterConfigError
 from tfps.errors import TfpsError
@@ -48,7 +48,7 @@ def run_task(chief_fn: Callable[[cluster_lib.ClusterConfig], T],
   """
   config = resolve_cluster(cluster, flag_values)
   if config.task_type in ("ps", "worker"):
-    from tfps import server  # pylint: disable=g-import-not-at-top
+    from tfps.cluster import server  # pylint: disable=g-import-not-at-top
     server.run_server(config)
   if config.task_type == "evaluator":
     if evaluator_fn is None:

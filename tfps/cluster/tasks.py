@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import psutil
 
-from tfps import cluster as cluster_lib
+from tfps.cluster import config as cluster_lib
 
 TaskName = Tuple[str, int]
 TAIL_LINES = 20

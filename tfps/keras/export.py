@@ -12,8 +12,8 @@ from absl import logging
 import tensorflow as tf
 import tf_keras
 
-from tfps import checkpoints as checkpoints_lib
-from tfps import dataset_fns
+from tfps.training import checkpoints as checkpoints_lib
+from tfps.training import dataset_fns
 
 
 def _source_checkpoint(model, model_dir, checkpoint, scratch_dir) -> str:

@@ -9,8 +9,8 @@ from typing import List, Optional, Sequence, Tuple
 from absl import logging
 import tensorflow as tf
 
-from tfps import cluster as cluster_lib
-from tfps import initialization
+from tfps.cluster import config as cluster_lib
+from tfps.training import initialization
 from tfps.errors import UnreachableTaskError
 
 DEFAULT_MIN_SHARD_BYTES = 256 << 10
@@ -45,7 +45,7 @@ class ShardLargeVariables(tf.distribute.experimental.partitioners.Partitioner):
 
 class ParameterServerStrategy(tf.distribute.experimental.ParameterServerStrategy):
   """TensorFlow's strategy, whose scope also creates large variables in place on their ps
-  (`tfps.initialization`): each ps then holds one copy of its share of a table, not three while it is created."""
+  (`tfps.training.initialization`): each ps then holds one copy of its share of a table, not three while it is created."""
 
   def scope(self):
     return initialization.around(super().scope())

@@ -10,7 +10,7 @@ from typing import List, Optional
 import portpicker
 import tensorflow as tf
 
-from tfps import cluster as cluster_lib
+from tfps.cluster import config as cluster_lib
 
 IN_PROCESS_THREADS_PER_TASK = 4
 _CLUSTER: Optional[cluster_lib.ClusterConfig] = None

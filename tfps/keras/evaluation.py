@@ -17,8 +17,8 @@ import tensorflow as tf
 import tf_keras
 
 from tfps import _tf_private
-from tfps import checkpoints as checkpoints_lib
-from tfps import dataset_fns
+from tfps.training import checkpoints as checkpoints_lib
+from tfps.training import dataset_fns
 from tfps.errors import UsageError
 
 METRICS_FILE = "metrics.jsonl"

@@ -5,7 +5,7 @@ may already have applied some of its steps to the ps. `StepProgress` records on 
 scheduled function has applied, and a function run again starts after those. Scheduled function number `seq` owns
 slot `seq % SLOTS` of a progress vector and holds absolute values (`seq * stride + steps done`), so a slot needs no
 reset and a re-run knows exactly where its first run stopped. Both training paths use it: `install` for tf-keras
-`Model.fit`, `tfps.loop` for the coordinator loop.
+`Model.fit`, `tfps.training.loop` for the coordinator loop.
 
 Four rules keep a step's effect on the ps whole when its worker dies (Keras path; the coordinator loop has the second
 and the fourth):
@@ -21,7 +21,7 @@ and the fourth):
    the cancellation reaches every ps that awaits a signal from that one: measured with two ps, the ps holding the
    record was cancelled after its own updates had run, so the step was applied on both ps and not recorded.
 4. The step counter is settled from the records wherever every function has ended (`StepCounter` at each tf-keras
-   epoch end, `tfps.loop` after each chunk), so a step counted but not recorded is not counted twice.
+   epoch end, `tfps.training.loop` after each chunk), so a step counted but not recorded is not counted twice.
 
 `bench/worker_kills.py` counts, with weights whose gradient is always 1, how many times each step reached the ps.
 """
@@ -34,8 +34,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from tfps import keras_train
-from tfps import strategy as strategy_lib
+from tfps.training import keras_train
+from tfps.training import strategy as strategy_lib
 
 SLOTS = 16_384  # more than the functions scheduled between two joins of the coordinator
 

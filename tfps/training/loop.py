@@ -15,7 +15,7 @@ from typing import Callable, List, Optional
 from absl import logging
 import tensorflow as tf
 
-from tfps import exactly_once
+from tfps.training import exactly_once
 from tfps.formatting import format_duration, format_rate
 
 LOSS_LOG = "loss.log"
@@ -99,7 +99,7 @@ class TrainLoop:
     self._config = config
     self._model_dir = model_dir
     self._writer = tf.summary.create_file_writer(model_dir)
-    self._sync_steps = sync_steps  # a tfps.sync.SyncSteps: steps run in sync mode, not packed async
+    self._sync_steps = sync_steps  # a tfps.training.sync.SyncSteps: steps run in sync mode, not packed async
     self._static_steps = static_steps  # the train function takes its step count as a Python int (geo rounds)
 
   @property

@@ -24,7 +24,7 @@ from typing import Callable, List, Optional, Tuple
 from absl import logging
 import tensorflow as tf
 
-from tfps import keras_train
+from tfps.training import keras_train
 from tfps.errors import TfpsError
 
 STEAL_AFTER_SECS = 2.0

@@ -8,7 +8,7 @@ from typing import NoReturn
 from absl import logging
 import tensorflow as tf
 
-from tfps import cluster as cluster_lib
+from tfps.cluster import config as cluster_lib
 
 SERVER_JOBS = ("ps", "worker")
 

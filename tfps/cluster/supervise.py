@@ -15,7 +15,7 @@ import time
 
 from absl import logging
 
-from tfps import tasks as tasks_lib
+from tfps.cluster import tasks as tasks_lib
 
 POLL_SECS = 0.2
 TRAINING_JOBS = ("ps", "worker", "chief")

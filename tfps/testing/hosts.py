@@ -1,0 +1,184 @@
+"""Test hosts on one machine: Linux network namespaces on a private bridge, each with its own address and a name the
+other hosts resolve.
+
+Used by tests and benchmarks of what crosses a network (isolation, many-host clusters, network faults). Needs root
+(or CAP_NET_ADMIN) and iproute2. Nothing is reachable from these hosts but each other: the bridge has no address in
+the machine's own namespace and no route leads out. Every namespace, link, `/etc/netns` folder and process made is
+removed by `close()` (the context manager calls it, also when the body raises).
+
+    with TestHosts(["ps0", "worker0"]) as hosts:
+      proc = hosts.popen("ps0", ["python", "server.py"])
+      hosts.run("worker0", ["ping", "-c1", "ps0"])
+      hosts.delay("ps0", ms=10, loss_percent=1)   # tc netem on ps0's link
+      hosts.cut("worker0"); hosts.restore("worker0")
+"""
+
+import dataclasses
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import time
+from typing import Dict, List, Mapping, Optional, Sequence
+
+NETNS_ETC = "/etc/netns"
+_COUNTER = itertools.count()
+
+
+class HostsUnavailableError(RuntimeError):
+  """This machine cannot make test hosts (no iproute2, or not allowed to create network namespaces)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+  """One test host: its name, network namespace, address and the interface that links it to the bridge."""
+  name: str
+  netns: str
+  address: str
+  interface: str
+
+
+def _ip(*args: str, netns: Optional[str] = None, check: bool = True) -> subprocess.CompletedProcess:
+  command = ["ip", *args] if netns is None else ["ip", "netns", "exec", netns, "ip", *args]
+  result = subprocess.run(command, capture_output=True, text=True, check=False)
+  if check and result.returncode != 0:
+    raise HostsUnavailableError(f"`{' '.join(command)}` failed: {result.stderr.strip() or result.returncode}")
+  return result
+
+
+class TestHosts:
+  """`names` become hosts on one bridge, with addresses `10.250.<subnet>.<i + 1>` (i: position in `names`).
+
+  Args:
+    names: host names (letters, digits, '-' and '.'); each resolves on every host to its address.
+    aliases: more names for a host (`{"ps0": ["tfjob-ps-0.default.svc"]}`), e.g. as an orchestrator would name it.
+    subnet: the third octet of the hosts' /24 (default: chosen from this process's id, so parallel runs differ).
+  """
+
+  def __init__(self, names: Sequence[str], aliases: Optional[Mapping[str, Sequence[str]]] = None,
+               subnet: Optional[int] = None):
+    if not names or len(set(names)) != len(names):
+      raise ValueError(f"`names` must be distinct and not empty, got {list(names)}")
+    if len(names) > 250:
+      raise ValueError(f"at most 250 hosts, got {len(names)}")
+    if shutil.which("ip") is None:
+      raise HostsUnavailableError("test hosts need iproute2's `ip` (apt-get install iproute2)")
+    unknown = set(aliases or {}) - set(names)
+    if unknown:
+      raise ValueError(f"`aliases` names hosts that are not in `names`: {sorted(unknown)}")
+    tag = f"{os.getpid() % 100000}{next(_COUNTER)}"
+    self._tag = tag
+    self._subnet = subnet if subnet is not None else (os.getpid() + int(tag[-1])) % 200 + 20
+    self.bridge = f"tpb{tag}"[:15]
+    self.hosts: Dict[str, Host] = {
+        name: Host(name, f"tfps-{tag}-{i}", f"10.250.{self._subnet}.{i + 1}", f"tpv{tag}h{i}"[:15])
+        for i, name in enumerate(names)}
+    self._aliases = {name: list(aliases.get(name, ())) for name in names} if aliases else {n: [] for n in names}
+    self._procs: List[subprocess.Popen] = []
+    self._made: List[str] = []  # namespaces made so far, for close()
+    try:
+      self._build()
+    except BaseException:
+      self.close()
+      raise
+
+  def _build(self) -> None:
+    _ip("link", "add", self.bridge, "type", "bridge")
+    _ip("link", "set", self.bridge, "up")
+    hosts_file = "127.0.0.1 localhost\n::1 localhost\n" + "".join(
+        f"{h.address} {h.name} {' '.join(self._aliases[h.name])}\n" for h in self.hosts.values())
+    for i, host in enumerate(self.hosts.values()):
+      _ip("netns", "add", host.netns)
+      self._made.append(host.netns)
+      peer = f"tpv{self._tag}b{i}"[:15]
+      _ip("link", "add", host.interface, "type", "veth", "peer", "name", peer)
+      _ip("link", "set", peer, "master", self.bridge, "up")
+      _ip("link", "set", host.interface, "netns", host.netns)
+      _ip("addr", "add", f"{host.address}/24", "dev", host.interface, netns=host.netns)
+      _ip("link", "set", host.interface, "up", netns=host.netns)
+      _ip("link", "set", "lo", "up", netns=host.netns)
+      os.makedirs(os.path.join(NETNS_ETC, host.netns), exist_ok=True)
+      with open(os.path.join(NETNS_ETC, host.netns, "hosts"), "w", encoding="utf-8") as f:
+        f.write(hosts_file)
+
+  def __enter__(self) -> "TestHosts":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  def address(self, name: str) -> str:
+    return self.hosts[name].address
+
+  def command(self, name: str, argv: Sequence[str]) -> List[str]:
+    """`argv` as run on host `name` (its network namespace and its `/etc/hosts`)."""
+    return ["ip", "netns", "exec", self.hosts[name].netns, *argv]
+
+  def popen(self, name: str, argv: Sequence[str], **kwargs) -> subprocess.Popen:
+    """Starts `argv` on host `name` in a session of its own; `close()` kills it (and its children) if still running."""
+    proc = subprocess.Popen(self.command(name, argv), start_new_session=True, **kwargs)
+    self._procs.append(proc)
+    return proc
+
+  def run(self, name: str, argv: Sequence[str], timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
+    """Runs `argv` on host `name` to its end; its output is captured as text."""
+    return subprocess.run(self.command(name, argv), capture_output=True, text=True, timeout=timeout, check=False,
+                          **kwargs)
+
+  def delay(self, name: str, ms: float = 0, loss_percent: float = 0) -> None:
+    """Delays (and drops a share of) every packet leaving host `name`, with tc netem; `ms=0, loss_percent=0` removes
+    both."""
+    host = self.hosts[name]
+    if ms == 0 and loss_percent == 0:
+      subprocess.run(self.command(name, ["tc", "qdisc", "del", "dev", host.interface, "root"]), capture_output=True,
+                     check=False)
+      return
+    result = subprocess.run(self.command(name, ["tc", "qdisc", "replace", "dev", host.interface, "root", "netem",
+                                                "delay", f"{ms}ms", "loss", f"{loss_percent}%"]),
+                            capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+      raise HostsUnavailableError(f"tc netem on {name} failed ({result.stderr.strip()}): this kernel may lack "
+                                  "the netem qdisc (CONFIG_NET_SCH_NETEM)")
+
+  def cut(self, name: str) -> None:
+    """Takes host `name`'s link down: nothing reaches it or leaves it until `restore`."""
+    _ip("link", "set", self.hosts[name].interface, "down", netns=self.hosts[name].netns)
+
+  def restore(self, name: str) -> None:
+    """Brings host `name`'s link back up after `cut`."""
+    _ip("link", "set", self.hosts[name].interface, "up", netns=self.hosts[name].netns)
+
+  def close(self) -> None:
+    """Kills what runs on the hosts and removes every namespace, link and `/etc/netns` folder made."""
+    for proc in self._procs:
+      if proc.poll() is None:
+        try:
+          os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+          pass
+    for proc in self._procs:
+      try:
+        proc.wait(timeout=10)
+      except subprocess.TimeoutExpired:
+        pass
+    for netns in self._made:
+      pids = _ip("netns", "pids", netns, check=False).stdout.split()
+      for pid in pids:  # anything else started inside (e.g. by hand through `command`)
+        try:
+          os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+          pass
+      deadline = time.monotonic() + 10
+      while _ip("netns", "pids", netns, check=False).stdout.split() and time.monotonic() < deadline:
+        time.sleep(0.05)
+      _ip("netns", "del", netns, check=False)
+      shutil.rmtree(os.path.join(NETNS_ETC, netns), ignore_errors=True)
+    self._made = []
+    _ip("link", "del", self.bridge, check=False)
+
+
+def leftovers(prefix: str = "tfps-") -> List[str]:
+  """Network namespaces whose names start with `prefix` (tests assert none is left)."""
+  out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+  return [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]
