@@ -6,6 +6,11 @@ batches (every feature's dtype, shape and bytes, in order); the AUCs come from a
 digests are also taken through `configs/criteo.spec.json` and `configs/movielens.spec.json` read by the generic reader.
 
   python bench/readers.py --data_dir=../shared/data --json_out=bench/results/readers.json
+Before a change, on the older code: `git archive BASE tfps | tar -x -C /tmp/old` and run this file with
+`/tmp/old` first on `sys.path` (the editable install's path entry precedes PYTHONPATH):
+  python -c "import sys, runpy; sys.path.insert(0, '/tmp/old'); sys.argv[0] = 'bench/readers.py'; \
+      runpy.run_path('bench/readers.py', run_name='__main__')" --data_dir=../shared/data
+The older checkout has no `tfps.data.delimited`: its `spec_readers` stay empty.
 """
 
 import hashlib
@@ -28,15 +33,19 @@ from tfps.data import synthetic
 _DATA_DIR = flags.DEFINE_string("data_dir", "../shared/data", "The shared data folder (criteo/, ml-100k/).")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Where to write the results (JSON).")
 _STEPS = flags.DEFINE_integer("steps", 300, "Training steps of each AUC run.", lower_bound=1)
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = flags.DEFINE_string("repo", os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "The checkout whose configs/*.spec.json to read.")
 TRAIN = {"batch_size": 256, "seed": 7}
 ONCE = {"batch_size": 1000, "repeat": False, "shuffle_buffer": 0, "drop_remainder": False}
 
 
-def digest(dataset: tf.data.Dataset, max_batches: int = 40) -> str:
-  """sha256 over the first `max_batches` batches: every feature's name, dtype, shape and bytes, then the label."""
+def digest(dataset_fn, max_batches: int = 40) -> str:
+  """sha256 over the first `max_batches` batches: every feature's name, dtype, shape and bytes, then the label.
+
+  Seeds are reset before the dataset is made: a seeded shuffle's order also depends on the global seed."""
+  tf.keras.utils.set_random_seed(0)
   sha = hashlib.sha256()
-  for features, label in dataset.take(max_batches):
+  for features, label in dataset_fn(None).take(max_batches):
     for name in sorted(features):
       value = features[name].numpy()
       sha.update(f"{name}:{value.dtype}:{value.shape}".encode())
@@ -79,18 +88,19 @@ def spec_readers(data_dir: str, work_dir: str):
     from tfps.data import spec as spec_lib  # pylint: disable=g-import-not-at-top
   except ImportError:
     return {}
-  criteo_spec = spec_lib.load_spec(os.path.join(REPO, "configs", "criteo.spec.json")).with_buckets(1000)
-  synthetic_spec = criteo_spec.with_buckets(2000)
+  criteo_spec = spec_lib.load_spec(os.path.join(_REPO.value, "configs", "criteo.spec.json"))
+  sample_spec, synthetic_spec = criteo_spec.with_buckets(1000), criteo_spec.with_buckets(2000)
   generated = synthetic.ensure_generated(work_dir, synthetic.SyntheticSpec(rows=40_000, num_files=4, seed=3,
                                                                              vocab_size=2_000)).files
   sample = os.path.join(data_dir, "criteo", "criteo_sample.csv")
-  ml_spec = spec_lib.load_spec(os.path.join(REPO, "configs", "movielens.spec.json"))
+  ml_spec = spec_lib.load_spec(os.path.join(_REPO.value, "configs", "movielens.spec.json"))
   ml = os.path.join(data_dir, "ml-100k")
   return {
-      "criteo_sample": (delimited.delimited_dataset_fn(sample, criteo_spec, **TRAIN),
-                        delimited.delimited_dataset_fn(sample, criteo_spec, **ONCE)),
+      "criteo_sample": (delimited.delimited_dataset_fn(sample, sample_spec, **TRAIN),
+                        delimited.delimited_dataset_fn(sample, sample_spec, **ONCE)),
       "synthetic_criteo": (delimited.delimited_dataset_fn(generated[:-1], synthetic_spec, **TRAIN),
-                           delimited.delimited_dataset_fn(generated[-1:], synthetic_spec, **ONCE)),
+                           delimited.delimited_dataset_fn(generated[-1:], synthetic_spec, **ONCE),
+                           *synthetic_spec.model_features()),
       # Ratings only: the generic reader has no side tables (user and movie features are MovieLens's own join).
       "movielens_ratings": (delimited.delimited_dataset_fn(os.path.join(ml, "u1.base"), ml_spec,
                                                            shuffle_buffer=100_000, **TRAIN),
@@ -102,7 +112,7 @@ def spec_readers(data_dir: str, work_dir: str):
 def measure(cases, steps: int):
   results = {}
   for name, (train_fn, eval_fn, *features) in cases.items():
-    results[name] = {"train_digest": digest(train_fn(None)), "eval_digest": digest(eval_fn(None), 1000)}
+    results[name] = {"train_digest": digest(train_fn), "eval_digest": digest(eval_fn, 1000)}
     if features:
       results[name]["auc"] = auc(train_fn, eval_fn, *features, steps)
     print(name, results[name], flush=True)

@@ -86,8 +86,8 @@ def test_malformed_rows_counted_and_skipped(tmp_path):
   summary = criteo.scan_criteo(path)
   assert (summary.rows, summary.wrong_column_count, summary.non_numeric) == (14, 2, 2)
   assert [(line, reason) for _, line, reason, _ in summary.examples] == [
-      (5, "wrong column count"), (6, "non-numeric label/integer field"), (14, "wrong column count"),
-      (15, "non-numeric label/integer field")]
+      (5, "wrong column count"), (6, "non-numeric label/numeric field"), (14, "wrong column count"),
+      (15, "non-numeric label/numeric field")]
   assert "4 malformed skipped (2 wrong column count, 2 non-numeric" in summary.describe()
   features, labels = _read_all(_once(path))
   assert len(labels) == 10 and features["dense"].shape == (10, 13)

