@@ -8,17 +8,20 @@ A flagfile (`configs/wide_deep_criteo.cfg`, ...) holds one `--flag=value` a line
   there records the same spec; the last file is held out for evaluation;
 * `criteo`: `--train_files` and `--eval_files` globs of Criteo CSV (with header) or TSV files, scanned for malformed
   rows by the first process that builds a dataset from them;
-* `movielens`: the MovieLens 100K folder `--data_dir`, splits `--train_split` and `--eval_split`.
+* `movielens`: the MovieLens 100K folder `--data_dir`, splits `--train_split` and `--eval_split`;
+* `csv`: `--train_files` and `--eval_files` of any delimited click log (CSV, TSV, ...) read as the JSON feature spec
+  `--feature_spec` says (`docs/data.md`; `configs/criteo.spec.json` is Criteo's), checked when flags are parsed.
 """
 
 import dataclasses
+import functools
 import os
 from typing import Callable, Dict, Optional
 
 from absl import flags
 
 MODELS = ("wide_deep", "dcn", "retrieval")
-DATA = ("synthetic", "criteo", "movielens")
+DATA = ("synthetic", "criteo", "movielens", "csv")
 DEFAULT_SYNTHETIC_DIR = "/tmp/tfps_synthetic"
 
 
@@ -30,8 +33,10 @@ def define_model_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_enum("model", "wide_deep", MODELS, "Model to train.", **fv)
   flags.DEFINE_enum("data", "synthetic", DATA, "Data source (see tfps.models.flags).", **fv)
   flags.DEFINE_string("data_dir", None, "MovieLens 100K folder, or where synthetic data is generated.", **fv)
-  flags.DEFINE_list("train_files", [], "Criteo training files (paths or globs).", **fv)
-  flags.DEFINE_list("eval_files", [], "Criteo evaluation files (paths or globs).", **fv)
+  flags.DEFINE_list("train_files", [], "Criteo or --data=csv training files (paths or globs).", **fv)
+  flags.DEFINE_list("eval_files", [], "Criteo or --data=csv evaluation files (paths or globs).", **fv)
+  flags.DEFINE_string("feature_spec", None, "--data=csv: JSON feature spec of the files (columns, label, numeric and "
+                      "categorical features, delimiter, header, missing values; see docs/data.md).", **fv)
   flags.DEFINE_string("train_split", "u1.base", "MovieLens ratings file for training.", **fv)
   flags.DEFINE_string("eval_split", "u1.test", "MovieLens ratings file for evaluation.", **fv)
   flags.DEFINE_integer("batch_size", 1024, "Examples per batch (per worker).", lower_bound=1, **fv)
@@ -39,7 +44,8 @@ def define_model_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_integer("shuffle_buffer", None, "Training rows in the shuffle buffer (0: file order); default: the "
                        "reader's (Criteo 10,000; MovieLens 100,000, a whole ratings file).", lower_bound=0, **fv)
   flags.DEFINE_list("num_buckets", ["100000"], "Hash buckets per Criteo categorical feature: one or 26 ints.", **fv)
-  flags.DEFINE_bool("strict_data", False, "Stop at a malformed Criteo row instead of skipping it.", **fv)
+  flags.DEFINE_bool("strict_data", False, "Stop at a malformed Criteo or --data=csv row instead of skipping it.",
+                    **fv)
   flags.DEFINE_integer("synthetic_rows", 1_000_000, "Rows of generated data.", lower_bound=1, **fv)
   flags.DEFINE_integer("synthetic_files", 8, "Files of generated data (the last is held out).", lower_bound=2, **fv)
   flags.DEFINE_integer("synthetic_vocab_size", 100_000, "Distinct ids per generated categorical column.",
@@ -57,8 +63,8 @@ def define_model_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   for name in ("num_buckets", "deep_layers", "tower_layers"):
     flags.register_validator(name, _positive_ints, message=f"--{name} must be comma-separated positive integers",
                              flag_values=flag_values)
-  flags.register_multi_flags_validator(["model", "data", "data_dir", "train_files", "eval_files", "num_buckets"],
-                                       _check_data, flag_values=flag_values)
+  flags.register_multi_flags_validator(["model", "data", "data_dir", "train_files", "eval_files", "num_buckets",
+                                        "feature_spec"], _check_data, flag_values=flag_values)
 
 
 def _check_data(values: dict) -> bool:
@@ -67,8 +73,17 @@ def _check_data(values: dict) -> bool:
     raise flags.ValidationError(f"--model=retrieval needs --data=movielens (given --data={values['data']})")
   if values["data"] == "movielens" and not values["data_dir"]:
     raise flags.ValidationError("--data=movielens needs --data_dir, the MovieLens 100K folder")
-  if values["data"] == "criteo" and not (values["train_files"] and values["eval_files"]):
-    raise flags.ValidationError("--data=criteo needs --train_files and --eval_files (paths or globs)")
+  if values["data"] in ("criteo", "csv") and not (values["train_files"] and values["eval_files"]):
+    raise flags.ValidationError(f"--data={values['data']} needs --train_files and --eval_files (paths or globs)")
+  if (values["data"] == "csv") != bool(values["feature_spec"]):
+    raise flags.ValidationError(f"--feature_spec ({values['feature_spec']!r}) goes with --data=csv, and --data=csv "
+                                f"needs it (given --data={values['data']})")
+  if values["feature_spec"]:
+    from tfps.data import spec  # pylint: disable=g-import-not-at-top  (no TensorFlow)
+    try:
+      spec.load_spec(values["feature_spec"])
+    except spec.FeatureSpecError as e:
+      raise flags.ValidationError(str(e)) from None
   if len(values["num_buckets"]) not in (1, 26):
     raise flags.ValidationError(f"--num_buckets has {len(values['num_buckets'])} values; give 1 or 26")
   return True
@@ -116,19 +131,25 @@ def data_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> Data:
     return Data(movielens.movielens_dataset_fn(fv.data_dir, fv.train_split, tables=tables, **common),
                 movielens.movielens_dataset_fn(fv.data_dir, fv.eval_split, tables=tables, **once),
                 categorical, dense, candidates=lambda: movielens.candidates_dataset(tables))
-  buckets = _ints(fv, "num_buckets")
-  buckets = buckets[0] if len(buckets) == 1 else buckets
-  options = {"num_buckets": buckets, "strict": fv.strict_data}
-  categorical, dense = criteo.feature_spec(buckets)
+  if fv.data == "csv":
+    from tfps.data import delimited  # pylint: disable=g-import-not-at-top
+    from tfps.data import spec  # pylint: disable=g-import-not-at-top
+    feature_spec = spec.load_spec(fv.feature_spec)
+    make = functools.partial(delimited.delimited_dataset_fn, spec=feature_spec, strict=fv.strict_data)
+    categorical, dense = feature_spec.model_features()
+  else:
+    buckets = _ints(fv, "num_buckets")
+    buckets = buckets[0] if len(buckets) == 1 else buckets
+    make = functools.partial(criteo.criteo_dataset_fn, num_buckets=buckets, strict=fv.strict_data)
+    categorical, dense = criteo.feature_spec(buckets)
 
   def files(train: bool):
-    if fv.data == "criteo":
+    if fv.data in ("criteo", "csv"):
       return fv.train_files if train else fv.eval_files
     generated = _synthetic_files(fv)
     return generated[:-1] if train else generated[-1:]
 
-  return Data(_deferred(lambda: criteo.criteo_dataset_fn(files(True), **options, **common)),
-              _deferred(lambda: criteo.criteo_dataset_fn(files(False), scan=False, **options, **once)),
+  return Data(_deferred(lambda: make(files(True), **common)), _deferred(lambda: make(files(False), scan=False, **once)),
               categorical, dense)
 
 
