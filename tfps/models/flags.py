@@ -63,6 +63,7 @@ def define_model_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   for name in ("num_buckets", "deep_layers", "tower_layers"):
     flags.register_validator(name, _positive_ints, message=f"--{name} must be comma-separated positive integers",
                              flag_values=flag_values)
+  flags.register_validator("feature_spec", _check_feature_spec, flag_values=flag_values)
   flags.register_multi_flags_validator(["model", "data", "data_dir", "train_files", "eval_files", "num_buckets",
                                         "feature_spec"], _check_data, flag_values=flag_values)
 
@@ -78,14 +79,19 @@ def _check_data(values: dict) -> bool:
   if (values["data"] == "csv") != bool(values["feature_spec"]):
     raise flags.ValidationError(f"--feature_spec ({values['feature_spec']!r}) goes with --data=csv, and --data=csv "
                                 f"needs it (given --data={values['data']})")
-  if values["feature_spec"]:
-    from tfps.data import spec  # pylint: disable=g-import-not-at-top  (no TensorFlow)
-    try:
-      spec.load_spec(values["feature_spec"])
-    except spec.FeatureSpecError as e:
-      raise flags.ValidationError(str(e)) from None
   if len(values["num_buckets"]) not in (1, 26):
     raise flags.ValidationError(f"--num_buckets has {len(values['num_buckets'])} values; give 1 or 26")
+  return True
+
+
+def _check_feature_spec(path: Optional[str]) -> bool:
+  """Reads the spec when flags are parsed, so a bad one stops every task at once with one line."""
+  if path:
+    from tfps.data import spec  # pylint: disable=g-import-not-at-top  (no TensorFlow)
+    try:
+      spec.load_spec(path)
+    except spec.FeatureSpecError as e:
+      raise flags.ValidationError(str(e)) from None
   return True
 
 
