@@ -4,6 +4,7 @@ it, bad specs fail in one line naming the field, the Criteo and MovieLens specs 
 script trains Wide&Deep on the generated log under tfps-launch."""
 
 import json
+import logging
 import pathlib
 import subprocess
 import sys
@@ -67,7 +68,7 @@ def read_all(dataset_fn):
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_reader_parses_a_generated_click_log(layout, tmp_path):
+def test_reader_parses_a_generated_click_log(layout, tmp_path, caplog):
   delimiter, header, missing = LAYOUTS[layout]
   path = tmp_path / "clicks.txt"
   truth = write_click_log(path, 600, 0, delimiter, header, missing, malformed=True)
@@ -77,6 +78,12 @@ def test_reader_parses_a_generated_click_log(layout, tmp_path):
   assert (summary.rows, summary.wrong_column_count, summary.non_numeric) == (603, 1, 2)
   with pytest.raises(delimited.MalformedRowError, match=r"clicks\.txt:\d+: malformed shop row \(non-numeric"):
     delimited.scan_files(str(path), spec, strict=True)
+  if header:  # a header naming other columns than the spec is reported
+    renamed = spec_lib.spec_from_dict({**click_log_spec(delimiter, header, missing),
+                                       "columns": ["ts"] + COLUMNS[1:]})
+    with caplog.at_level(logging.WARNING):
+      delimited.scan_files(str(path), renamed)
+    assert "differs from the spec's `columns` at column 1: 'event_time' in the file, 'ts' in the spec" in caplog.text
 
   features, labels = read_all(delimited.delimited_dataset_fn(str(path), spec, batch_size=64, repeat=False,
                                                              shuffle_buffer=0, drop_remainder=False))

@@ -201,6 +201,8 @@ def scan_files(file_pattern: pipeline.FilePattern, spec: FeatureSpec, *, strict:
   skip = 1 if spec.header else 0
   pattern = row_pattern(spec)
   for path in files:
+    if spec.header:
+      _check_header(path, spec)
     lines = tf.data.TextLineDataset(path).skip(skip).enumerate(start=skip + 1).batch(_SCAN_BATCH)
     for numbers, batch, wrong, bad in lines.map(lambda n, b: (n, b, *_classify(b, spec, pattern))).prefetch(2):
       _tally(summary, path, numbers.numpy(), batch.numpy(), wrong.numpy(), bad.numpy(), max_examples)
@@ -209,6 +211,19 @@ def scan_files(file_pattern: pipeline.FilePattern, spec: FeatureSpec, *, strict:
         raise MalformedRowError(f"{path}:{line}: malformed {spec.name} row ({reason}): {row[:120]!r}; expected "
                                 f"{spec.describe_row()}")
   return summary
+
+
+def _check_header(path: str, spec: FeatureSpec) -> None:
+  """Warns where a file's header names other columns than the spec (the spec's order is what the reader uses)."""
+  with tf.io.gfile.GFile(path) as f:
+    names = f.readline().rstrip("\r\n").split(spec.delimiter)
+  if names != list(spec.columns):
+    first = next((i for i, (a, b) in enumerate(zip(names, spec.columns)) if a != b), min(len(names),
+                                                                                         len(spec.columns)))
+    logging.warning("%s: the header of %s differs from the spec's `columns` at column %d: %r in the file, %r in the "
+                    "spec (%d columns in the file, %d in the spec); the spec's order is used", spec.name, path,
+                    first + 1, names[first] if first < len(names) else None,
+                    spec.columns[first] if first < len(spec.columns) else None, len(names), len(spec.columns))
 
 
 def _classify(lines: tf.Tensor, spec: FeatureSpec, pattern: str) -> Tuple[tf.Tensor, tf.Tensor]:
