@@ -91,6 +91,9 @@ class FeatureSpec:
   source: str = dataclasses.field(default="", compare=False, repr=False)
 
   def __post_init__(self):
+    for key in ("columns", "numeric", "categorical", "missing"):  # lists given in Python are kept as tuples
+      if isinstance(getattr(self, key), list):
+        object.__setattr__(self, key, tuple(getattr(self, key)))
     _check_spec(self, self.source or repr(self.name))
 
   def index(self, column: str) -> int:
