@@ -107,7 +107,7 @@ def test_failed_evaluator_fails_the_launch_but_not_training(tmp_path, marked_env
 def test_signal_to_launcher_leaves_no_process_behind(tmp_path, marked_env, signum):
   proc = launch(tmp_path, "--num_workers=3", "--evaluator", script_args=["--chief_hang", "--chief_secs=100",
                                                                            "--spawn_child"], env=marked_env)
-  expected = 1 + 6 + 6  # the launcher, 6 tasks, each task's grandchild
+  expected = 3 + 6 + 6  # the launcher, its `unshare` and the launcher in the namespace; 6 tasks; their grandchildren
   deadline = time.monotonic() + 30
   while len(tasks_of(tmp_path)) < expected and time.monotonic() < deadline:
     time.sleep(0.1)

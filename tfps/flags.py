@@ -97,7 +97,15 @@ def define_launch_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   if "log_dir" not in flag_values:  # absl.logging defines --log_dir in FLAGS; the launcher uses it as its own
     flags.DEFINE_string("log_dir", "", "One log file per task is written here (default: logs).",
                         flag_values=flag_values)
-  flags.DEFINE_string("host", "127.0.0.1", "Loopback address the tasks listen on.", flag_values=flag_values)
+  flags.DEFINE_string("host", "127.0.0.1", "Address the tasks reach each other at (in their TF_CONFIG). Whatever it "
+                      "is, TensorFlow's servers listen on every interface; without --expose_ports the tasks run in a "
+                      "private network namespace with only loopback, so it must be a loopback address.",
+                      flag_values=flag_values)
+  flags.DEFINE_boolean("expose_ports", False, "Run the tasks in this machine's network namespace instead of a "
+                       "private one with only loopback: every task port then accepts unauthenticated connections "
+                       "from any host that can reach this machine (see docs/security.md), and the tasks can reach "
+                       "the network (e.g. remote storage). Needed where namespaces cannot be made.",
+                       flag_values=flag_values)
   flags.DEFINE_float("stop_grace_secs", 5.0, "Seconds a task gets to exit after SIGTERM before SIGKILL.",
                      lower_bound=0.0, flag_values=flag_values)
   flags.DEFINE_integer("max_restarts", 3, "Restarts after task failures before the launcher gives up (0: none).",

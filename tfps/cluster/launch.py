@@ -1,8 +1,9 @@
 """`tfps-launch`: runs a whole parameter-server cluster on this machine, one process per task.
 
-A straight line: parse flags -> `LaunchConfig` -> pick ports (`build_cluster`) -> start one process per task with its
-own TF_CONFIG and log file (`launch_tasks`) -> watch and restart them (`supervise.Supervisor`) -> stop every task ->
-exit with the chief's status.
+A straight line: parse flags -> `LaunchConfig` -> unless `--expose_ports`, run again inside a private network
+namespace with only loopback (`isolation`) -> pick ports (`build_cluster`) -> start one process per task with its own
+TF_CONFIG and log file (`launch_tasks`) -> watch and restart them (`supervise.Supervisor`) -> stop every task -> exit
+with the chief's status.
 Imports no TensorFlow.
 """
 
@@ -20,6 +21,7 @@ import portpicker
 
 from tfps.cluster import config as cluster_lib
 from tfps import flags as flags_lib
+from tfps.cluster import isolation
 from tfps.cluster import supervise
 from tfps.cluster import tasks as tasks_lib
 
@@ -38,6 +40,7 @@ class LaunchConfig:
   stop_grace_secs: float = 5.0
   evaluator_timeout_secs: float = 300.0
   max_restarts: int = 3
+  expose_ports: bool = False
 
   def __post_init__(self):
     if not pathlib.Path(self.script).is_file():
@@ -45,6 +48,10 @@ class LaunchConfig:
     for name in ("num_ps", "num_workers"):
       if getattr(self, name) < 1:
         raise app.UsageError(f"--{name}={getattr(self, name)} must be at least 1")
+    if not self.expose_ports and not isolation.is_loopback(self.host):
+      raise app.UsageError(f"--host={self.host} is not a loopback address, and the tasks run in a network namespace "
+                           f"with only loopback; use 127.0.0.1 (the default), or {isolation.OPT_OUT_FLAG} to run "
+                           "them in this one, reachable from other hosts (docs/security.md)")
 
 
 def config_from_args(argv: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS) -> LaunchConfig:
@@ -56,7 +63,7 @@ def config_from_args(argv: Sequence[str], flag_values: flags.FlagValues = flags.
                       log_dir=flag_values.log_dir or "logs", host=flag_values.host,
                       stop_grace_secs=flag_values.stop_grace_secs,
                       evaluator_timeout_secs=flag_values.evaluator_timeout_secs,
-                      max_restarts=flag_values.max_restarts)
+                      max_restarts=flag_values.max_restarts, expose_ports=flag_values.expose_ports)
 
 
 def build_cluster(config: LaunchConfig) -> cluster_lib.ClusterConfig:
@@ -92,7 +99,11 @@ class _Stopped(Exception):
 
 
 def _raise_stopped(signum, frame):
+  """Ends the run; a second signal (a terminal's Ctrl-C reaches the launcher inside twice: directly and passed on)
+  is ignored from here on, so it cannot interrupt the clean-up."""
   del frame
+  for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, signal.SIG_IGN)
   raise _Stopped(signum)
 
 
@@ -105,13 +116,20 @@ def launch(config: LaunchConfig) -> int:
     group = launch_tasks(config, cluster)
     logging.info("Started %d tasks (%s%s); logs in %s", len(group.tasks), cluster.sizes(),
                  ", 1 evaluator" if config.evaluator else "", os.path.abspath(config.log_dir))
+    logging.info("Task ports: %s", ", ".join(f"{task.label} {task.config.address}" for task in group.tasks
+                                             if task.config.address))
+    if config.expose_ports:
+      logging.warning("%s: every task port accepts unauthenticated connections from any host that can reach this "
+                      "machine (docs/security.md)", isolation.OPT_OUT_FLAG)
+    else:
+      logging.info("The tasks run in a private network namespace with only loopback: no other host reaches them")
     return supervise.Supervisor(group, config.max_restarts, config.evaluator_timeout_secs).run()
   except _Stopped as stopped:
     print(f"tfps-launch: received {signal.Signals(stopped.signum).name}; stopping every task", file=sys.stderr)
     return 128 + stopped.signum
   finally:
     for sig in (signal.SIGTERM, signal.SIGINT):
-      signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the clean-up
+      signal.signal(sig, signal.SIG_IGN)  # nor may a signal that comes after the run ended
     if group is not None:
       group.stop_all()
     for sig, handler in previous.items():
@@ -130,10 +148,18 @@ def _parse_flags(argv: Sequence[str]) -> List[str]:
     _usage_error(str(e).splitlines()[0])
 
 
-def main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str], command_line: Optional[Sequence[str]] = None) -> int:
+  """Launches the cluster `argv` (parsed) describes; unless `--expose_ports`, first runs the whole `command_line`
+  (unparsed; default `sys.argv`) again inside a private network namespace."""
   try:
     config = config_from_args(argv)
-  except app.UsageError as e:
+    if os.environ.pop(isolation.INSIDE_ENV, None):
+      isolation.enter_namespace()
+    elif not config.expose_ports:
+      isolation.check_possible()
+      inner = [sys.executable, "-m", "tfps.cluster.launch", *(command_line or sys.argv)[1:]]
+      return isolation.run_isolated(inner, config.stop_grace_secs)
+  except (app.UsageError, isolation.IsolationError) as e:
     _usage_error(str(e))
   return launch(config)
 
@@ -141,7 +167,7 @@ def main(argv: Sequence[str]) -> int:
 def run(argv: Optional[Sequence[str]] = None) -> None:
   """Console-script entry point of `tfps-launch`: bad flags or arguments give one line on stderr and status 2."""
   flags_lib.define_launch_flags(flags.FLAGS)
-  app.run(lambda args: sys.exit(main(args)), argv=argv, flags_parser=_parse_flags)
+  app.run(lambda args: sys.exit(main(args, argv)), argv=argv, flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":
