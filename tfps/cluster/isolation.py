@@ -132,9 +132,14 @@ def is_loopback(host: str) -> bool:
     return False
 
 
-def exposure_warning(what: str, port: Optional[int]) -> str:
-  """The one line a task logs when its port is reachable through interfaces other than loopback."""
-  where = f"port {port}" if port is not None else "its port"
-  return (f"{what} listens on {where} of every interface ({', '.join(non_loopback_interfaces())}, lo) and accepts "
-          "unauthenticated connections from any host that can reach it, which can run any op on this task and read "
-          "and write its files; docs/security.md says how to restrict it")
+def exposure_warning(task: str, address: str) -> Optional[str]:
+  """The one line a server task logs when interfaces other than loopback may carry connections to its port; None
+  inside tfps-launch's private namespace."""
+  others = non_loopback_interfaces()
+  if not others:
+    return None
+  port = address.rsplit(":", 1)[-1]
+  named = others[:3] + ([f"{len(others) - 3} more"] if len(others) > 3 else [])
+  return (f"{task} listens on port {port} of every interface ({', '.join(named)}, lo) and accepts unauthenticated "
+          "connections from any host that can reach it: they can run any op on this task, read and write its files "
+          "and variables; docs/security.md says how to restrict it")

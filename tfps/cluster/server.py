@@ -9,6 +9,7 @@ from absl import logging
 import tensorflow as tf
 
 from tfps.cluster import config as cluster_lib
+from tfps.cluster import isolation
 
 SERVER_JOBS = ("ps", "worker")
 
@@ -35,6 +36,9 @@ def run_server(config: cluster_lib.ClusterConfig) -> NoReturn:
   signal.signal(signal.SIGTERM, _exit_on_signal)
   signal.signal(signal.SIGINT, _exit_on_signal)
   logging.info("Serving %s at %s", config.describe(), config.address)
+  warning = isolation.exposure_warning(f"{config.task_type}:{config.task_index}", config.address)
+  if warning:  # not inside tfps-launch's private namespace: other hosts may reach this port
+    logging.warning(warning)
   sys.stdout.flush()
   server.join()
   raise RuntimeError("tf.distribute.Server.join() returned")  # it blocks forever

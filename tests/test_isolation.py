@@ -1,0 +1,237 @@
+"""tfps-launch keeps its tasks' ports away from other hosts (a private network namespace with only loopback).
+
+Two test hosts of the test's own (network namespaces on a private bridge, `tfps.testing.hosts`): `tfps-launch` trains
+on one, and a probe on the other tries a TCP connection to every task port while training runs. Traffic goes only to
+these namespaces' addresses and to loopback. Where namespaces cannot be made, these tests fail with that reason.
+"""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tfps.cluster import isolation
+from tfps.testing import hosts as hosts_lib
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+LAUNCH = [sys.executable, "-m", "tfps.cluster.launch"]
+FAKE_TASK = REPO / "tests" / "fixtures" / "fake_task.py"
+EXPOSED = "accepts unauthenticated connections from any host that can reach it"
+# Prints {port: "connected" or the error's name} for a TCP connection to ADDRESS:PORT, for each PORT.
+PROBE = """
+import json, socket, sys
+result = {}
+for port in sys.argv[2:]:
+  try:
+    socket.create_connection((sys.argv[1], int(port)), timeout=3).close()
+    result[port] = "connected"
+  except OSError as e:
+    result[port] = type(e).__name__
+print(json.dumps(result))
+"""
+
+
+def wait_for(predicate, what, process=None, timeout_secs=240):
+  """`predicate()`'s first true value; fails after `timeout_secs`, or when `process` has ended first."""
+  deadline = time.monotonic() + timeout_secs
+  while time.monotonic() < deadline:
+    value = predicate()
+    if value:
+      return value
+    if process is not None and process.poll() is not None:
+      raise AssertionError(f"the launcher ended (status {process.poll()}) before {what}")
+    time.sleep(0.1)
+  raise AssertionError(f"timed out after {timeout_secs}s waiting for {what}")
+
+
+def read(path):
+  try:
+    return pathlib.Path(path).read_text(errors="replace")
+  except FileNotFoundError:
+    return ""
+
+
+def task_ports(launcher_output):
+  """{task: port} from the launcher's `Task ports: ps:0 127.0.0.1:PORT, ...` line (empty before it is written)."""
+  lines = [line for line in launcher_output.splitlines() if "Task ports: " in line]
+  if not lines:
+    return {}
+  entries = lines[0].split("Task ports: ", 1)[1].split(", ")
+  return {entry.split()[0]: entry.split()[1].rsplit(":", 1)[1] for entry in entries}
+
+
+def probe(command_prefix, address, ports):
+  result = subprocess.run([*command_prefix, sys.executable, "-c", PROBE, address, *ports], capture_output=True,
+                          text=True, timeout=60, check=False)
+  assert result.returncode == 0, result.stderr
+  return json.loads(result.stdout)
+
+
+def marked(tmp_path):
+  """Live processes started by this test's launcher (they carry TFPS_TEST_MARK=tmp_path), zombies left out."""
+  found = []
+  for process in psutil.process_iter(["environ"]):
+    try:
+      if (process.info["environ"] or {}).get("TFPS_TEST_MARK") == str(tmp_path) and \
+          process.status() != psutil.STATUS_ZOMBIE:
+        found.append(process)
+    except psutil.Error:
+      continue
+  return found
+
+
+def net_namespace(pid):
+  return os.readlink(f"/proc/{pid}/ns/net")
+
+
+def processes_in(namespace):
+  """Pids of every process in the network namespace `namespace` (`net:[inode]`)."""
+  pids = []
+  for pid in psutil.pids():
+    try:
+      if net_namespace(pid) == namespace:
+        pids.append(pid)
+    except OSError:
+      continue
+  return pids
+
+
+def task_process(processes, task_type):
+  for process in processes:
+    try:
+      if f'"type": "{task_type}"' in process.environ().get("TF_CONFIG", ""):
+        return process
+    except psutil.Error:
+      continue
+  return None
+
+
+@pytest.fixture
+def two_hosts():
+  """A `trainer` and a `prober` host; asserts that closing them leaves no namespace or link behind."""
+  try:
+    hosts = hosts_lib.TestHosts(["trainer", "prober"])
+  except hosts_lib.HostsUnavailableError as e:
+    pytest.fail(f"this machine cannot make test hosts: {e}", pytrace=False)
+  with hosts:
+    yield hosts
+  made = {host.netns for host in hosts.hosts.values()}
+  assert not made & set(hosts_lib.leftovers()), "network namespaces left behind"
+  links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
+  assert hosts.bridge not in links and not any(host.interface in links for host in hosts.hosts.values())
+
+
+@pytest.fixture
+def marked_env(tmp_path, subprocess_env):
+  env = dict(subprocess_env, TFPS_TEST_MARK=str(tmp_path))
+  yield env
+  for process in marked(tmp_path):  # leave nothing behind even when a test fails
+    process.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("expose", [False, True], ids=["isolated", "expose_ports"])
+def test_other_hosts_reach_task_ports_only_with_expose_ports(tmp_path, marked_env, two_hosts, expose):
+  model_dir, out_path = tmp_path / "run", tmp_path / "launch.out"
+  args = [*LAUNCH, f"--log_dir={tmp_path / 'logs'}", "--num_workers=1", *(["--expose_ports"] if expose else []),
+          "scripts/train_keras.py", "--", f"--model_dir={model_dir}", "--epochs=4", "--steps_per_epoch=40",
+          "--vocab_size=2000", "--batch_size=32"]
+  with open(out_path, "w") as out:
+    launcher = two_hosts.popen("trainer", args, cwd=REPO, env=marked_env, stdout=out, stderr=subprocess.STDOUT)
+  ports = wait_for(lambda: task_ports(read(out_path)), "the task ports", launcher)
+  assert sorted(ports) == ["chief:0", "ps:0", "worker:0"]
+  wait_for(lambda: "Training on " in read(tmp_path / "logs" / "chief-0.log"), "training to start", launcher)
+  from_other_host = probe(two_hosts.command("prober", []), two_hosts.address("trainer"), ports.values())
+  ps = task_process(marked(tmp_path), "ps")
+  from_inside = probe(["nsenter", f"--net=/proc/{ps.pid}/ns/net"], "127.0.0.1", ports.values())
+  assert launcher.poll() is None, "training ended before the probes ran"
+
+  assert launcher.wait(timeout=300) == 0, read(out_path)[-3000:]
+  assert json.loads((model_dir / "checkpoints" / "FINAL").read_text())["iterations"] == 4 * 40
+  assert set(from_inside.values()) == {"connected"}, from_inside  # the servers were listening all along
+  if expose:
+    assert set(from_other_host.values()) == {"connected"}, from_other_host
+  else:
+    assert set(from_other_host.values()) == {"ConnectionRefusedError"}, from_other_host
+  for task in ("ps-0", "worker-0"):  # each server says so once, only where other hosts can reach it
+    assert read(tmp_path / "logs" / f"{task}.log").count(EXPOSED) == (1 if expose else 0), task
+  assert marked(tmp_path) == []
+
+
+@pytest.mark.parametrize("ending", ["exit", "SIGTERM", "SIGKILL"])
+def test_nothing_outlives_the_launcher(tmp_path, marked_env, ending):
+  chief = ["--chief_secs=4"] if ending == "exit" else ["--chief_hang"]
+  launcher = subprocess.Popen([*LAUNCH, f"--log_dir={tmp_path / 'logs'}", str(FAKE_TASK), "--", "--spawn_child",
+                               *chief], cwd=REPO, env=marked_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True)
+  expected = 3 + 4 + 4  # launcher, unshare, launcher inside; ps, 2 workers, chief; a grandchild of each task
+  wait_for(lambda: len(marked(tmp_path)) >= expected, f"{expected} processes", launcher, timeout_secs=60)
+  tasks = [p for p in marked(tmp_path) if "TF_CONFIG" in p.environ()]
+  namespaces = {net_namespace(p.pid) for p in tasks}
+  assert len(namespaces) == 1 and net_namespace(os.getpid()) not in namespaces
+  namespace = namespaces.pop()
+  assert processes_in(namespace)
+
+  if ending != "exit":
+    launcher.send_signal(getattr(signal, ending))
+  _, err = launcher.communicate(timeout=60)
+  assert launcher.returncode == {"exit": 0, "SIGTERM": 128 + signal.SIGTERM, "SIGKILL": -signal.SIGKILL}[ending], err
+  wait_for(lambda: not marked(tmp_path), "every process to end", timeout_secs=15)
+  wait_for(lambda: not processes_in(namespace), "the namespace to be gone", timeout_secs=15)
+
+
+def test_refuses_in_one_line_where_no_namespace_can_be_made(tmp_path, subprocess_env):
+  # A user namespace of the test's own that allows no further network namespace (the limit holds only inside it).
+  restricted = ["unshare", "--user", "--map-root-user", "sh", "-c",
+                'echo 0 > /proc/sys/user/max_net_namespaces && exec "$@"', "sh"]
+  command = [*restricted, *LAUNCH, f"--log_dir={tmp_path / 'logs'}", str(FAKE_TASK)]
+  result = subprocess.run(command, cwd=REPO, env=subprocess_env, capture_output=True, text=True, timeout=60)
+  assert result.returncode == 2, result.stderr
+  assert result.stderr.startswith("tfps-launch: cannot run the tasks in a private network namespace (unshare: "
+                                  "unshare failed: No space left on device); pass --expose_ports to run them in "
+                                  "this one"), result.stderr
+  assert len(result.stderr.strip().splitlines()) == 1
+  assert not (tmp_path / "logs").exists()
+
+  command.insert(len(restricted) + len(LAUNCH), "--expose_ports")
+  result = subprocess.run(command, cwd=REPO, env=subprocess_env, capture_output=True, text=True, timeout=60)
+  assert result.returncode == 0, result.stderr
+  assert "chief done" in result.stdout
+  assert "--expose_ports: every task port accepts unauthenticated connections" in result.stderr
+
+
+def test_a_non_loopback_host_is_refused_in_one_line(tmp_path):
+  result = subprocess.run([*LAUNCH, "--host=10.1.2.3", f"--log_dir={tmp_path}", str(FAKE_TASK)], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+  assert result.returncode == 2
+  assert result.stderr.startswith("tfps-launch: --host=10.1.2.3 is not a loopback address, and the tasks run in a "
+                                  "network namespace with only loopback; use 127.0.0.1 (the default), or "
+                                  "--expose_ports"), result.stderr
+  assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_without_root_the_namespace_comes_with_a_user_namespace(monkeypatch):
+  """The command a non-root launcher uses (`unshare --user --map-root-user ...`) gives a namespace with only `lo`,
+  up (run here by root, as the machine allows unprivileged user namespaces or not)."""
+  monkeypatch.setattr(os, "geteuid", lambda: 1000)
+  assert "--map-root-user" in isolation.namespace_command(["true"])
+  isolation.check_possible()
+  inside = ("import os, sys; from tfps.cluster import isolation; isolation.enter_namespace(); "
+            "sys.exit(0 if os.environ[isolation.INSIDE_ENV] == '1' and not isolation.non_loopback_interfaces() else 3)")
+  assert isolation.run_isolated([sys.executable, "-c", inside], stop_grace_secs=1) == 0
+
+
+def test_exposure_warning_only_with_other_interfaces(monkeypatch):
+  monkeypatch.setattr(isolation.socket, "if_nameindex", lambda: [(1, "lo")])
+  assert isolation.exposure_warning("ps:0", "127.0.0.1:2222") is None
+  monkeypatch.setattr(isolation.socket, "if_nameindex", lambda: [(1, "lo"), (2, "eth0")])
+  assert isolation.exposure_warning("ps:0", "127.0.0.1:2222") == (
+      "ps:0 listens on port 2222 of every interface (eth0, lo) and accepts unauthenticated connections from any host "
+      "that can reach it: they can run any op on this task, read and write its files and variables; "
+      "docs/security.md says how to restrict it")
