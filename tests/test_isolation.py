@@ -159,7 +159,7 @@ def test_other_hosts_reach_task_ports_only_with_expose_ports(tmp_path, marked_en
     assert set(from_other_host.values()) == {"connected"}, from_other_host
   else:
     assert set(from_other_host.values()) == {"ConnectionRefusedError"}, from_other_host
-  for task in ("ps-0", "worker-0"):  # each server says so once, only where other hosts can reach it
+  for task in ("ps-0", "worker-0", "chief-0"):  # each task says so once, only where other hosts can reach it
     assert read(tmp_path / "logs" / f"{task}.log").count(EXPOSED) == (1 if expose else 0), task
   assert marked(tmp_path) == []
 
@@ -235,3 +235,18 @@ def test_exposure_warning_only_with_other_interfaces(monkeypatch):
       "ps:0 listens on port 2222 of every interface (eth0, lo) and accepts unauthenticated connections from any host "
       "that can reach it: they can run any op on this task, read and write its files and variables; "
       "docs/security.md says how to restrict it")
+
+
+@pytest.mark.parametrize("job,note", [("worker", True), ("chief", True), ("evaluator", False)])
+def test_tfps_config_says_that_a_server_listens_on_every_interface(job, note):
+  result = subprocess.run([sys.executable, "-m", "tfps.cluster.config_cli", "--ps_hosts=h0:2222",
+                           "--worker_hosts=h1:2222,h2:2223", "--chief_hosts=h3:2224", "--evaluator_hosts=h4:2225",
+                           f"--job_name={job}", "--task_index=0"], cwd=REPO, capture_output=True, text=True, timeout=60)
+  assert result.returncode == 0, result.stderr
+  assert json.loads(result.stdout)["task"] == {"type": job, "index": 0}  # stdout is still the TF_CONFIG alone
+  port, host = {"worker": ("2222", "h1"), "chief": ("2224", "h3"), "evaluator": (None, None)}[job]
+  expected = (f"tfps-config: note: {job}:0 listens on port {port} of every interface of its host (not only the one "
+              f"{host} names) and accepts unauthenticated connections from any host that can reach it: they can run "
+              "any op on this task, read and write its files and variables; docs/security.md says how to restrict "
+              "it\n") if note else ""  # the evaluator listens on no port
+  assert result.stderr == expected

@@ -1,6 +1,8 @@
 """`tfps-config <cluster flags>`: prints the TF_CONFIG JSON this task would get.
 
 A debugging aid, and a way to write per-host environment files. Bad input: one line on stderr, exit status 2.
+For a ps, worker or chief, a note on stderr says that its port is open on every interface of its host, whatever
+address the cluster names (the JSON on stdout stays usable as it is).
 """
 
 import json
@@ -11,6 +13,7 @@ from typing import Optional, Sequence
 from absl import flags
 
 from tfps import flags as flags_lib
+from tfps.cluster import isolation
 from tfps.errors import ClusterConfigError
 
 USAGE = "usage: tfps-config --ps_hosts=H:P,... --worker_hosts=H:P,... [--chief_hosts=H:P] --job_name=J --task_index=I"
@@ -31,6 +34,10 @@ def main(argv: Sequence[str], environ=None) -> int:
     print(f"tfps-config: {str(e).splitlines()[0]}", file=sys.stderr)
     return 2
   print(json.dumps(config.to_tf_config(), sort_keys=True))
+  if config.address and config.task_type in config.training_cluster():
+    host = config.address.rsplit(":", 1)[0]
+    print("tfps-config: note: " + isolation.describe_exposure(
+        f"{config.task_type}:{config.task_index}", config.address, f"of its host (not only the one {host} names)"), file=sys.stderr)
   return 0
 
 

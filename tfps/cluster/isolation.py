@@ -133,13 +133,18 @@ def is_loopback(host: str) -> bool:
 
 
 def exposure_warning(task: str, address: str) -> Optional[str]:
-  """The one line a server task logs when interfaces other than loopback may carry connections to its port; None
+  """The one line a listening task logs when interfaces other than loopback may carry connections to its port; None
   inside tfps-launch's private namespace."""
   others = non_loopback_interfaces()
   if not others:
     return None
-  port = address.rsplit(":", 1)[-1]
   named = others[:3] + ([f"{len(others) - 3} more"] if len(others) > 3 else [])
-  return (f"{task} listens on port {port} of every interface ({', '.join(named)}, lo) and accepts unauthenticated "
-          "connections from any host that can reach it: they can run any op on this task, read and write its files "
-          "and variables; docs/security.md says how to restrict it")
+  return describe_exposure(task, address, f"({', '.join(named)}, lo)")
+
+
+def describe_exposure(task: str, address: str, interfaces: str) -> str:
+  """What anyone reaching `task`'s port can do, in one line; `interfaces` says which interfaces it listens on."""
+  port = address.rsplit(":", 1)[-1]
+  return (f"{task} listens on port {port} of every interface {interfaces} and accepts unauthenticated connections "
+          "from any host that can reach it: they can run any op on this task, read and write its files and "
+          "variables; docs/security.md says how to restrict it")

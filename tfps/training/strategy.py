@@ -10,6 +10,7 @@ from absl import logging
 import tensorflow as tf
 
 from tfps.cluster import config as cluster_lib
+from tfps.cluster import isolation
 from tfps.training import initialization
 from tfps.errors import UnreachableTaskError
 
@@ -104,6 +105,9 @@ def build_strategy(config: cluster_lib.ClusterConfig, num_shards: Optional[int] 
   coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
   _CLUSTERS[strategy] = config
   logging.info("Connected to %s; large variables sharded %d-way", config.describe(), num_shards)
+  warning = config.address and isolation.exposure_warning(f"chief:{config.task_index}", config.address)
+  if warning:  # connecting made the chief listen on its port too, like every server
+    logging.warning(warning)
   return strategy, coordinator
 
 
