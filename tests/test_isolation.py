@@ -8,6 +8,8 @@ these namespaces' addresses and to loopback. Where namespaces cannot be made, th
 import json
 import os
 import pathlib
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -67,6 +69,7 @@ def task_ports(launcher_output):
 
 
 def probe(command_prefix, address, ports):
+  """{port: "connected" or the error's name} for a TCP connection from `command_prefix`'s host to each port."""
   result = subprocess.run([*command_prefix, sys.executable, "-c", PROBE, address, *ports], capture_output=True,
                           text=True, timeout=60, check=False)
   assert result.returncode == 0, result.stderr
@@ -250,3 +253,37 @@ def test_tfps_config_says_that_a_server_listens_on_every_interface(job, note):
               "any op on this task, read and write its files and variables; docs/security.md says how to restrict "
               "it\n") if note else ""  # the evaluator listens on no port
   assert result.stderr == expected
+
+
+def test_the_documented_firewall_rules_admit_only_the_cluster_hosts():
+  """docs/security.md's iptables recipe, run on a test host: a cluster host connects, another host is refused,
+  loopback still works, and the documented removal leaves no rule."""
+  if shutil.which("iptables") is None or shutil.which("ip6tables") is None:
+    pytest.skip("iptables is not installed (apt-get install -y iptables)")
+  doc = (REPO / "docs" / "security.md").read_text()
+  recipe = re.search(r"```sh\n(.*?)```", doc, re.S).group(1)
+  removal = re.search(r"To remove the rules:\s*`(.*?)`", doc, re.S).group(1).replace("\n", " ")
+  try:
+    hosts = hosts_lib.TestHosts(["trainer", "peer", "stranger"])
+  except hosts_lib.HostsUnavailableError as e:
+    pytest.fail(f"this machine cannot make test hosts: {e}", pytrace=False)
+  with hosts:
+    hosts.popen("trainer", [sys.executable, "-c", "import socket, time; server = socket.create_server(('::', 2222), "
+                            "family=socket.AF_INET6, dualstack_ipv6=True); time.sleep(120)"])
+    trainer = hosts.address("trainer")
+    wait_for(lambda: probe(hosts.command("trainer", []), "127.0.0.1", ["2222"])["2222"] == "connected", "the server",
+             timeout_secs=30)
+    cluster = f'CLUSTER="{trainer} {hosts.address("peer")}"'
+    script = re.sub(r'^\s*CLUSTER=".*"$', cluster, recipe, flags=re.M)
+    assert cluster in script and "PORTS=2222" in script
+    applied = hosts.run("trainer", ["sh", "-ec", script])
+    assert applied.returncode == 0, applied.stderr
+    assert probe(hosts.command("peer", []), trainer, ["2222"]) == {"2222": "connected"}
+    assert probe(hosts.command("stranger", []), trainer, ["2222"]) == {"2222": "ConnectionRefusedError"}
+    for address in ("127.0.0.1", "::1"):
+      assert probe(hosts.command("trainer", []), address, ["2222"]) == {"2222": "connected"}
+    removed = hosts.run("trainer", ["sh", "-ec", f"PORTS=2222; {removal}; {removal.replace('iptables', 'ip6tables')}"])
+    assert removed.returncode == 0, removed.stderr
+    for tool in ("iptables", "ip6tables"):
+      assert "TFPS" not in hosts.run("trainer", [tool, "-S"]).stdout
+    assert probe(hosts.command("stranger", []), trainer, ["2222"]) == {"2222": "connected"}
