@@ -57,10 +57,12 @@ _SS_PID = re.compile(r"pid=(\d+),")
 _SS_BYTES = re.compile(r"\bbytes_(?:sent|received):(\d+)")
 
 
-def _socket_bytes() -> Dict[int, int]:
-  """`{pid: bytes sent + received over its TCP sockets}` on this machine, from `ss -tinp` (0 where ss is missing)."""
+def _socket_bytes(netns_pid: Optional[int] = None) -> Dict[int, int]:
+  """`{pid: bytes sent + received over its TCP sockets}` from `ss -tinp` (0 where ss is missing), in the network
+  namespace of process `netns_pid` (tfps-launch's tasks run in a private one) or else in ours."""
+  enter = [] if netns_pid is None else ["nsenter", f"--net=/proc/{netns_pid}/ns/net"]
   try:
-    lines = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True, timeout=10, check=False).stdout
+    lines = subprocess.run([*enter, "ss", "-tinpH"], capture_output=True, text=True, timeout=10, check=False).stdout
   except (OSError, subprocess.TimeoutExpired):
     return {}
   totals: Dict[int, int] = {}
@@ -87,7 +89,7 @@ def _sample(root: psutil.Process, tasks: Dict[str, psutil.Process]) -> Dict[str,
       if name:
         tasks[name] = child
   result = {}
-  network = _socket_bytes()
+  network = _socket_bytes(next(iter(tasks.values())).pid if tasks else None)  # the tasks share one namespace
   for name, process in tasks.items():
     try:
       times = process.cpu_times()
