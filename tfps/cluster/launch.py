@@ -148,6 +148,13 @@ def _parse_flags(argv: Sequence[str]) -> List[str]:
     _usage_error(str(e).splitlines()[0])
 
 
+def _inner_command(command_line: Sequence[str]) -> List[str]:
+  """This launch again, for inside the namespace; it imports this very tfps (not one the working directory holds)."""
+  package_parent = str(pathlib.Path(__file__).resolve().parents[2])
+  code = f"import sys; sys.path.insert(0, {package_parent!r}); from tfps.cluster import launch; launch.run()"
+  return [sys.executable, "-c", code, *command_line[1:]]
+
+
 def main(argv: Sequence[str], command_line: Optional[Sequence[str]] = None) -> int:
   """Launches the cluster `argv` (parsed) describes; unless `--expose_ports`, first runs the whole `command_line`
   (unparsed; default `sys.argv`) again inside a private network namespace."""
@@ -157,8 +164,7 @@ def main(argv: Sequence[str], command_line: Optional[Sequence[str]] = None) -> i
       isolation.enter_namespace()
     elif not config.expose_ports:
       isolation.check_possible()
-      inner = [sys.executable, "-m", "tfps.cluster.launch", *(command_line or sys.argv)[1:]]
-      return isolation.run_isolated(inner, config.stop_grace_secs)
+      return isolation.run_isolated(_inner_command(command_line or sys.argv), config.stop_grace_secs)
   except (app.UsageError, isolation.IsolationError) as e:
     _usage_error(str(e))
   return launch(config)
