@@ -189,6 +189,22 @@ def test_nothing_outlives_the_launcher(tmp_path, marked_env, ending):
   wait_for(lambda: not processes_in(namespace), "the namespace to be gone", timeout_secs=15)
 
 
+@pytest.mark.parametrize("delay_secs", [0.3, 0.8])
+def test_sigterm_at_startup_leaves_nothing(tmp_path, marked_env, delay_secs):
+  """A SIGTERM that may come before the launcher inside the namespace is ready for it (which would drop it): it is
+  passed on once it can be handled, so the launcher ends soon (not only when it gives up waiting, 1 + 15 s later),
+  and takes every task with it."""
+  launcher = subprocess.Popen([*LAUNCH, f"--log_dir={tmp_path / 'logs'}", "--stop_grace_secs=1", str(FAKE_TASK), "--",
+                               "--chief_hang"], cwd=REPO, env=marked_env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+  time.sleep(delay_secs)
+  launcher.send_signal(signal.SIGTERM)
+  signalled = time.monotonic()
+  launcher.wait(timeout=1 + 15 + 10)
+  assert time.monotonic() - signalled < 12
+  wait_for(lambda: not marked(tmp_path), "every process to end", timeout_secs=15)
+
+
 def test_refuses_in_one_line_where_no_namespace_can_be_made(tmp_path, subprocess_env):
   # A user namespace of the test's own that allows no further network namespace (the limit holds only inside it).
   restricted = ["unshare", "--user", "--map-root-user", "sh", "-c",

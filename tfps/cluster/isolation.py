@@ -67,35 +67,59 @@ def _refuse(reason: str) -> None:
 def run_isolated(argv: Sequence[str], stop_grace_secs: float) -> int:
   """Runs `argv` (a launcher) in the namespaces and returns its exit status.
 
-  SIGTERM and SIGINT are passed on to it; if it has not ended `stop_grace_secs` + 15 s later, the namespace is killed.
+  The first SIGTERM or SIGINT is passed on to it once it has a handler for it (the first process of a pid namespace
+  drops other signals, as while it starts); if it has not ended `stop_grace_secs` + 15 s later, the namespace is
+  killed.
   """
   env = dict(os.environ, **{INSIDE_ENV: "1"})
   process = subprocess.Popen(namespace_command(argv), env=env)
-  deadline: List[float] = []
+  stopping = {}  # once asked to stop: the signal, the deadline, whether the launcher inside got it
 
-  def forward(signum, frame):
+  def on_signal(signum, frame):
     del frame
-    for child in _children(process.pid):  # the launcher inside (pid 1 there); it stops every task
-      try:
-        child.send_signal(signum)
-      except psutil.NoSuchProcess:
-        pass
-    if not deadline:
-      deadline.append(time.monotonic() + stop_grace_secs + _EXTRA_STOP_SECS)
+    if not stopping:
+      stopping.update(signum=signum, deadline=time.monotonic() + stop_grace_secs + _EXTRA_STOP_SECS,
+                      delivered=_deliver(process.pid, signum))
 
-  previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+  previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
   try:
     while True:
       try:
         code = process.wait(timeout=0.2)
         break
       except subprocess.TimeoutExpired:
-        if deadline and time.monotonic() > deadline[0]:
+        if stopping and time.monotonic() > stopping["deadline"]:
           process.kill()  # unshare --kill-child takes the namespace's pid 1, and the kernel every task, with it
+        elif stopping and not stopping["delivered"]:
+          stopping["delivered"] = _deliver(process.pid, stopping["signum"])
   finally:
     for sig, handler in previous.items():
       signal.signal(sig, handler)
   return 128 - code if code < 0 else code
+
+
+def _deliver(pid: int, signum: int) -> bool:
+  """Sends `signum` to the launcher inside (the child of `pid`) if it handles it yet; returns whether it did."""
+  for child in _children(pid):
+    if _catches(child.pid, signum):
+      try:
+        child.send_signal(signum)
+        return True
+      except psutil.NoSuchProcess:
+        return False
+  return False
+
+
+def _catches(pid: int, signum: int) -> bool:
+  """Whether process `pid` has a handler for `signum` (the SigCgt mask of /proc/PID/status)."""
+  try:
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+      for line in status:
+        if line.startswith("SigCgt:"):
+          return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+  except OSError:
+    pass
+  return False
 
 
 def _children(pid: int) -> List[psutil.Process]:
