@@ -126,8 +126,9 @@ def two_hosts():
     yield hosts
   made = {host.netns for host in hosts.hosts.values()}
   assert not made & set(hosts_lib.leftovers()), "network namespaces left behind"
-  links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
-  assert hosts.bridge not in links and not any(host.interface in links for host in hosts.hosts.values())
+  listing = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
+  links = {line.split(": ")[1].split("@")[0] for line in listing.splitlines()}
+  assert not {hosts.bridge, *(host.interface for host in hosts.hosts.values())} & links, "links left behind"
 
 
 @pytest.fixture
