@@ -35,9 +35,9 @@ def main(argv: Sequence[str], environ=None) -> int:
     return 2
   print(json.dumps(config.to_tf_config(), sort_keys=True))
   if config.address and config.task_type in config.training_cluster():
-    host = config.address.rsplit(":", 1)[0]
-    print("tfps-config: note: " + isolation.describe_exposure(
-        f"{config.task_type}:{config.task_index}", config.address, f"of its host (not only the one {host} names)"), file=sys.stderr)
+    where = f"of its host (not only the one {config.address.rsplit(':', 1)[0]} names)"
+    note = isolation.describe_exposure(f"{config.task_type}:{config.task_index}", config.address, where)
+    print(f"tfps-config: note: {note}", file=sys.stderr)
   return 0
 
 
