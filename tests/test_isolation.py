@@ -236,6 +236,17 @@ def test_a_non_loopback_host_is_refused_in_one_line(tmp_path):
   assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_the_inside_marker_outside_a_namespace_is_refused(tmp_path, subprocess_env):
+  env = dict(subprocess_env, **{isolation.INSIDE_ENV: "1"})  # as if tfps-launch had made the namespace: it did not
+  result = subprocess.run([*LAUNCH, f"--log_dir={tmp_path}", str(FAKE_TASK)], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=60)
+  assert result.returncode == 2
+  assert result.stderr.startswith("tfps-launch: the launcher's network namespace has interfaces besides lo ("), \
+      result.stderr
+  assert len(result.stderr.strip().splitlines()) == 1
+  assert not list(tmp_path.iterdir())  # no task started
+
+
 def test_without_root_the_namespace_comes_with_a_user_namespace(monkeypatch):
   """The command a non-root launcher uses (`unshare --user --map-root-user ...`) gives a namespace with only `lo`,
   up (run here by root, as the machine allows unprivileged user namespaces or not)."""
