@@ -197,6 +197,97 @@ def from_hosts(ps_hosts: Hosts, worker_hosts: Hosts, chief_hosts: Hosts = None, 
 
 
 def from_environ(environ: Mapping[str, str]) -> Optional[ClusterConfig]:
-  """The cluster in `environ["TF_CONFIG"]`, or None where it is unset or empty."""
+  """The cluster in `environ["TF_CONFIG"]`, or the one derived from a pod's environment (`from_pod_environ`), or None
+  where neither is set."""
   text = environ.get("TF_CONFIG", "").strip()
-  return from_tf_config(text) if text else None
+  derived = environ.get("TFPS_TASK_TYPE", "").strip()
+  if text and derived:
+    raise ClusterConfigError(f"both TF_CONFIG and TFPS_TASK_TYPE={derived} are set; give one of them")
+  if text:
+    return from_tf_config(text)
+  return from_pod_environ(environ) if derived else None
+
+
+DEFAULT_HOST_PATTERN = "{job}-{type}-{index}.{service}"
+DEFAULT_PORT = 2222
+_PATTERN_FIELDS = ("job", "type", "index", "service", "namespace")
+_ORDINAL = re.compile(r"-([0-9]+)$")
+
+
+def from_pod_environ(environ: Mapping[str, str]) -> ClusterConfig:
+  """The cluster of a pod started by a StatefulSet, an Indexed Job or a JobSet, from the variables it sets.
+
+  Variables (the manifests of `tfps-k8s` set the TFPS_ ones):
+    TFPS_TASK_TYPE: this pod's job (chief, worker, ps or evaluator).
+    TFPS_REPLICAS: tasks per job, e.g. "chief=1,ps=2,worker=3,evaluator=1".
+    TFPS_HOST_PATTERN: a task's host name, with fields {job} {type} {index} {service} {namespace}
+      (default "{job}-{type}-{index}.{service}": StatefulSet `<job>-<type>` behind headless Service `<service>`;
+      a JobSet pod is "{job}-{type}-0-{index}.{service}").
+    TFPS_JOB: the training job's name ({job}); TFPS_SERVICE: the headless Service (default: TFPS_JOB);
+    TFPS_NAMESPACE (else POD_NAMESPACE, else "default"); TFPS_PORT: every task's port (default 2222).
+    This task's index: TFPS_TASK_INDEX, else JOB_COMPLETION_INDEX (Indexed Job, JobSet), else the ordinal ending
+      HOSTNAME (StatefulSet pod `name-3`).
+
+  Raises:
+    ClusterConfigError: a variable is missing or malformed; the message names it and its value.
+  """
+  task_type = environ.get("TFPS_TASK_TYPE", "").strip()
+  replicas = parse_replicas(environ.get("TFPS_REPLICAS", ""))
+  port = _env_int(environ, "TFPS_PORT", DEFAULT_PORT)
+  if not 1 <= port <= _MAX_PORT:
+    raise ClusterConfigError(f"TFPS_PORT={port} is out of range; allowed 1-{_MAX_PORT}")
+  fields = {"job": environ.get("TFPS_JOB", "").strip(),
+            "namespace": environ.get("TFPS_NAMESPACE", "").strip() or environ.get("POD_NAMESPACE", "").strip()
+                         or "default"}
+  fields["service"] = environ.get("TFPS_SERVICE", "").strip() or fields["job"]
+  pattern = environ.get("TFPS_HOST_PATTERN", "").strip() or DEFAULT_HOST_PATTERN
+  hosts = {f"{job}_hosts": tuple(f"{_host_name(pattern, fields, job, index)}:{port}" for index in range(count))
+           for job, count in replicas.items()}
+  return ClusterConfig(task_type=task_type, task_index=_pod_task_index(environ), **hosts)
+
+
+def parse_replicas(text: str) -> dict:
+  """`{"ps": 2, "worker": 3}` from "ps=2,worker=3" (the value of TFPS_REPLICAS)."""
+  replicas = {}
+  for item in (part.strip() for part in text.split(",") if part.strip()):
+    job, _, count = item.partition("=")
+    job = job.strip()
+    if job not in JOB_NAMES or not count.strip().isdigit():
+      raise ClusterConfigError(f"TFPS_REPLICAS entry {item!r} is not job=count with job one of "
+                               f"{', '.join(JOB_NAMES)} (e.g. ps=2,worker=3,chief=1)")
+    replicas[job] = int(count)
+  if not replicas:
+    raise ClusterConfigError(f"TFPS_REPLICAS={text!r} names no job; expected e.g. chief=1,ps=2,worker=3")
+  return replicas
+
+
+def _host_name(pattern: str, fields: dict, task_type: str, index: int) -> str:
+  try:
+    name = pattern.format(**fields, type=task_type, index=index)
+  except (KeyError, IndexError, ValueError) as e:
+    raise ClusterConfigError(f"TFPS_HOST_PATTERN={pattern!r} is not a pattern over "
+                             f"{', '.join('{' + f + '}' for f in _PATTERN_FIELDS)} ({e})") from None
+  if "{job}" in pattern and not fields["job"]:
+    raise ClusterConfigError(f"TFPS_HOST_PATTERN={pattern!r} uses {{job}} but TFPS_JOB is not set")
+  return name
+
+
+def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
+  text = environ.get(name, "").strip()
+  if not text:
+    return default
+  if not text.isdigit():
+    raise ClusterConfigError(f"{name}={text!r} is not a non-negative integer")
+  return int(text)
+
+
+def _pod_task_index(environ: Mapping[str, str]) -> int:
+  for name in ("TFPS_TASK_INDEX", "JOB_COMPLETION_INDEX"):
+    if environ.get(name, "").strip():
+      return _env_int(environ, name, 0)
+  hostname = environ.get("HOSTNAME", "").strip()
+  match = _ORDINAL.search(hostname.split(".")[0])
+  if not match:
+    raise ClusterConfigError(f"no task index: TFPS_TASK_INDEX and JOB_COMPLETION_INDEX are unset and HOSTNAME="
+                             f"{hostname!r} does not end in -<ordinal> (as a StatefulSet pod's does)")
+  return int(match.group(1))
