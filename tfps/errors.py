@@ -20,5 +20,9 @@ class UnreachableTaskError(TfpsError, RuntimeError):
   """A task of the cluster did not answer within the connect timeout."""
 
 
+class AddressInUseError(TfpsError, OSError):
+  """A task cannot listen at its address: another process holds the port on that host."""
+
+
 class UsageError(TfpsError, ValueError):
   """An argument a user gave is not one tfps can use; the message names it, its value and what is allowed."""

@@ -10,6 +10,8 @@ import tensorflow as tf
 
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import isolation
+from tfps.cluster import ports
+from tfps.errors import AddressInUseError
 
 SERVER_JOBS = ("ps", "worker")
 
@@ -19,8 +21,12 @@ def build_server(config: cluster_lib.ClusterConfig) -> tf.distribute.Server:
   if config.task_type not in SERVER_JOBS:
     raise ValueError(f"only ps and worker tasks run a server, not {config.task_type}:{config.task_index}")
   os.environ["GRPC_FAIL_FAST"] = "use_caller"  # else a dead worker is never reported to the coordinator
-  return tf.distribute.Server(tf.train.ClusterSpec(config.training_cluster()), job_name=config.task_type,
-                              task_index=config.task_index, protocol="grpc", start=True)
+  ports.check_can_listen(config)
+  try:
+    return tf.distribute.Server(tf.train.ClusterSpec(config.training_cluster()), job_name=config.task_type,
+                                task_index=config.task_index, protocol="grpc", start=True)
+  except tf.errors.UnknownError as e:  # "Could not start gRPC server": the port was taken after the check
+    raise AddressInUseError(f"{ports.address_in_use_message(config)} ({e.message})") from None
 
 
 def _exit_on_signal(signum, frame):

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import isolation
+from tfps.cluster import ports
 from tfps.training import initialization
 from tfps.errors import UnreachableTaskError
 
@@ -62,10 +63,13 @@ def build_cluster_resolver(config: cluster_lib.ClusterConfig) -> tf.distribute.c
 
 def wait_for_tasks(config: cluster_lib.ClusterConfig, timeout_secs: float = 60.0,
                    jobs: Sequence[str] = ("ps", "worker")) -> None:
-  """Waits until every task of `jobs` accepts a TCP connection, or raises naming the first one that did not.
+  """Waits until every task of `jobs` answers as a TensorFlow (gRPC) server, or raises naming the first one that did
+  not. Another program on a task's port would otherwise make the chief hang inside TensorFlow.
+
+  A name that does not resolve yet is retried too (in Kubernetes a pod's name appears once the pod runs).
 
   Raises:
-    UnreachableTaskError: a task did not answer within `timeout_secs`.
+    UnreachableTaskError: a task did not answer within `timeout_secs`; the message says why and what to check.
   """
   deadline = time.monotonic() + timeout_secs
   for job in jobs:
@@ -73,13 +77,15 @@ def wait_for_tasks(config: cluster_lib.ClusterConfig, timeout_secs: float = 60.0
       host, port = address.rsplit(":", 1)
       while True:
         try:
-          with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
-            break
+          attempt_secs = min(1.0, max(deadline - time.monotonic(), 0.05))
+          with socket.create_connection((host.strip("[]"), int(port)), timeout=attempt_secs) as connection:
+            ports.check_speaks_grpc(connection, attempt_secs)
+          break
         except OSError as e:
           if time.monotonic() >= deadline:
-            raise UnreachableTaskError(f"task {job}:{index} at {address} did not answer within {timeout_secs:g}s "
-                                       f"({e.strerror or e}); is it running and is the address right?") from None
-          time.sleep(0.2)
+            raise UnreachableTaskError(f"task {job}:{index} at {address} did not answer within {timeout_secs:g}s: "
+                                       f"{ports.explain_connect_error(e, host, port)}") from None
+          time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
 
 
 def build_strategy(config: cluster_lib.ClusterConfig, num_shards: Optional[int] = None,
@@ -99,6 +105,7 @@ def build_strategy(config: cluster_lib.ClusterConfig, num_shards: Optional[int] 
   num_shards = config.num_ps if num_shards is None else num_shards
   if tf.get_logger().level == py_logging.NOTSET:  # TensorFlow's per-closure INFO lines drown tfps's progress
     tf.get_logger().setLevel(py_logging.WARNING)
+  ports.check_can_listen(config)
   wait_for_tasks(config, connect_timeout_secs)
   strategy = ParameterServerStrategy(
       build_cluster_resolver(config), variable_partitioner=ShardLargeVariables(num_shards, min_shard_bytes))

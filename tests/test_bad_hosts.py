@@ -1,0 +1,102 @@
+"""Bad cluster addresses give one line naming the task, its address and what to check, within
+--connect_timeout_secs: a name that does not resolve, a host that never answers, a port another program holds."""
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import tfps
+from tfps.cluster import config as cluster_lib
+from tfps.cluster import ports
+from tfps.testing import hosts as hosts_lib
+from tfps.training import strategy as strategy_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "scripts", "train_keras.py")
+
+
+def listener():
+  """A plain TCP listener on a free loopback port that never speaks (like a program holding a task's port)."""
+  sock = socket.socket()
+  sock.bind(("127.0.0.1", 0))
+  sock.listen()
+  return sock
+
+
+def test_a_port_held_by_another_program_is_named_within_the_timeout():
+  with listener() as sock:
+    address = f"127.0.0.1:{sock.getsockname()[1]}"
+    config = cluster_lib.from_hosts(ps_hosts=address, worker_hosts="127.0.0.1:1")
+    start = time.monotonic()
+    with pytest.raises(tfps.UnreachableTaskError) as info:
+      strategy_lib.wait_for_tasks(config, timeout_secs=1.5)
+  assert time.monotonic() - start < 3.0
+  assert str(info.value).startswith(f"task ps:0 at {address} did not answer within 1.5s: something listens on port")
+  assert "not a TensorFlow server" in str(info.value)
+
+
+def test_a_name_that_does_not_resolve_is_named_within_the_timeout():
+  config = cluster_lib.from_hosts(ps_hosts="no-such-host.invalid:2222", worker_hosts="127.0.0.1:1")
+  start = time.monotonic()
+  with pytest.raises(tfps.UnreachableTaskError, match=r"task ps:0 at no-such-host.invalid:2222 did not answer within "
+                     r"1s: the name 'no-such-host.invalid' does not resolve .*check the host name"):
+    strategy_lib.wait_for_tasks(config, timeout_secs=1)
+  assert time.monotonic() - start < 3.0
+
+
+def test_a_taken_port_is_refused_before_a_server_shares_it():
+  with listener() as sock:
+    config = cluster_lib.from_hosts(ps_hosts=f"127.0.0.1:{sock.getsockname()[1]}", worker_hosts="127.0.0.1:1",
+                                    task_type="ps")
+    with pytest.raises(tfps.TfpsError, match=r"task ps:0 cannot listen at 127.0.0.1:\d+: port \d+ is already in use"):
+      ports.check_can_listen(config)
+
+
+@pytest.mark.slow
+def test_bad_hosts_on_test_hosts_each_give_one_line_and_no_hang():
+  """Each role as typed on its host; three failing commands run at once on test hosts."""
+  names = ["chief", "busy", "silent", "idle"]
+  python = sys.executable
+  common = ["--worker_hosts=idle:2223", "--connect_timeout_secs=3", "--epochs=1", "--steps_per_epoch=1"]
+  chief_cases = {  # ps address -> what the chief's one line must say
+      "no-such-host.invalid:2222": "the name 'no-such-host.invalid' does not resolve",
+      "silent:2222": "silent does not answer",
+  }  # a port held by another program and a refused connection: the loopback tests above
+  with hosts_lib.TestHosts(names) as test_hosts:
+    made = [host.netns for host in test_hosts.hosts.values()]
+    test_hosts.popen("busy", [python, "-c", "import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 2222)); "
+                              "s.listen(); print('ready', flush=True); time.sleep(600)"], stdout=subprocess.PIPE)
+    test_hosts.cut("silent")
+    time.sleep(0.5)
+    runs = {}
+
+    def run(key, host, argv):
+      start = time.monotonic()
+      result = test_hosts.run(host, argv, timeout=240, cwd=ROOT)
+      runs[key] = (result, time.monotonic() - start)
+
+    threads = [threading.Thread(target=run, args=(
+        ps, "chief", [python, SCRIPT, "--job_name=chief", f"--chief_hosts=chief:{3000 + i}", f"--ps_hosts={ps}",
+                      "--model_dir=/tmp/tfps_bad_hosts", *common])) for i, ps in enumerate(chief_cases)]
+    threads.append(threading.Thread(target=run, args=("ps on busy", "busy", [
+        python, SCRIPT, "--job_name=ps", "--ps_hosts=busy:2222", "--chief_hosts=chief:3000", *common])))
+    for thread in threads:
+      thread.start()
+    for thread in threads:
+      thread.join()
+  assert not set(made) & set(hosts_lib.leftovers())
+  expected = {ps: f"train_keras.py: task ps:0 at {ps} did not answer within 3s: {text}"
+              for ps, text in chief_cases.items()}
+  expected["ps on busy"] = "train_keras.py: task ps:0 cannot listen at busy:2222: port 2222 is already in use"
+  for key, prefix in expected.items():
+    result, secs = runs[key]
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 2, (key, result.stderr[-2000:])
+    assert last.startswith(prefix), (key, last)
+    assert "Traceback" not in result.stderr, key
+    print(f"{key}: exit 2 after {secs:.1f}s (TensorFlow import included): {last}")
