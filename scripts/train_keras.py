@@ -23,6 +23,8 @@ _STEPS = flags.DEFINE_integer("steps_per_epoch", 100, "Steps per epoch.", lower_
 _BATCH = flags.DEFINE_integer("batch_size", 128, "Batch size per worker.", lower_bound=1)
 _VOCAB = flags.DEFINE_integer("vocab_size", 100_000, "Rows of the embedding table.", lower_bound=2)
 _EXACT = flags.DEFINE_boolean("exact_evaluation", True, "Evaluate the finite eval set exactly once per epoch.")
+_EVERY = flags.DEFINE_boolean("evaluate_every_checkpoint", False, "On the evaluator task: evaluate every checkpoint "
+                              "in order, not only the newest.")
 
 NUM_IDS, NUM_DENSE = 8, 4
 
@@ -65,7 +67,7 @@ def main(argv):
   del argv
   tfps.fit(build_model, train_dataset_fn, epochs=_EPOCHS.value, steps_per_epoch=_STEPS.value,
            validation_dataset_fn=eval_dataset_fn, validation_steps=None if _EXACT.value else 4,
-           exact_evaluation=_EXACT.value, model_dir=_MODEL_DIR.value)
+           exact_evaluation=_EXACT.value, model_dir=_MODEL_DIR.value, evaluate_every_checkpoint=_EVERY.value)
 
 
 if __name__ == "__main__":

@@ -6,11 +6,14 @@ from typing import Callable, Optional, Sequence, TypeVar
 
 from absl import app
 from absl import flags
+from absl import logging
 
 from tfps.cluster import config as cluster_lib
+from tfps.cluster import failures
 from tfps import flags as flags_lib
 from tfps.errors import ClusterConfigError
 from tfps.errors import TfpsError
+from tfps.errors import UnreachableTaskError
 
 T = TypeVar("T")
 
@@ -54,7 +57,13 @@ def run_task(chief_fn: Callable[[cluster_lib.ClusterConfig], T],
     if evaluator_fn is None:
       raise ClusterConfigError("this task is an evaluator but the script gives no evaluation to run")
     return evaluator_fn(config)
-  return chief_fn(config)
+  try:
+    return chief_fn(config)
+  except Exception as e:  # pylint: disable=broad-except
+    message = failures.describe_lost_task(e, config)
+    if message is None:
+      raise
+    raise UnreachableTaskError(message) from None
 
 
 def run_main(main: Callable[[Sequence[str]], Optional[int]], argv: Optional[Sequence[str]] = None) -> None:
@@ -65,5 +74,9 @@ def run_main(main: Callable[[Sequence[str]], Optional[int]], argv: Optional[Sequ
       return main(args)
     except TfpsError as e:
       print(f"{os.path.basename(sys.argv[0])}: {e}", file=sys.stderr, flush=True)
+      if isinstance(e, UnreachableTaskError):  # TensorFlow's exit would wait on the lost task forever
+        logging.flush()
+        sys.stdout.flush()
+        os._exit(2)
       sys.exit(2)
   app.run(guarded, argv=argv)

@@ -141,6 +141,22 @@ class TestHosts:
       raise HostsUnavailableError(f"tc netem on {name} failed ({result.stderr.strip()}): this kernel may lack "
                                   "the netem qdisc (CONFIG_NET_SCH_NETEM)")
 
+  def drop(self, name: str, probability: float) -> None:
+    """Drops a random `probability` of the packets host `name` receives (iptables' statistic match; the kernels
+    without netem still have it); `probability=0` removes the rule. Needs iptables (apt-get install iptables)."""
+    if not 0 <= probability < 1:
+      raise ValueError(f"`probability` ({probability}) must be in [0, 1)")
+    if shutil.which("iptables") is None:
+      raise HostsUnavailableError("dropping packets needs iptables (apt-get install -y iptables)")
+    commands = [["iptables", "-F", "INPUT"]]  # the host's own namespace: only rules made here
+    if probability:
+      commands.append(["iptables", "-A", "INPUT", "-m", "statistic", "--mode", "random", "--probability",
+                       f"{probability:g}", "-j", "DROP"])
+    for argv in commands:
+      result = subprocess.run(self.command(name, argv), capture_output=True, text=True, check=False)
+      if result.returncode != 0:
+        raise HostsUnavailableError(f"`{' '.join(argv)}` on {name} failed: {result.stderr.strip()}")
+
   def cut(self, name: str) -> None:
     """Takes host `name`'s link down: nothing reaches it or leaves it until `restore`."""
     _ip("link", "set", self.hosts[name].interface, "down", netns=self.hosts[name].netns)

@@ -1,0 +1,133 @@
+"""Many hosts for real: 2 ps, 3 workers, a chief and a sidecar evaluator on 7 test hosts (network namespaces), each
+task started as a user (or an orchestrator) would start it on its host, with network faults injected on the links.
+
+Keras path: the JobSet/StatefulSet form (tfps derives the cluster from the pod's variables), 1% packet loss on every
+link, then one ps cut off: the chief stops with one line naming the ps and its address; the same commands started
+again resume from the backup and end at the exact step count; the sidecar evaluates every checkpoint.
+Estimator path: TF_CONFIG as the Kubeflow TFJob operator writes it; one worker cut off for 30 s, then the chief's host
+cut off and the chief started again; the job ends at exactly max_steps.
+"""
+
+import json
+import os
+import pathlib
+import re
+import time
+
+import pytest
+
+from tfps.testing import host_cluster as host_cluster_lib
+from tfps.testing import hosts as hosts_lib
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TRAINING = (("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1), ("worker", 2), ("chief", 0))
+CHIEF, EVALUATOR = ("chief", 0), ("evaluator", 0)
+
+pytestmark = pytest.mark.slow
+
+
+def wait_for(predicate, timeout_secs, what, cluster):
+  deadline = time.monotonic() + timeout_secs
+  while not (value := predicate()):
+    if time.monotonic() > deadline:
+      raise AssertionError(f"no {what} after {timeout_secs}s; chief log:\n{cluster.log(CHIEF)[-3000:]}")
+    time.sleep(0.1)
+  return value
+
+
+def last_line(cluster, task):
+  return cluster.log(task).strip().splitlines()[-1]
+
+
+@pytest.fixture
+def make_cluster(tmp_path, subprocess_env):
+  made = []
+
+  def make(script, args, **kwargs):
+    cluster = host_cluster_lib.HostCluster(str(REPO / script), args, str(tmp_path / f"logs{len(made)}"),
+                                           env=subprocess_env, **kwargs)
+    made.append(cluster)
+    return cluster
+  yield make
+  netns = [host.netns for cluster in made for host in cluster.hosts.hosts.values()]
+  processes = [p for cluster in made for p in cluster.processes.values()]
+  for cluster in made:
+    cluster.close()
+  assert not set(netns) & set(hosts_lib.leftovers()), "test hosts left behind"
+  assert all(p.poll() is not None for p in processes), "processes left behind"
+
+
+def test_keras_path_with_packet_loss_and_a_ps_cut_off(make_cluster, tmp_path):
+  epochs, steps = 4, 25
+  model_dir = tmp_path / "shared" / "model"
+  cluster = make_cluster("scripts/train_keras.py", [
+      f"--model_dir={model_dir}", f"--epochs={epochs}", f"--steps_per_epoch={steps}", "--vocab_size=2000",
+      "--batch_size=32", "--noexact_evaluation", "--connect_timeout_secs=120"],
+      form="jobset", role_args={"evaluator": ["--evaluate_every_checkpoint"]})
+  cluster.drop(0.01)
+  cluster.start_all()
+  wait_for(lambda: (model_dir / "checkpoints" / "ckpt-2.index").exists(), 300, "checkpoint 2", cluster)
+  cut_at = time.monotonic()
+  cluster.cut(("ps", 1))
+  assert cluster.wait(CHIEF, timeout_secs=90) == 2, cluster.log(CHIEF)[-3000:]
+  stopped_secs = time.monotonic() - cut_at
+  line = last_line(cluster, CHIEF)
+  assert line.startswith("train_keras.py: task ps:1 at ctr-ps-1.ctr:2222 became unreachable ("), line
+  assert "then start this task again" in line
+
+  cluster.restore(("ps", 1))
+  for task in TRAINING:  # the restart policy: the same commands again
+    cluster.restart(task)
+  assert cluster.wait(CHIEF, timeout_secs=300) == 0, cluster.log(CHIEF)[-3000:]
+  final = json.loads((model_dir / "checkpoints" / "FINAL").read_text())
+  assert final["iterations"] == epochs * steps
+  resumed = re.findall(r"Resumed from the backup at epoch (\d+)/", cluster.log(CHIEF))
+  assert len(resumed) == 1 and int(resumed[0]) >= 3, resumed
+
+  assert cluster.wait(EVALUATOR, timeout_secs=180) == 0, cluster.log(EVALUATOR)[-3000:]
+  evaluated = [json.loads(line)["checkpoint"] for line in (model_dir / "eval" / "metrics.jsonl").read_text().splitlines()]
+  written = sorted(str(p)[:-len(".index")] for p in (model_dir / "checkpoints").glob("ckpt-*.index"))
+  assert sorted(set(evaluated)) == written and len(evaluated) == len(written), (evaluated, written)
+  print(f"ps cut off: chief stopped after {stopped_secs:.1f}s with: {line}")
+
+
+def test_estimator_path_tfjob_with_a_worker_and_the_chief_cut_off(make_cluster, tmp_path):
+  max_steps = 600
+  model_dir = tmp_path / "shared" / "model"
+  cluster = make_cluster("scripts/train_estimator.py", [
+      f"--model_dir={model_dir}", f"--max_steps={max_steps}", "--save_checkpoints_steps=100",
+      "--log_step_count_steps=20", "--steps_per_execution=2", "--eval_examples=1000", "--noinline_eval",
+      "--connect_timeout_secs=120"], form="tfjob")
+  cluster.start_all()
+  checkpoint = model_dir / "checkpoints" / "checkpoint"
+  wait_for(checkpoint.exists, 300, "a checkpoint", cluster)
+
+  cluster.cut(("worker", 1))
+  logged_before = len(re.findall(r"step \d+ \| loss", cluster.log(CHIEF)))
+  time.sleep(30)
+  logged_during = len(re.findall(r"step \d+ \| loss", cluster.log(CHIEF))) - logged_before
+  cluster.restore(("worker", 1))
+  assert cluster.processes[CHIEF].poll() is None, cluster.log(CHIEF)[-3000:]
+  assert logged_during > 0, "training stopped while one worker was cut off"
+
+  saved = wait_for(lambda: _checkpoint_step(checkpoint), 300, "a checkpoint after the worker came back", cluster)
+  cluster.cut(CHIEF)
+  time.sleep(5)
+  cluster.restore(CHIEF)
+  cluster.restart(CHIEF)
+  assert cluster.wait(CHIEF, timeout_secs=300) == 0, cluster.log(CHIEF)[-3000:]
+  resumed = [int(s) for s in re.findall(r"resuming at step (\d+)", cluster.log(CHIEF))]
+  assert resumed and resumed[-1] >= saved, (resumed, saved)
+  assert json.loads((model_dir / "checkpoints" / "FINAL").read_text())["global_step"] == max_steps
+  assert cluster.wait(EVALUATOR, timeout_secs=180) == 0, cluster.log(EVALUATOR)[-3000:]
+  records = [json.loads(line) for line in (model_dir / "eval" / "metrics.jsonl").read_text().splitlines()]
+  assert records[-1]["step"] == max_steps
+  print(f"worker cut off 30s: {logged_during} progress lines meanwhile; chief resumed at step {resumed[-1]}")
+
+
+def _checkpoint_step(state_file: pathlib.Path):
+  try:
+    match = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', state_file.read_text(), re.MULTILINE)
+  except OSError:
+    return None
+  return int(match.group(1)) if match else None

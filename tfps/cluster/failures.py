@@ -1,0 +1,35 @@
+"""A training cluster task lost mid-run, said in one line: which task, its address, what to check.
+
+TensorFlow reports a lost ps as an `UnavailableError` whose text names the task (`/job:ps/replica:0/task:1`) among
+pages of gRPC detail; the chief then cannot go on without a restart from its last checkpoint.
+"""
+
+import re
+from typing import Optional
+
+from tfps.cluster import config as cluster_lib
+
+_TASK = re.compile(r"/job:(ps|worker|chief)/replica:\d+/task:(\d+)")
+_SHOWN_CHARS = 160
+
+
+def describe_lost_task(error: BaseException, config: cluster_lib.ClusterConfig) -> Optional[str]:
+  """The one-line message for `error` if it is TensorFlow's `UnavailableError` naming a task of `config`, else None.
+
+  A ps named anywhere in the text is the one reported (a worker's error often relays the ps it could not reach).
+  """
+  if type(error).__name__ != "UnavailableError":
+    return None
+  text = getattr(error, "message", None) or str(error)
+  named = _TASK.findall(text)
+  if not named:
+    return None
+  job, index = next(((job, index) for job, index in named if job == "ps"), named[0])
+  index = int(index)
+  hosts = config.hosts(job)
+  address = hosts[index] if index < len(hosts) else "(not in the cluster)"
+  detail = " ".join(text.split("\n", 1)[0].split())
+  if len(detail) > _SHOWN_CHARS:
+    detail = detail[:_SHOWN_CHARS] + "..."
+  return (f"task {job}:{index} at {address} became unreachable ({detail}); check that it runs and that its host is "
+          "reachable, then start this task again: it resumes from the last checkpoint")
