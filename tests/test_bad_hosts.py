@@ -100,3 +100,19 @@ def test_bad_hosts_on_test_hosts_each_give_one_line_and_no_hang():
     assert last.startswith(prefix), (key, last)
     assert "Traceback" not in result.stderr, key
     print(f"{key}: exit 2 after {secs:.1f}s (TensorFlow import included): {last}")
+
+
+def test_watchdog_names_a_ps_that_stops_answering():
+  from tfps.cluster import watchdog
+  with listener() as sock:
+    address = f"127.0.0.1:{sock.getsockname()[1]}"
+    config = cluster_lib.from_hosts(ps_hosts=address, worker_hosts="127.0.0.1:2",
+                                    chief_hosts="127.0.0.1:3")
+    lost = []
+    start = time.monotonic()
+    thread = watchdog.start_watchdog(config, timeout_secs=1.0, interval_secs=0.2, on_lost=lost.append)
+    thread.join(timeout=10)
+  assert 1.0 <= time.monotonic() - start < 5
+  assert lost and lost[0].startswith(f"task ps:0 at {address} stopped answering 1s ago: something listens on port")
+  assert "start this task again once it is back: it resumes from the last checkpoint" in lost[0]
+  assert watchdog.start_watchdog(config, timeout_secs=1.0, on_lost=lost.append) is None  # one watch per cluster

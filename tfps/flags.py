@@ -28,6 +28,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                        lower_bound=1, flag_values=flag_values)
   flags.DEFINE_float("connect_timeout_secs", 60.0, "Seconds the chief waits for every ps and worker to answer.",
                      lower_bound=0.0, flag_values=flag_values)
+  flags.DEFINE_float("lost_task_timeout_secs", 30.0, "Seconds a ps may stay silent mid-run before the chief stops "
+                     "with an error naming it (to be started again; it resumes from its checkpoint).",
+                     lower_bound=1.0, flag_values=flag_values)
   flags.DEFINE_integer("min_shard_bytes", 256 << 10,
                        "Variables smaller than this are not sharded (0 shards every variable with >= 2 rows).",
                        lower_bound=0, flag_values=flag_values)
@@ -86,7 +89,8 @@ def strategy_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> 
   if "num_shards" not in flag_values:
     return {}
   return {"num_shards": flag_values["num_shards"].value, "min_shard_bytes": flag_values["min_shard_bytes"].value,
-          "connect_timeout_secs": flag_values["connect_timeout_secs"].value}
+          "connect_timeout_secs": flag_values["connect_timeout_secs"].value,
+          "lost_task_timeout_secs": flag_values["lost_task_timeout_secs"].value}
 
 
 def define_launch_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:

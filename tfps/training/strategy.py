@@ -12,6 +12,7 @@ import tensorflow as tf
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import isolation
 from tfps.cluster import ports
+from tfps.cluster import watchdog
 from tfps.training import initialization
 from tfps.errors import UnreachableTaskError
 
@@ -89,7 +90,8 @@ def wait_for_tasks(config: cluster_lib.ClusterConfig, timeout_secs: float = 60.0
 
 
 def build_strategy(config: cluster_lib.ClusterConfig, num_shards: Optional[int] = None,
-                   min_shard_bytes: int = DEFAULT_MIN_SHARD_BYTES, connect_timeout_secs: float = 60.0
+                   min_shard_bytes: int = DEFAULT_MIN_SHARD_BYTES, connect_timeout_secs: float = 60.0,
+                   lost_task_timeout_secs: float = watchdog.DEFAULT_TIMEOUT_SECS
                    ) -> Tuple[tf.distribute.experimental.ParameterServerStrategy,
                               tf.distribute.experimental.coordinator.ClusterCoordinator]:
   """Connects to the cluster and returns `(strategy, coordinator)`.
@@ -99,6 +101,8 @@ def build_strategy(config: cluster_lib.ClusterConfig, num_shards: Optional[int] 
     num_shards: shards of each large variable; defaults to the number of ps.
     min_shard_bytes: variables smaller than this are not sharded (see `ShardLargeVariables`).
     connect_timeout_secs: how long to wait for every ps and worker to answer before raising.
+    lost_task_timeout_secs: a ps silent this long mid-run ends the chief (one line, exit status 2; see
+      `tfps.cluster.watchdog`).
   """
   if config.task_type != "chief":
     raise ValueError(f"the strategy is built on the chief, not on task {config.task_type}:{config.task_index}")
@@ -111,6 +115,8 @@ def build_strategy(config: cluster_lib.ClusterConfig, num_shards: Optional[int] 
       build_cluster_resolver(config), variable_partitioner=ShardLargeVariables(num_shards, min_shard_bytes))
   coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
   _CLUSTERS[strategy] = config
+  if config.chief_hosts:  # a chief of its own process (not an in-process test cluster): a silent ps must end it
+    watchdog.start_watchdog(config, timeout_secs=lost_task_timeout_secs)
   logging.info("Connected to %s; large variables sharded %d-way", config.describe(), num_shards)
   warning = config.address and isolation.exposure_warning(f"chief:{config.task_index}", config.address)
   if warning:  # connecting made the chief listen on its port too, like every server

@@ -1,0 +1,68 @@
+"""The chief's watch over its parameter servers: a ps that stops answering ends the chief within a bounded time.
+
+TensorFlow waits forever on an RPC to a ps whose host went silent (a cut link drops packets and nothing resets the
+connection), so a thread probes each ps with a fresh connection (`ports.check_speaks_grpc`) every few seconds. When
+one has not answered for `timeout_secs`, the chief prints one line naming it and its address and exits with status 2:
+an outside supervisor (Kubernetes' restart policy, tfps-launch) starts it again and it resumes from its checkpoint.
+"""
+
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Callable, Optional, Sequence
+
+from absl import logging
+
+from tfps.cluster import config as cluster_lib
+from tfps.cluster import ports
+
+DEFAULT_TIMEOUT_SECS = 30.0
+_WATCHED = set()  # address tuples already watched by this process
+
+
+def lost_task_message(job: str, index: int, address: str, silent_secs: float, error: OSError) -> str:
+  host, port = address.rsplit(":", 1)
+  return (f"task {job}:{index} at {address} stopped answering {silent_secs:.0f}s ago: "
+          f"{ports.explain_connect_error(error, host, port)}; start this task again once it is back: it resumes "
+          "from the last checkpoint")
+
+
+def _exit_with(message: str) -> None:
+  print(f"{os.path.basename(sys.argv[0])}: {message}", file=sys.stderr, flush=True)
+  logging.flush()
+  os._exit(2)  # the main thread is blocked inside TensorFlow on the silent task, and exiting would wait on it
+
+
+def start_watchdog(config: cluster_lib.ClusterConfig, jobs: Sequence[str] = ("ps",),
+                   timeout_secs: float = DEFAULT_TIMEOUT_SECS, interval_secs: float = 2.0,
+                   on_lost: Optional[Callable[[str], None]] = None) -> Optional[threading.Thread]:
+  """Starts a daemon thread probing every task of `jobs`; calls `on_lost(message)` (default: print it, exit 2) when
+  one has not answered for `timeout_secs`. Returns None if this process already watches the same tasks."""
+  tasks = [(job, index, address) for job in jobs for index, address in enumerate(config.hosts(job))]
+  key = tuple(address for _, _, address in tasks)
+  if key in _WATCHED:
+    return None
+  _WATCHED.add(key)
+  on_lost = on_lost or _exit_with
+
+  def watch():
+    answered = {address: time.monotonic() for _, _, address in tasks}
+    while True:
+      for job, index, address in tasks:
+        host, port = address.rsplit(":", 1)
+        try:
+          with socket.create_connection((host.strip("[]"), int(port)), timeout=interval_secs * 2) as connection:
+            ports.check_speaks_grpc(connection, interval_secs * 2)
+          answered[address] = time.monotonic()
+        except OSError as e:
+          silent_secs = time.monotonic() - answered[address]
+          if silent_secs >= timeout_secs:
+            on_lost(lost_task_message(job, index, address, silent_secs, e))
+            return
+      time.sleep(interval_secs)
+
+  thread = threading.Thread(target=watch, name="tfps-ps-watchdog", daemon=True)
+  thread.start()
+  return thread
