@@ -58,6 +58,7 @@ def test_a_taken_port_is_refused_before_a_server_shares_it():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="test hosts need root")
 def test_bad_hosts_on_test_hosts_each_give_one_line_and_no_hang():
   """Each role as typed on its host; three failing commands run at once on test hosts."""
   names = ["chief", "busy", "silent", "idle"]
@@ -113,6 +114,6 @@ def test_watchdog_names_a_ps_that_stops_answering():
     thread = watchdog.start_watchdog(config, timeout_secs=1.0, interval_secs=0.2, on_lost=lost.append)
     thread.join(timeout=10)
   assert 1.0 <= time.monotonic() - start < 5
-  assert lost and lost[0].startswith(f"task ps:0 at {address} stopped answering 1s ago: something listens on port")
+  assert lost and lost[0].startswith(f"task ps:0 at {address} has not answered for 1s: something listens on port")
   assert "start this task again once it is back: it resumes from the last checkpoint" in lost[0]
   assert watchdog.start_watchdog(config, timeout_secs=1.0, on_lost=lost.append) is None  # one watch per cluster

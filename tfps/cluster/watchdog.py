@@ -24,7 +24,7 @@ _WATCHED = set()  # address tuples already watched by this process
 
 def lost_task_message(job: str, index: int, address: str, silent_secs: float, error: OSError) -> str:
   host, port = address.rsplit(":", 1)
-  return (f"task {job}:{index} at {address} stopped answering {silent_secs:.0f}s ago: "
+  return (f"task {job}:{index} at {address} has not answered for {silent_secs:.0f}s: "
           f"{ports.explain_connect_error(error, host, port)}; start this task again once it is back: it resumes "
           "from the last checkpoint")
 
