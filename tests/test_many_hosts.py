@@ -72,7 +72,7 @@ def test_keras_path_with_packet_loss_and_a_ps_cut_off(make_cluster, tmp_path):
   assert cluster.wait(CHIEF, timeout_secs=120) == 2, cluster.log(CHIEF)[-3000:]
   stopped_secs = time.monotonic() - cut_at
   line = last_line(cluster, CHIEF)
-  assert re.match(r"train_keras.py: task ps:1 at ctr-ps-1.ctr:2222 (became unreachable|has not answered|stopped answering)", line), line
+  assert re.match(r"train_keras.py: task ps:1 at ctr-ps-1.ctr:2222 (became unreachable|has not answered)", line), line
   assert "start this task again" in line
 
   cluster.restore(("ps", 1))
@@ -85,7 +85,8 @@ def test_keras_path_with_packet_loss_and_a_ps_cut_off(make_cluster, tmp_path):
   assert len(resumed) == 1 and int(resumed[0]) >= 3, resumed
 
   assert cluster.wait(EVALUATOR, timeout_secs=180) == 0, cluster.log(EVALUATOR)[-3000:]
-  evaluated = [json.loads(line)["checkpoint"] for line in (model_dir / "eval" / "metrics.jsonl").read_text().splitlines()]
+  records = (model_dir / "eval" / "metrics.jsonl").read_text().splitlines()
+  evaluated = [json.loads(line)["checkpoint"] for line in records]
   # The checkpoints the state file lists (a save the lost ps interrupted is not one of them).
   state = (model_dir / "checkpoints" / "checkpoint").read_text()
   listed = re.findall(r'^all_model_checkpoint_paths: "(ckpt-\d+)"', state, re.MULTILINE)
