@@ -117,3 +117,17 @@ def test_watchdog_names_a_ps_that_stops_answering():
   assert lost and lost[0].startswith(f"task ps:0 at {address} has not answered for 1s: something listens on port")
   assert "start this task again once it is back: it resumes from the last checkpoint" in lost[0]
   assert watchdog.start_watchdog(config, timeout_secs=1.0, on_lost=lost.append) is None  # one watch per cluster
+
+
+def test_a_lost_ps_in_tensorflows_error_is_named_in_one_line():
+  import tensorflow as tf
+  from tfps.cluster import failures
+  config = cluster_lib.from_hosts(ps_hosts="ps-0:2222,ps-1:2222", worker_hosts="w-0:2222,w-1:2222,w-2:2222",
+                                  chief_hosts="chief-0:2222")
+  text = ("failed to connect to all addresses; last error: UNKNOWN: ipv4:10.250.60.2:2222: No route to host\n"
+          "Additional GRPC error information from remote target /job:worker/replica:0/task:2 while calling ...\n"
+          "Additional GRPC error information from remote target /job:ps/replica:0/task:1/device:CPU:0 while calling")
+  message = failures.describe_lost_task(tf.errors.UnavailableError(None, None, text), config)
+  assert message.startswith("task ps:1 at ps-1:2222 became unreachable (failed to connect to all addresses;")
+  assert "\n" not in message and "start this task again" in message
+  assert failures.describe_lost_task(ValueError(text), config) is None
