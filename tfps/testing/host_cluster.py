@@ -20,6 +20,7 @@ storage). The harness plays the orchestrator's restart policy with `restart(task
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -138,7 +139,7 @@ class HostCluster:
     process = self.processes.get(task)
     if process is not None and process.poll() is None:
       try:
-        os.killpg(process.pid, 9)
+        os.killpg(process.pid, signal.SIGKILL)
       except ProcessLookupError:
         pass
       process.wait(timeout=30)
