@@ -33,7 +33,7 @@ class DistributedModel:
       self.global_step = loop.build_global_step()
     self._manager: Optional[tf.train.CheckpointManager] = None
     self._evaluations: Dict[tuple, ShardedEvaluation] = {}
-    self._runner: Optional[steps_lib.Runner] = None
+    self.runner: Optional[steps_lib.Runner] = None
 
   def _per_worker_iterator(self, input_fn: Callable):
     def dataset_fn(input_context):
@@ -67,7 +67,7 @@ class DistributedModel:
     restored = self._manager.restore_or_initialize()
     if restored:
       logging.info("Restored %s; resuming at step %d", restored, int(self.global_step.numpy()))
-    self._runner = runners.build_runner(
+    self.runner = runners.build_runner(
         self._config.training_mode, self.model.step(self.global_step), strategy=self.strategy,
         coordinator=self.coordinator, num_workers=self._num_workers,
         steps_per_execution=self._config.steps_per_execution)
@@ -94,7 +94,7 @@ class DistributedModel:
                  self._config.training_mode.describe(self._num_workers))
     loop_config = loop.LoopConfig(log_every_steps=self._config.log_step_count_steps,
                                   checkpoint_every_steps=self._config.save_checkpoints_steps)
-    train_loop = loop.TrainLoop(runner=self._runner, iterator=iterator, checkpoint_manager=self._manager,
+    train_loop = loop.TrainLoop(runner=self.runner, iterator=iterator, checkpoint_manager=self._manager,
                                 config=loop_config, model_dir=self._config.model_dir)
     final_step = train_loop.run(max_steps, after_checkpoint)
     if max_steps is None or final_step >= max_steps:

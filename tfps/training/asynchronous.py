@@ -33,8 +33,10 @@ class AsyncRunner(steps_lib.Runner):
       with exactly_once.updates_after_every_gradient(step.optimizer()), \
           progress.ps_records.skipping_applied(strategy, slot, mark) as ps_applied:
         loss, count = strategy.run(step.run, args=(next(iterator),))
-        with tf.control_dependencies([loss]):
-          counted = step.count(1)  # through the strategy's update too: skipped where its ps applied it already
+        # Counted after the step's updates (so not before all its gradients are on their ps), through the strategy's
+        # update too: skipped where the counter's ps applied this step already.
+        with tf.control_dependencies([loss] + exactly_once.after_updates(step.variables())):
+          counted = step.count(1)
       after = exactly_once.after_updates(step.variables() + [step.counter]) + ps_applied()
       recorded = progress.record(slot, after + ([counted] if counted is not None else []))
       with tf.control_dependencies([recorded]):

@@ -164,8 +164,9 @@ class GeoRunner(steps_lib.Runner):
 
   def schedule(self, iterator, num_steps: int):
     if num_steps not in self._functions:  # a round's steps are unrolled: one function per length
-      self._functions[num_steps] = tf.function(
-          lambda iterator, seq, num_steps=num_steps: self.round_function(iterator, num_steps, seq), autograph=False)
+      def round_of(iterator, seq):
+        return self.round_function(iterator, num_steps, seq)
+      self._functions[num_steps] = tf.function(round_of, autograph=False)
     return self.coordinator.schedule(self._functions[num_steps], args=(iterator, self.progress.next_sequence()))
 
   def _slots(self, variable) -> List[tf.Variable]:
