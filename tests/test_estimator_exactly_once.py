@@ -7,6 +7,7 @@ import time
 import tensorflow as tf
 import tf_keras
 
+import held_gradients
 import tfps
 
 ARMED, ENTERED, RELEASE = threading.Event(), threading.Event(), threading.Event()
@@ -19,14 +20,7 @@ def _wait(gradient):
   return gradient
 
 
-@tf.custom_gradient
-def _gate(x):
-  """Identity whose gradient waits (in the worker) for RELEASE while ARMED is set."""
-  def gradient(upstream):
-    waited = tf.py_function(_wait, [upstream], upstream.dtype)
-    waited.set_shape(upstream.shape)
-    return waited
-  return tf.identity(x), gradient
+_gate = held_gradients.gate(_wait)  # the gradient waits (in the worker) for RELEASE while ARMED is set
 
 
 def model_fn(features, labels, mode):

@@ -4,6 +4,7 @@ is recorded only once it has been applied, and the step counter ends at the step
 import threading
 import time
 
+import held_gradients
 import tfps
 from tfps.keras import steps as keras_steps
 from tfps.training import exactly_once
@@ -76,16 +77,9 @@ def _gated_model(strategy, entered: threading.Event, release: threading.Event):
     release.wait(120)
     return gradient
 
-  @tf.custom_gradient
-  def gate(x):
-    def gradient(upstream):
-      waited = tf.py_function(wait, [upstream], upstream.dtype)
-      waited.set_shape(upstream.shape)
-      return waited
-    return tf.identity(x), gradient
-
   with strategy.scope():
-    model = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(4), tf_keras.layers.Lambda(gate),
+    model = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(4),
+                                 tf_keras.layers.Lambda(held_gradients.gate(wait)),
                                  tf_keras.layers.Dense(1)])
     model.compile(tf_keras.optimizers.Adagrad(0.01), "mse")
   return model
