@@ -153,3 +153,12 @@ def test_an_uninitialized_variable_takes_its_value_from_an_assignment():
 ])
 def test_which_optimizers_apply_the_gradients_they_are_given(optimizer, as_given):
   assert _tf_private.applies_gradients_as_given(optimizer) == as_given
+
+
+def test_tf_keras_refuses_batch_callbacks_under_pss_unless_they_accept_remote_logs():
+  source = inspect.getsource(tf_keras.callbacks.CallbackList)
+  assert _tf_private.BATCH_CALLBACKS_REFUSED in source and "_supports_tf_logs" in source
+  callback = tf_keras.callbacks.Callback()
+  assert not callback._supports_tf_logs  # pylint: disable=protected-access
+  _tf_private.accept_remote_logs(callback)
+  assert callback._supports_tf_logs  # pylint: disable=protected-access

@@ -76,6 +76,18 @@ def replace_train_function(model, run: Callable[[object], object]) -> None:
   model.train_function = None
 
 
+BATCH_CALLBACKS_REFUSED = "Batch-level `Callback`s are not supported"  # the start of tf-keras's error under PSS
+
+
+def accept_remote_logs(callback) -> None:
+  """Lets `callback` use batch-level hooks under ParameterServerStrategy, where the logs it gets are RemoteValues.
+
+  tf-keras refuses batch-level callbacks under ParameterServerStrategy (`BATCH_CALLBACKS_REFUSED`) unless the callback
+  sets `_supports_tf_logs`; there is no public switch.
+  """
+  callback._supports_tf_logs = True  # pylint: disable=protected-access
+
+
 def applies_gradients_as_given(optimizer) -> bool:
   """Whether `optimizer.apply_gradients` updates with the gradients it is given, not ones it derives after being called
   (clipping by `clipnorm`/`clipvalue`/`global_clipnorm`, or a LossScaleOptimizer's `inner_optimizer`)."""

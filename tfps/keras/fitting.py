@@ -177,7 +177,7 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
                      validation_steps=None if exact_evaluation else validation_steps, callbacks=all_callbacks,
                      verbose=verbose)
   except ValueError as e:
-    if "Batch-level `Callback`s are not supported" in str(e):
+    if _tf_private.BATCH_CALLBACKS_REFUSED in str(e):
       raise ValueError(f"{e}. Under ParameterServerStrategy a callback may only use epoch-level hooks "
                        "(on_epoch_end, ...), or set `_supports_tf_logs = True` and handle remote values") from None
     raise
