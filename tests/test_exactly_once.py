@@ -4,11 +4,24 @@ is recorded only once it has been applied, and the step counter ends at the step
 import threading
 import time
 
+import held_gradients
 import tfps
+from tfps.keras import steps as keras_steps
 from tfps.training import exactly_once
 from tfps.training import loop
+from tfps.training import runners
+from tfps.training import steps as steps_lib
 import tensorflow as tf
 import tf_keras
+
+
+def async_runner(model, coordinator, steps_per_execution=5):
+  """The async runner of `model`'s step, driving its `fit` (as tfps.fit sets it up)."""
+  runner = runners.build_runner(tfps.TrainingMode("async"), keras_steps.keras_step(model),
+                                strategy=model.distribute_strategy, coordinator=coordinator, num_workers=2,
+                                steps_per_execution=steps_per_execution)
+  keras_steps.drive_fit(model, runner)
+  return runner
 
 
 def test_a_rerun_function_skips_the_steps_it_applied(cluster):
@@ -16,7 +29,8 @@ def test_a_rerun_function_skips_the_steps_it_applied(cluster):
   with strategy.scope():
     model = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(1)])
     model.compile(tf_keras.optimizers.legacy.SGD(0.01), "mse")
-    train_function, progress = exactly_once.install(model, max_steps_per_execution=5, steps_per_epoch=100)
+    runner = async_runner(model, coordinator)
+    train_function, progress = runner.function, runner.progress
 
   def dataset_fn():
     return tf.data.Dataset.from_tensors((tf.ones((4, 2)), tf.ones((4, 1)))).repeat()
@@ -44,7 +58,8 @@ def test_the_progress_vector_stays_whole_when_every_variable_is_sharded(cluster)
   with strategy.scope():
     model = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(4), tf_keras.layers.Dense(1)])
     model.compile(tf_keras.optimizers.legacy.SGD(0.01), "mse")
-    train_function, progress = exactly_once.install(model, max_steps_per_execution=5, steps_per_epoch=100)
+    runner = async_runner(model, coordinator)
+    train_function, progress = runner.function, runner.progress
   assert type(model.layers[0].kernel).__name__ == "ShardedVariable"
   assert type(progress.variable).__name__ != "ShardedVariable"
   iterator = iter(coordinator.create_per_worker_dataset(
@@ -62,16 +77,9 @@ def _gated_model(strategy, entered: threading.Event, release: threading.Event):
     release.wait(120)
     return gradient
 
-  @tf.custom_gradient
-  def gate(x):
-    def gradient(upstream):
-      waited = tf.py_function(wait, [upstream], upstream.dtype)
-      waited.set_shape(upstream.shape)
-      return waited
-    return tf.identity(x), gradient
-
   with strategy.scope():
-    model = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(4), tf_keras.layers.Lambda(gate),
+    model = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(4),
+                                 tf_keras.layers.Lambda(held_gradients.gate(wait)),
                                  tf_keras.layers.Dense(1)])
     model.compile(tf_keras.optimizers.Adagrad(0.01), "mse")
   return model
@@ -85,7 +93,8 @@ def test_no_update_of_a_step_lands_and_it_is_not_recorded_before_all_its_gradien
   entered, release = threading.Event(), threading.Event()
   model = _gated_model(strategy, entered, release)
   with strategy.scope():
-    train_function, progress = exactly_once.install(model, max_steps_per_execution=5, steps_per_epoch=100)
+    runner = async_runner(model, coordinator)
+    train_function, progress = runner.function, runner.progress
   iterator = iter(coordinator.create_per_worker_dataset(
       lambda: tf.data.Dataset.from_tensors((tf.ones((4, 2)), tf.ones((4, 1)))).repeat()))
   before = [variable.numpy() for variable in model.variables]
@@ -113,7 +122,8 @@ def test_an_optimizer_that_clips_its_gradients_trains_without_the_hold_back(clus
   with strategy.scope():
     model = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(1)])
     model.compile(tf_keras.optimizers.SGD(0.01, global_clipnorm=1.0), "mse")
-    train_function, progress = exactly_once.install(model, max_steps_per_execution=5, steps_per_epoch=100)
+    runner = async_runner(model, coordinator)
+    train_function, progress = runner.function, runner.progress
   iterator = iter(coordinator.create_per_worker_dataset(
       lambda: tf.data.Dataset.from_tensors((tf.ones((4, 2)), tf.ones((4, 1)))).repeat()))
   coordinator.schedule(train_function, args=(iterator, tf.constant(5, tf.int64), progress.next_sequence()))
@@ -131,12 +141,13 @@ def test_the_step_counter_is_settled_from_the_records_at_each_epoch_end(cluster,
   with strategy.scope():
     model = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(1)])
     model.compile(tf_keras.optimizers.legacy.SGD(0.01), "mse")
-    train_function, progress = exactly_once.install(model, max_steps_per_execution=5, steps_per_epoch=100)
+    runner = async_runner(model, coordinator)
+    train_function, progress = runner.function, runner.progress
   iterator = iter(coordinator.create_per_worker_dataset(
       lambda: tf.data.Dataset.from_tensors((tf.ones((4, 2)), tf.ones((4, 1)))).repeat()))
   logged = []
   monkeypatch.setattr(exactly_once.logging, "info", lambda message, *args: logged.append(message % args))
-  counter = exactly_once.StepCounter(progress)
+  counter = keras_steps.RunnerEpochs(runner)
   counter.set_model(model)
   for epoch, extra in enumerate((0, 2)):
     counter.on_epoch_begin(epoch)
@@ -155,7 +166,6 @@ def test_the_coordinator_loop_settles_its_global_step_after_each_chunk(cluster, 
   strategy, coordinator = tfps.build_strategy(cluster)
   with strategy.scope():
     global_step = loop.build_global_step()
-    progress = exactly_once.StepProgress(4, global_step)
     weight = tf.Variable(0.0)
 
   def step_fn(batch):
@@ -163,13 +173,14 @@ def test_the_coordinator_loop_settles_its_global_step_after_each_chunk(cluster, 
     global_step.assign_add(1)
     return tf.constant(1.0), tf.constant(2, tf.int64)
 
-  train_function = loop.build_train_function(strategy, step_fn, global_step, progress, lambda: [weight])
+  step = steps_lib.Step(run=step_fn, forward=step_fn, optimizer=lambda: None, variables=lambda: [weight],
+                        trainable_variables=lambda: [weight], counter=global_step, counts_itself=False)
+  runner = runners.build_runner(tfps.TrainingMode("async"), step, strategy=strategy, coordinator=coordinator,
+                                num_workers=2, steps_per_execution=4)
   iterator = iter(coordinator.create_per_worker_dataset(lambda: tf.data.Dataset.from_tensors(tf.ones([2])).repeat()))
   manager = tf.train.CheckpointManager(tf.train.Checkpoint(global_step=global_step, weight=weight), str(tmp_path), 3)
-  train_loop = loop.TrainLoop(coordinator=coordinator, train_function=train_function, iterator=iterator,
-                              global_step=global_step, progress=progress, checkpoint_manager=manager,
-                              config=loop.LoopConfig(steps_per_execution=4, log_every_steps=10,
-                                                     checkpoint_every_steps=20),
+  train_loop = loop.TrainLoop(runner=runner, iterator=iterator, checkpoint_manager=manager,
+                              config=loop.LoopConfig(log_every_steps=10, checkpoint_every_steps=20),
                               model_dir=str(tmp_path))
   assert train_loop.run(max_steps=30) == 30
   assert int(global_step.numpy()) == 30
@@ -183,7 +194,8 @@ def test_a_step_run_again_skips_the_updates_a_ps_applied_already(cluster):
   with strategy.scope():
     model = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(4), tf_keras.layers.Dense(1)])
     model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "mse")
-    train_function, progress = exactly_once.install(model, max_steps_per_execution=5, steps_per_epoch=100)
+    runner = async_runner(model, coordinator)
+    train_function, progress = runner.function, runner.progress
   iterator = iter(coordinator.create_per_worker_dataset(
       lambda: tf.data.Dataset.from_tensors((tf.ones((4, 2)), tf.ones((4, 1)))).repeat()))
   coordinator.schedule(train_function, args=(iterator, tf.constant(1, tf.int64), tf.constant(0, tf.int64)))

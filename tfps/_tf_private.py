@@ -1,11 +1,32 @@
-"""SHIM: the only place tfps touches private TensorFlow / tf-keras internals.
+"""SHIM: the only place tfps touches private TensorFlow / tf-keras internals, or patches tf-keras objects at run time.
 
-Each function names why no public way exists. Check them on every TensorFlow / tf-keras upgrade.
+Each function names why no public way exists. `tests/test_tf_private.py` pins every name and call pattern relied on
+here, so a TensorFlow / tf-keras upgrade that changes one fails there, in one place.
+
+Every run-time patch goes through `swapped` (one helper), on the instance concerned and only while a step is traced;
+the one exception, `embedding_calls`, says why it patches the class.
 """
 
 import contextlib
+from typing import Callable
 
 import tensorflow as tf
+import tf_keras
+
+
+@contextlib.contextmanager
+def swapped(owner, name: str, value):
+  """`owner.<name>` is `value` inside the block, and what it was again after (an attribute `owner` did not hold itself,
+  e.g. a method of its class, is removed again, so the class's is seen)."""
+  original, own = getattr(owner, name), name in vars(owner)
+  setattr(owner, name, value)
+  try:
+    yield
+  finally:
+    if own:
+      setattr(owner, name, original)
+    else:
+      delattr(owner, name)
 
 
 def set_steps_per_execution(model, steps: int) -> None:
@@ -26,8 +47,11 @@ def steps_per_execution(model) -> int:
 def set_exact_evaluation_shards(model, shards: int) -> None:
   """Turns on tf-keras's exactly-once evaluation under ParameterServerStrategy (`pss_evaluation_shards` in compile).
 
-  Like `steps_per_execution`, tf-keras reads it only from `compile()`. 0 turns it off.
+  Like `steps_per_execution`, tf-keras reads it only from `compile()`. 0 turns it off. A test function cached for the
+  other setting is dropped (tf-keras builds it once per model and reads the setting when it builds it).
   """
+  if exact_evaluation_shards(model) != shards:
+    model.test_function = None
   model._pss_evaluation_shards = shards  # pylint: disable=protected-access
 
 
@@ -36,20 +60,95 @@ def exact_evaluation_shards(model) -> int:
   return getattr(model, "_pss_evaluation_shards", 0) or 0
 
 
-@contextlib.contextmanager
+def replace_train_function(model, run: Callable[[object], object]) -> None:
+  """`model.fit` calls `run(iterator)` for each execution (of the model's steps per execution) and takes what it returns
+  (a RemoteValue of the metric results, under ParameterServerStrategy) as the logs.
+
+  tf-keras has no public way to give `fit` another train function: it calls `model.make_train_function()` and caches
+  the result in `model.train_function`. Both are set on this model instance only.
+  """
+  def make_train_function(force=False):
+    if model.train_function is None or force:
+      model.train_function = run
+    return model.train_function
+
+  model.make_train_function = make_train_function
+  model.train_function = None
+
+
+BATCH_CALLBACKS_REFUSED = "Batch-level `Callback`s are not supported"  # the start of tf-keras's error under PSS
+
+
+def accept_remote_logs(callback) -> None:
+  """Lets `callback` use batch-level hooks under ParameterServerStrategy, where the logs it gets are RemoteValues.
+
+  tf-keras refuses batch-level callbacks under ParameterServerStrategy (`BATCH_CALLBACKS_REFUSED`) unless the callback
+  sets `_supports_tf_logs`; there is no public switch.
+  """
+  callback._supports_tf_logs = True  # pylint: disable=protected-access
+
+
+def applies_gradients_as_given(optimizer) -> bool:
+  """Whether `optimizer.apply_gradients` updates with the gradients it is given, not ones it derives after being called
+  (clipping by `clipnorm`/`clipvalue`/`global_clipnorm`, or a LossScaleOptimizer's `inner_optimizer`)."""
+  return (all(getattr(optimizer, name, None) is None for name in ("clipnorm", "clipvalue", "global_clipnorm"))
+          and not hasattr(optimizer, "inner_optimizer"))
+
+
+def intercepting_apply_gradients(optimizer, wrapper: Callable):
+  """While a step is traced: `optimizer.apply_gradients(grads_and_vars, ...)` calls
+  `wrapper(apply_gradients, list(grads_and_vars), *args, **kwargs)`, `apply_gradients` being the optimizer's own.
+
+  A tf-keras `train_step` applies its gradients inside `optimizer.minimize`; there is no hook between computing the
+  gradients and applying them but the optimizer's own method, replaced on this optimizer instance.
+  """
+  apply_gradients = optimizer.apply_gradients
+  return swapped(optimizer, "apply_gradients", lambda grads_and_vars, *args, **kwargs: wrapper(
+      apply_gradients, list(grads_and_vars), *args, **kwargs))
+
+
+def intercepting_updates(strategy, wrapper: Callable):
+  """While a step is traced: each `strategy.extended.update(var, fn, args, kwargs, group)` calls
+  `wrapper(update, var, fn, args, kwargs, group)`, `update` being the strategy's own.
+
+  tf-keras optimizers (legacy and current) apply each variable's gradient through `distribution.extended.update`, and
+  so do assignments to an aggregating variable (a global step) in cross-replica context: it is the one place where
+  every update of one variable can be made conditional. Replaced on this strategy's `extended` instance.
+  """
+  extended = strategy.extended
+  update = extended.update
+  return swapped(extended, "update", lambda var, fn, args=(), kwargs=None, group=True: wrapper(
+      update, var, fn, args, kwargs, group))
+
+
+def identity_gradient_aggregation(optimizer):
+  """While tracing: a tf-keras legacy optimizer's aggregation of gradients across replicas is the identity.
+
+  `apply_gradients` calls `self.gradient_aggregator(grads_and_vars)` (a constructor argument, kept on the instance);
+  under ParameterServerStrategy a worker is one replica, so it is the identity anyway, but it asks each variable for
+  its device, which a worker-local copy (geo) leaves to the worker that runs the function.
+  """
+  return swapped(optimizer, "gradient_aggregator", lambda grads_and_vars: grads_and_vars)
+
+
+def embedding_calls(answer: Callable):
+  """While tracing: every tf-keras `Embedding` layer's call is `answer(layer, ids, original_call)`.
+
+  The one patch made on a class: on the Estimator path the layers are created inside the model_fn, during the very
+  trace that must see them answer (no instance exists before it to patch), and a Keras model may hold its Embedding
+  layers in nested layers or lists. The patch lasts only while geo traces a round on the chief.
+  """
+  original = tf_keras.layers.Embedding.call
+  return swapped(tf_keras.layers.Embedding, "call", lambda layer, ids: answer(layer, ids, original))
+
+
 def swapped_handle(variable, handle):
   """While tracing: every op on `variable` (reads, the optimizer's updates) uses `handle` instead of its own.
 
   This is how geo training runs the user's step unchanged on worker-local copies: tf-keras layers and optimizers
   hold their variables, and a variable's ops take its `_handle`; TensorFlow has no public way to redirect them.
   """
-  variable = unwrapped(variable)
-  original = variable._handle  # pylint: disable=protected-access
-  variable._handle = handle  # pylint: disable=protected-access
-  try:
-    yield
-  finally:
-    variable._handle = original  # pylint: disable=protected-access
+  return swapped(unwrapped(variable), "_handle", handle)
 
 
 def unwrapped(variable):

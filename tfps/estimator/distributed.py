@@ -7,11 +7,10 @@ import tensorflow as tf
 
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.cluster import config as cluster_lib
-from tfps.training import exactly_once
-from tfps.training import geo
 from tfps.training import loop
+from tfps.training import runners
+from tfps.training import steps as steps_lib
 from tfps.training import strategy as strategy_lib
-from tfps.training import sync
 from tfps.estimator import calls
 from tfps.estimator.evaluation import ShardedEvaluation
 from tfps.estimator.model import ModelFnModel
@@ -32,11 +31,9 @@ class DistributedModel:
     self.model = ModelFnModel(model_fn, params, config)
     with self.strategy.scope():
       self.global_step = loop.build_global_step()
-      self.progress = exactly_once.StepProgress(config.steps_per_execution, self.global_step)
     self._manager: Optional[tf.train.CheckpointManager] = None
     self._evaluations: Dict[tuple, ShardedEvaluation] = {}
-    self._sync: Optional[sync.SyncSteps] = None
-    self._geo: Optional[geo.GeoRounds] = None
+    self.runner: Optional[steps_lib.Runner] = None
 
   def _per_worker_iterator(self, input_fn: Callable):
     def dataset_fn(input_context):
@@ -48,11 +45,21 @@ class DistributedModel:
     with self.strategy.scope():  # tfps readers split the training data between the workers of the strategy in scope
       return iter(self.coordinator.create_per_worker_dataset(per_worker_dataset_fn))
 
-  def _build(self, train_function, iterator) -> None:
-    """Traces (and runs for 0 steps) the train function, which creates every variable; then restores."""
+  def _build(self, iterator) -> None:
+    """Creates every variable (the model_fn's and its optimizer's) by tracing a training step that runs no step on a
+    worker, then restores the newest checkpoint into them and builds the mode's runner."""
     if self._config.tf_random_seed is not None:
       tf.random.set_seed(self._config.tf_random_seed)
-    self.coordinator.schedule(train_function, args=(iterator, tf.constant(0, tf.int32), self.progress.next_sequence()))
+
+    @tf.function(autograph=False)
+    def no_step(iterator):
+      def body(index):
+        loss, _ = self.strategy.run(self.model.train_step, args=(next(iterator),))
+        with tf.control_dependencies([loss]):
+          return index + 1
+      return tf.while_loop(lambda index: index < 0, body, [tf.constant(0)])
+
+    self.coordinator.schedule(no_step, args=(iterator,))
     self.coordinator.join()
     checkpoint = self.model.checkpoint(global_step=self.global_step)
     self._manager = tf.train.CheckpointManager(checkpoint, checkpoints_lib.checkpoint_dir(self._config.model_dir),
@@ -60,6 +67,10 @@ class DistributedModel:
     restored = self._manager.restore_or_initialize()
     if restored:
       logging.info("Restored %s; resuming at step %d", restored, int(self.global_step.numpy()))
+    self.runner = runners.build_runner(
+        self._config.training_mode, self.model.step(self.global_step), strategy=self.strategy,
+        coordinator=self.coordinator, num_workers=self._num_workers,
+        steps_per_execution=self._config.steps_per_execution)
 
   def train(self, input_fn: Callable, max_steps: Optional[int] = None, steps: Optional[int] = None,
             after_checkpoint: Optional[Callable[[int], None]] = None) -> int:
@@ -70,15 +81,8 @@ class DistributedModel:
     """
     checkpoints_lib.clear_final_marker(self._config.model_dir)
     iterator = self._per_worker_iterator(input_fn)
-    train_function = loop.build_train_function(self.strategy, self.model.train_step, self.global_step, self.progress,
-                                               self.model.variables.trainable_variables_flat)
     if self._manager is None:
-      self._build(train_function, iterator)
-    progress, steps_per_execution = self.progress, self._config.steps_per_execution
-    if self._config.training_mode.sync_mode == "geo":
-      rounds = self._geo_rounds()
-      train_function, progress = tf.function(rounds.round_function, autograph=False), rounds.progress
-      steps_per_execution = self._config.training_mode.geo_steps
+      self._build(iterator)
     step = int(self.global_step.numpy())
     if steps is not None:
       max_steps = step + steps
@@ -88,42 +92,15 @@ class DistributedModel:
     logging.info("Training from step %d to %s (%s)", step,
                  max_steps if max_steps is not None else "the end of the input",
                  self._config.training_mode.describe(self._num_workers))
-    loop_config = loop.LoopConfig(steps_per_execution=steps_per_execution,
-                                  log_every_steps=self._config.log_step_count_steps,
+    loop_config = loop.LoopConfig(log_every_steps=self._config.log_step_count_steps,
                                   checkpoint_every_steps=self._config.save_checkpoints_steps)
-    train_loop = loop.TrainLoop(coordinator=self.coordinator, train_function=train_function, iterator=iterator,
-                                global_step=self.global_step, progress=progress,
-                                checkpoint_manager=self._manager, config=loop_config,
-                                model_dir=self._config.model_dir, sync_steps=self._sync_steps(),
-                                static_steps=self._config.training_mode.sync_mode == "geo")
+    train_loop = loop.TrainLoop(runner=self.runner, iterator=iterator, checkpoint_manager=self._manager,
+                                config=loop_config, model_dir=self._config.model_dir)
     final_step = train_loop.run(max_steps, after_checkpoint)
     if max_steps is None or final_step >= max_steps:
       checkpoints_lib.write_final_marker(self._config.model_dir, self._manager.latest_checkpoint,
                                          global_step=final_step)
     return final_step
-
-  def _sync_steps(self) -> Optional[sync.SyncSteps]:
-    mode = self._config.training_mode
-    if mode.sync_mode != "sync":
-      return None
-    if self._sync is None:
-      self._sync = sync.SyncSteps(
-          strategy=self.strategy, coordinator=self.coordinator, optimizer=lambda: self.model.optimizer,
-          step_fn=self.model.train_step, counter=self.global_step, num_workers=self._num_workers,
-          replicas=mode.replicas(self._num_workers), increment=lambda: self.global_step.assign_add(1))
-    return self._sync
-
-  def _geo_rounds(self) -> geo.GeoRounds:
-    if self._geo is None:
-      def forward(batch):
-        features, labels = calls.split_element(batch, ModeKeys.TRAIN)
-        self.model(features, labels, ModeKeys.TRAIN)
-
-      self._geo = geo.GeoRounds(
-          strategy=self.strategy, forward=forward, step_fn=self.model.train_step,
-          optimizer=lambda: self.model.optimizer, variables=self.model.variables.trainable_variables_flat,
-          counter=self.global_step, increment=self.global_step.assign_add)
-    return self._geo
 
   def evaluate(self, input_fn: Callable, steps: Optional[int], num_shards: Optional[int] = None) -> Dict[str, object]:
     """Evaluates the current variables on the workers, every batch exactly once; needs a `train` call first.

@@ -5,6 +5,7 @@ from typing import Callable, Tuple
 import tensorflow as tf
 
 from tfps.estimator import calls
+from tfps.training import steps as steps_lib
 from tfps.estimator.spec import EstimatorSpec, ModeKeys, validate_spec
 from tfps.estimator.variables import ModelFnVariables
 
@@ -45,6 +46,18 @@ class ModelFnModel:
       raise ValueError("the TRAIN loss of model_fn depends on none of its trainable variables; nothing to train")
     self.optimizer.apply_gradients(pairs)
     return loss, calls.batch_size(features, labels)
+
+  def forward(self, batch) -> None:
+    """The TRAIN-mode model_fn call alone on `batch` (replica context), no gradients."""
+    features, labels = calls.split_element(batch, ModeKeys.TRAIN)
+    self(features, labels, ModeKeys.TRAIN)
+
+  def step(self, global_step: tf.Variable) -> steps_lib.Step:
+    """This model's training step for the runners; the runner counts the steps in `global_step`."""
+    return steps_lib.Step(run=self.train_step, forward=self.forward, optimizer=lambda: self.optimizer,
+                          variables=lambda: list(self.variables.created),
+                          trainable_variables=self.variables.trainable_variables_flat, counter=global_step,
+                          counts_itself=False)
 
   def checkpoint(self, **extra) -> tf.train.Checkpoint:
     """A checkpoint of the model variables (and the optimizer, once a TRAIN call made one) plus `extra`."""

@@ -7,6 +7,7 @@ from absl import logging
 import tensorflow as tf
 import tf_keras
 
+from tfps import _tf_private
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.formatting import format_duration, format_rate
 
@@ -22,7 +23,7 @@ class ProgressLogger(tf_keras.callbacks.Callback):
 
   def __init__(self, steps_per_epoch: int, epochs: int, batch_size: Optional[int], interval_secs: float = 10.0):
     super().__init__()
-    self._supports_tf_logs = True  # takes remote values, so batch hooks are allowed under ParameterServerStrategy
+    _tf_private.accept_remote_logs(self)  # so batch hooks are allowed under ParameterServerStrategy
     self.steps_per_epoch = steps_per_epoch
     self.epochs = epochs
     self.batch_size = batch_size

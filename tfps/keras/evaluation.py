@@ -77,8 +77,6 @@ def evaluate_on_cluster(model: tf_keras.Model, dataset_fn: Callable, num_workers
   elif steps is None:
     raise ValueError("`steps` is required unless exact=True: under ParameterServerStrategy tfps cannot tell where a "
                      "dataset ends")
-  if _tf_private.exact_evaluation_shards(model) != shards:
-    model.test_function = None  # tf-keras caches the test function of the other mode
   _tf_private.set_exact_evaluation_shards(model, shards)
   logs = model.evaluate(tf_keras.utils.experimental.DatasetCreator(dataset_fn), steps=None if exact else steps,
                         return_dict=True, verbose=0)

@@ -20,12 +20,11 @@ from tfps.training import dataset_fns
 from tfps.keras import evaluation
 from tfps.training import exactly_once
 from tfps import flags as flags_lib
-from tfps.training import geo
+from tfps.keras import steps as keras_steps
 from tfps.training import modes
 from tfps.cluster import roles
+from tfps.training import runners
 from tfps.training import strategy as strategy_lib
-from tfps.training import sync
-from tfps.errors import UsageError
 
 DEFAULT_STEPS_PER_EXECUTION = 20
 
@@ -68,9 +67,7 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
   config = roles.resolve_cluster(cluster)
   if config.task_type == "chief":
     mode.replicas(config.num_workers)  # fails early on more replicas than workers
-  if mode.sync_mode != "async" and steps_per_execution is not None:
-    raise UsageError(f"`steps_per_execution` ({steps_per_execution}) applies to sync_mode=async only: a sync step is "
-                     "its own scheduled round, and geo runs `geo_steps` steps per function")
+  runners.check_settings(mode, steps_per_execution)
   if not flags.FLAGS.is_parsed() and logging.get_verbosity() < logging.INFO:
     logging.set_verbosity(logging.INFO)  # outside absl.app (a notebook), absl would hide the progress lines
 
@@ -153,21 +150,15 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
   sample = dataset_fns.make_dataset(train_dataset_fn, "train_dataset_fn")  # on the chief: its spec, maybe a batch
   with strategy.scope():  # BackupAndRestore can restore only into a built model
     evaluation.ensure_built(model, sample)
-  if steps_per_execution is None and _tf_private.steps_per_execution(model) == 1:
-    steps_per_execution = min(DEFAULT_STEPS_PER_EXECUTION, steps_per_epoch)
-  if mode.sync_mode == "geo":
-    steps_per_execution = min(mode.geo_steps, steps_per_epoch)
-  step_counter = []  # settles the step counter before any other callback reads it at an epoch end
+  if steps_per_execution is None:
+    model_steps = _tf_private.steps_per_execution(model)
+    steps_per_execution = model_steps if model_steps > 1 else min(DEFAULT_STEPS_PER_EXECUTION, steps_per_epoch)
   with strategy.scope():
-    if steps_per_execution is not None:
-      _tf_private.set_steps_per_execution(model, steps_per_execution)
-    if mode.sync_mode == "sync":
-      sync.install(model, coordinator, config.num_workers, mode.replicas(config.num_workers))
-    elif mode.sync_mode == "geo":
-      geo.install(model, coordinator)
-    else:
-      _, progress = exactly_once.install(model, _tf_private.steps_per_execution(model), steps_per_epoch)
-      step_counter.append(exactly_once.StepCounter(progress))
+    runner = runners.build_runner(mode, keras_steps.keras_step(model), strategy=strategy, coordinator=coordinator,
+                                  num_workers=config.num_workers, steps_per_execution=steps_per_execution)
+    _tf_private.set_steps_per_execution(model, min(runner.steps_per_execution, steps_per_epoch))
+  exactly_once.check_functions_per_join(steps_per_epoch, _tf_private.steps_per_execution(model))
+  runner_callback = keras_steps.drive_fit(model, runner)
   validation = None
   if validation_dataset_fn is not None:
     if exact_evaluation:
@@ -176,8 +167,8 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
       _tf_private.set_exact_evaluation_shards(model, shards)
     validation = tf_keras.utils.experimental.DatasetCreator(validation_dataset_fn)
   batch_size = batch_size or dataset_fns.batch_size_of(sample)
-  all_callbacks = step_counter + _default_callbacks(model_dir, steps_per_epoch, epochs, batch_size, log_every_secs,
-                                     keep_checkpoint_max) + user_callbacks
+  all_callbacks = [runner_callback] + _default_callbacks(
+      model_dir, steps_per_epoch, epochs, batch_size, log_every_secs, keep_checkpoint_max) + user_callbacks
   logging.info("Training on %s (%s): %d epochs x %d steps, %d steps per execution", config.sizes(),
                mode.describe(config.num_workers), epochs, steps_per_epoch, _tf_private.steps_per_execution(model))
   try:
@@ -186,7 +177,7 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
                      validation_steps=None if exact_evaluation else validation_steps, callbacks=all_callbacks,
                      verbose=verbose)
   except ValueError as e:
-    if "Batch-level `Callback`s are not supported" in str(e):
+    if _tf_private.BATCH_CALLBACKS_REFUSED in str(e):
       raise ValueError(f"{e}. Under ParameterServerStrategy a callback may only use epoch-level hooks "
                        "(on_epoch_end, ...), or set `_supports_tf_logs = True` and handle remote values") from None
     raise

@@ -4,40 +4,47 @@ ParameterServerStrategy runs a function that was on a failed worker again, in fu
 may already have applied some of its steps to the ps. `StepProgress` records on a ps how many of its steps each
 scheduled function has applied, and a function run again starts after those. Scheduled function number `seq` owns
 slot `seq % SLOTS` of a progress vector and holds absolute values (`seq * stride + steps done`), so a slot needs no
-reset and a re-run knows exactly where its first run stopped. Both training paths use it: `install` for tf-keras
-`Model.fit`, `tfps.training.loop` for the coordinator loop.
+reset and a re-run knows exactly where its first run stopped.
 
-Four rules keep a step's effect on the ps whole when its worker dies (Keras path; the coordinator loop has the second
-and the fourth):
+Four rules keep a step's effect on the ps whole when its worker dies; `tfps.training.asynchronous.AsyncRunner` applies
+all four on both training paths (tf-keras `Model.fit` and the Estimator path's coordinator loop):
 
-1. A step's updates start only once all its gradients are on their ps (`_updates_after_every_gradient`). tf-keras
+1. A step's updates start only once all its gradients are on their ps (`updates_after_every_gradient`). tf-keras
    would otherwise apply each gradient, and its current optimizers increment the step counter, as soon as it arrives.
    A worker that dies before sending its last gradient leaves nothing of that step applied. (Not for an optimizer that
-   clips or scales its gradients: see `_updates_after_every_gradient`.)
+   clips or scales its gradients: see `updates_after_every_gradient`.)
 2. A step is recorded only after the updates of every variable of the model, on every ps, so a re-run never skips a
    step that did not reach every ps.
 3. Each ps records the steps it applied, right after its own updates, and a step run again skips the updates its ps
    applied already (`PsRecords`). When a worker dies, a ps still awaiting a tensor of its step cancels that step, and
    the cancellation reaches every ps that awaits a signal from that one: measured with two ps, the ps holding the
    record was cancelled after its own updates had run, so the step was applied on both ps and not recorded.
-4. The step counter is settled from the records wherever every function has ended (`StepCounter` at each tf-keras
-   epoch end, `tfps.training.loop` after each chunk), so a step counted but not recorded is not counted twice.
+4. The step counter is settled from the records wherever every function has ended (`AsyncRunner.settle`: at each
+   tf-keras epoch end, after each chunk of the coordinator loop), so a step counted but not recorded is not counted
+   twice.
 
 `bench/worker_kills.py` counts, with weights whose gradient is always 1, how many times each step reached the ps.
 """
 
 import contextlib
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List
 
 from absl import logging
 import numpy as np
 import tensorflow as tf
-import tf_keras
 
-from tfps.training import keras_train
+from tfps import _tf_private
 from tfps.training import strategy as strategy_lib
 
 SLOTS = 16_384  # more than the functions scheduled between two joins of the coordinator
+
+
+def check_functions_per_join(steps: int, steps_per_execution: int) -> None:
+  """Raises `ValueError` where `steps` between two joins of the coordinator (a tf-keras epoch) need more scheduled
+  functions than the progress vector tracks."""
+  if -(-steps // steps_per_execution) > SLOTS:
+    raise ValueError(f"`steps_per_epoch` ({steps}) needs more than {SLOTS} scheduled functions per epoch at "
+                     f"{steps_per_execution} steps each; raise `steps_per_execution`")
 
 
 class StepProgress:
@@ -56,7 +63,6 @@ class StepProgress:
       self.variable = tf.Variable(tf.zeros([SLOTS], tf.int64), trainable=False, name="tfps_step_progress",
                                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     self.stride = stride
-    self.ps_records: Optional["PsRecords"] = None  # set by `install` (the Keras path)
     self._next = 0
 
   def next_sequence(self) -> tf.Tensor:
@@ -141,45 +147,22 @@ def _on_their_ps(grads_and_vars) -> List[tf.Operation]:
   return _grouped(by_device)
 
 
-def _applies_gradients_as_given(optimizer) -> bool:
-  """Whether `optimizer.apply_gradients` updates with the gradients it is given, not ones it derives (clipping, loss
-  scaling) after being called."""
-  return (all(getattr(optimizer, name, None) is None for name in ("clipnorm", "clipvalue", "global_clipnorm"))
-          and not hasattr(optimizer, "inner_optimizer"))
-
-
 @contextlib.contextmanager
-def _updates_after_every_gradient(optimizer):
+def updates_after_every_gradient(optimizer):
   """While a train step is traced: the optimizer's updates (on every ps) start only once all the step's gradients have
   reached their ps, so a worker that dies before sending them all leaves no update of that step behind. (A gradient is
   still sent once: the update and the wait take it from the same transfer.) Not for an optimizer that clips or scales
   the gradients itself: it would send them twice, and the ones it applies would still arrive one by one."""
-  if not _applies_gradients_as_given(optimizer):
+  if optimizer is None or not _tf_private.applies_gradients_as_given(optimizer):
     yield
     return
-  apply_gradients = optimizer.apply_gradients
 
-  def gated(grads_and_vars, *args, **kwargs):
-    grads_and_vars = list(grads_and_vars)
+  def gated(apply_gradients, grads_and_vars, *args, **kwargs):
     with tf.control_dependencies(_on_their_ps(grads_and_vars)):
       return apply_gradients(grads_and_vars, *args, **kwargs)
 
-  with _replaced(optimizer, "apply_gradients", gated):
+  with _tf_private.intercepting_apply_gradients(optimizer, gated):
     yield
-
-
-@contextlib.contextmanager
-def _replaced(owner, name: str, value):
-  """`owner.<name>` is `value` inside the block (only while a step is traced), and what it was again after."""
-  original, own = getattr(owner, name), name in vars(owner)
-  setattr(owner, name, value)
-  try:
-    yield
-  finally:
-    if own:
-      setattr(owner, name, original)
-    else:
-      delattr(owner, name)
 
 
 class PsRecords:
@@ -202,15 +185,14 @@ class PsRecords:
     return self.vectors[variable.device]
 
   @contextlib.contextmanager
-  def skipping_applied(self, extended, slot, mark):
-    """While a step is traced: each variable update through `extended.update` (how tf-keras optimizers apply a
+  def skipping_applied(self, strategy, slot, mark):
+    """While a step is traced: each variable update through `strategy.extended.update` (how tf-keras optimizers apply a
     gradient) runs only if its ps has not applied this step yet; `mark` is `seq * stride + step index + 1`. Yields
     `records()`, which makes each ps's record of the step, after that ps's updates."""
-    update = extended.update
     applied: Dict[str, list] = {}
     already: Dict[str, tf.Tensor] = {}
 
-    def conditional(var, fn, args=(), kwargs=None, group=True):
+    def conditional(update, var, fn, args, kwargs, group):
       device, vector = var.device, self._vector(var)
 
       def apply():
@@ -232,53 +214,5 @@ class PsRecords:
           made.append(self.vectors[device].scatter_max(tf.IndexedSlices(tf.reshape(mark, [1]), slot)))
       return made
 
-    with _replaced(extended, "update", conditional):
+    with _tf_private.intercepting_updates(strategy, conditional):
       yield records
-
-
-class StepCounter(tf_keras.callbacks.Callback):
-  """Settles the optimizer's step counter from the records at each epoch end (every function has ended by then), before
-  the callbacks after it (checkpoints, backups) read it. tfps puts it first."""
-
-  def __init__(self, progress: StepProgress):
-    super().__init__()
-    self._progress = progress
-    self._start = (0, 0)
-
-  def on_epoch_begin(self, epoch, logs=None):
-    self._start = (int(self.model.optimizer.iterations.numpy()), self._progress.position)
-
-  def on_epoch_end(self, epoch, logs=None):
-    self._progress.settle(self.model.optimizer.iterations, *self._start)
-
-
-def install(model: tf_keras.Model, max_steps_per_execution: int, steps_per_epoch: int):
-  """Makes `model.fit` under ParameterServerStrategy apply each step once; call under the strategy scope.
-
-  Returns `(train_function, progress)`: the function it schedules, `(iterator, steps, seq)`, and its `StepProgress`;
-  `StepCounter(progress)` must be the first callback of the fit. The `PsRecords` it makes are `progress.ps_records`.
-  """
-  if -(-steps_per_epoch // max_steps_per_execution) > SLOTS:
-    raise ValueError(f"`steps_per_epoch` ({steps_per_epoch}) needs more than {SLOTS} scheduled functions per epoch "
-                     f"at {max_steps_per_execution} steps each; raise `steps_per_execution`")
-  progress = StepProgress(max_steps_per_execution, model.optimizer.iterations)
-  ps_records = progress.ps_records = PsRecords()
-  coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(model.distribute_strategy)
-
-  def train_function(iterator, steps, seq):
-    slot, first = progress.begin(seq, steps)
-    for index in tf.range(first, steps):
-      mark = seq * progress.stride + index + 1
-      with _updates_after_every_gradient(model.optimizer), ps_records.skipping_applied(
-          model.distribute_strategy.extended, slot, mark) as ps_applied:
-        model.distribute_strategy.run(model.train_step, args=(next(iterator),))
-      progress.record(slot, after_updates(model.variables + [model.optimizer.iterations]) + ps_applied())
-    # The metrics' results, not the last step's outputs: a re-run may have no step left to run. tf-keras replaces the
-    # logs with these results at every epoch end anyway.
-    return model.get_metrics_result()
-
-  traced = tf.function(train_function, reduce_retracing=True)
-
-  keras_train.set_train_function(model, lambda iterator, steps: coordinator.schedule(
-      traced, args=(iterator, tf.constant(steps, tf.int64), progress.next_sequence())))
-  return traced, progress

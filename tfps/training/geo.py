@@ -24,22 +24,21 @@ again from its pull; a round whose push was recorded (`tfps.training.exactly_onc
 
 import contextlib
 import itertools
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
 import tensorflow as tf
-import tf_keras
 
 from tfps import _tf_private
-from tfps.training import exactly_once
-from tfps.training import keras_train
-from tfps.training import strategy as strategy_lib
 from tfps.errors import UsageError
+from tfps.training import exactly_once
+from tfps.training import steps as steps_lib
+from tfps.training import strategy as strategy_lib
 
 LARGE_DENSE_ELEMENTS = 1 << 20  # a variable this large and not an Embedding table is not copied to every worker
 
 
 class _LocalNames:
-  """Names of worker-local variables: stable across traces of one GeoRounds, distinct between GeoRounds."""
+  """Names of worker-local variables: stable across traces of one GeoRunner, distinct between GeoRunners."""
 
   _instances = itertools.count()
 
@@ -122,33 +121,7 @@ def _recording(record: Callable):
     del original
     record(layer, ids)
     return tf.zeros(tf.concat([tf.shape(ids), [layer.output_dim]], 0), layer.compute_dtype)
-  return _embeddings_answer(answer)
-
-
-@contextlib.contextmanager
-def _embeddings_answer(answer: Callable):
-  """While tracing, every tf-keras Embedding layer's call is `answer(layer, ids, original_call)`."""
-  original = tf_keras.layers.Embedding.call
-  tf_keras.layers.Embedding.call = lambda layer, ids: answer(layer, ids, original)
-  try:
-    yield
-  finally:
-    tf_keras.layers.Embedding.call = original
-
-
-@contextlib.contextmanager
-def _no_aggregation(optimizer):
-  """While tracing: the optimizer's gradient aggregation across replicas is the identity.
-
-  Under ParameterServerStrategy a worker is one replica, so aggregating is the identity anyway; it is skipped because
-  it asks each variable for its device, which a local copy leaves to the worker that runs the function.
-  """
-  original = optimizer.gradient_aggregator
-  optimizer.gradient_aggregator = lambda grads_and_vars: grads_and_vars
-  try:
-    yield
-  finally:
-    optimizer.gradient_aggregator = original
+  return _tf_private.embedding_calls(answer)
 
 
 def _key(table) -> tuple:
@@ -160,38 +133,48 @@ def _id(variable) -> int:
   return id(_tf_private.unwrapped(variable))
 
 
-class GeoRounds:
-  """Builds the round function; see the module docstring.
+class GeoRunner(steps_lib.Runner):
+  """Runs geo rounds (see the module docstring): `schedule(iterator, num_steps)` schedules one round of `num_steps`
+  steps, `mode.geo_steps` at most, on one worker. Needs a tf-keras legacy optimizer (its slots are created now).
 
-  Args:
-    strategy: the cluster's strategy.
-    forward: `fn(batch)` computing the model's output alone (replica context), used to discover the ids.
-    step_fn: the user's training step `fn(batch) -> (loss, num_examples)` (replica context), applying its gradients
-      with `optimizer()`.
-    optimizer: returns the (tf-keras legacy) optimizer the step uses.
-    variables: returns the trainable variables of the model.
-    counter: the step counter on a ps: the optimizer's `iterations` (pushed with the optimizer's variables), or a
-      global step that `increment(steps)` adds the round's steps to.
+  Attributes:
+    progress: the rounds' `exactly_once.StepProgress` (one record per round).
   """
 
-  def __init__(self, *, strategy, forward: Callable, step_fn: Callable, optimizer: Callable, variables: Callable,
-               counter: tf.Variable, increment: Optional[Callable] = None):
-    self._strategy = strategy
-    self._forward = forward
-    self._step_fn = step_fn
-    self._optimizer = optimizer
-    self._variables = variables
-    self._counter = counter
-    self._increment = increment
+  def __init__(self, step: steps_lib.Step, **kwargs):
+    super().__init__(step, **kwargs)
+    optimizer = step.optimizer()
+    if not hasattr(optimizer, "get_slot_names"):
+      raise UsageError(f"sync_mode=geo needs a tf_keras.optimizers.legacy optimizer, got {type(optimizer).__name__}")
+    with self.strategy.scope():
+      _tf_private.create_optimizer_slots(optimizer, step.trainable_variables())
+      self.progress = exactly_once.StepProgress(1, step.counter)
     self._names = _LocalNames()
-    self.progress = exactly_once.StepProgress(1, counter)
+    self._functions: Dict[int, Callable] = {}
+
+  @classmethod
+  def check_settings(cls, mode, steps_per_execution) -> None:
+    if steps_per_execution is not None:
+      raise UsageError(f"`steps_per_execution` ({steps_per_execution}) applies to sync_mode=async only: geo runs "
+                       "`geo_steps` steps per function")
+
+  @classmethod
+  def execution_steps(cls, mode, steps_per_execution: int) -> int:
+    return mode.geo_steps
+
+  def schedule(self, iterator, num_steps: int):
+    if num_steps not in self._functions:  # a round's steps are unrolled: one function per length
+      def round_of(iterator, seq):
+        return self.round_function(iterator, num_steps, seq)
+      self._functions[num_steps] = tf.function(round_of, autograph=False)
+    return self.coordinator.schedule(self._functions[num_steps], args=(iterator, self.progress.next_sequence()))
 
   def _slots(self, variable) -> List[tf.Variable]:
-    optimizer = self._optimizer()
+    optimizer = self.step.optimizer()
     return [optimizer.get_slot(variable, name) for name in optimizer.get_slot_names()]
 
   def round_function(self, iterator, num_steps: int, seq):
-    """A scheduled round of `num_steps` (a Python int) steps; returns `(loss summed over steps, examples)`.
+    """A scheduled round of `num_steps` (a Python int) steps; returns `Step.outputs` of its summed loss and examples.
 
     `seq` is `progress.next_sequence()`: a round run again after its push was recorded does nothing.
     """
@@ -199,20 +182,20 @@ class GeoRounds:
       return self._round(iterator, num_steps)
 
     def skip():
-      return tf.constant(0.0), tf.constant(0, tf.int64), self._counter.read_value()
+      return tf.constant(0.0), tf.constant(0, tf.int64), self.step.counter.read_value()
 
     slot, first = self.progress.begin(seq, 1)
     loss, examples, counter = tf.cond(first > 0, skip, run)
     recorded = self.progress.record(slot, [counter])
     with tf.control_dependencies([recorded]):
-      return tf.identity(loss), tf.identity(examples)
+      return self.step.outputs(tf.identity(loss), tf.identity(examples))
 
   def _tables_of(self, batch) -> Dict[tuple, object]:
     """The tables the step looks up (by tracing the forward pass in a scratch graph, which never runs)."""
     found = {}
 
     def forward(batch):
-      self._strategy.run(self._forward, args=(batch,))
+      self.strategy.run(self.step.forward, args=(batch,))
 
     with _recording(lambda layer, ids: found.setdefault(_key(layer.embeddings), layer.embeddings)):
       tf.function(forward).get_concrete_function(tf.nest.map_structure(tf.TensorSpec.from_tensor, batch))
@@ -225,8 +208,8 @@ class GeoRounds:
       for shard in strategy_lib.shards_of(table):
         table_parts.update([_id(shard)] + [_id(slot) for slot in self._slots(shard)])
     dense = []
-    trainable = {_id(part) for variable in self._variables() for part in strategy_lib.shards_of(variable)}
-    for variable in list(self._variables()) + list(optimizer.variables()):
+    trainable = {_id(part) for variable in self.step.trainable_variables() for part in strategy_lib.shards_of(variable)}
+    for variable in list(self.step.trainable_variables()) + list(optimizer.variables()):
       for part in strategy_lib.shards_of(variable):
         if _id(part) in table_parts:
           continue
@@ -239,9 +222,7 @@ class GeoRounds:
     return dense
 
   def _round(self, iterator, num_steps: int):
-    optimizer = self._optimizer()
-    if not hasattr(optimizer, "get_slot_names"):
-      raise UsageError(f"sync_mode=geo needs a tf_keras.optimizers.legacy optimizer, got {type(optimizer).__name__}")
+    optimizer = self.step.optimizer()
     batches = [next(iterator) for _ in range(num_steps)]
     dense = self._dense_copies(optimizer, batches[0])  # 1. Pull.
     with contextlib.ExitStack() as swaps:
@@ -255,7 +236,7 @@ class GeoRounds:
 
       with tf.control_dependencies([copy.pull for copy in dense]), _recording(record):
         for batch in batches:
-          self._strategy.run(self._forward, args=(batch,))
+          self.strategy.run(self.step.forward, args=(batch,))
       tables = {key: _Table(entry[0], tf.concat(entry[1:], 0), self._slots, self._names)
                 for key, entry in seen.items()}
       fills = [copy.pull for copy in dense] + [cache[4] for table in tables.values() for cache in table.caches]
@@ -268,44 +249,16 @@ class GeoRounds:
         return original(layer, tables[_key(layer.embeddings)].virtual_ids(ids))
 
       losses, examples = [], []
-      with _embeddings_answer(lookup), _no_aggregation(optimizer):
+      with _tf_private.embedding_calls(lookup), _tf_private.identity_gradient_aggregation(optimizer):
         for batch in batches:
           with tf.control_dependencies(fills + losses[-1:]):
-            loss, count = self._strategy.run(self._step_fn, args=(batch,))
+            loss, count = self.strategy.run(self.step.run, args=(batch,))
           losses.append(tf.cast(loss, tf.float32))
           examples.append(tf.cast(count, tf.int64))
     # 4. Push the differences (the variables answer from the ps again).
     with tf.control_dependencies(losses):
       pushes = [copy.push() for copy in dense] + [op for table in tables.values() for op in table.push()]
-    if self._increment is not None:
-      with tf.control_dependencies(pushes):
-        pushes.append(self._increment(num_steps))
     with tf.control_dependencies(pushes):
-      return tf.add_n(losses), tf.add_n(examples), self._counter.read_value()
-
-
-def install(model: tf_keras.Model, coordinator) -> GeoRounds:
-  """Makes `model.fit` under ParameterServerStrategy train in geo rounds; call under the strategy scope.
-
-  Each of tf-keras's train-function calls is one round of `steps_per_execution` steps (tfps.fit sets it to
-  `geo_steps`) and returns the model's metric results.
-  """
-  _tf_private.create_optimizer_slots(model.optimizer, model.trainable_variables)
-
-  def forward(batch):
-    features, _, _ = tf_keras.utils.unpack_x_y_sample_weight(batch)
-    model(features, training=True)
-
-  rounds = GeoRounds(strategy=model.distribute_strategy, forward=forward, step_fn=keras_train.step_fn(model),
-                     optimizer=lambda: model.optimizer, variables=lambda: model.trainable_variables,
-                     counter=model.optimizer.iterations)
-
-  @tf.function(autograph=False)
-  def train_function(iterator, num_steps, seq):
-    loss, _ = rounds.round_function(iterator, num_steps, seq)
-    with tf.control_dependencies([loss]):
-      return model.get_metrics_result()
-
-  keras_train.set_train_function(model, lambda iterator, steps: coordinator.schedule(
-      train_function, args=(iterator, steps, rounds.progress.next_sequence())))
-  return rounds
+      counted = self.step.count(num_steps)  # where the optimizer does not count (its `iterations` is pushed)
+    with tf.control_dependencies(pushes + ([counted] if counted is not None else [])):
+      return tf.add_n(losses), tf.add_n(examples), self.step.counter.read_value()

@@ -1,10 +1,9 @@
-"""The coordinator training loop: how steps are driven, kept apart from what a step is.
+"""The coordinator training loop: the outer loop around a training mode's runner (`tfps.training.steps.Runner`).
 
-A step is any `step_fn(batch) -> (loss, num_examples)` run in replica context; the Estimator path builds one from a
-model_fn, other training modes bring their own. This module packs steps into scheduled functions, counts them in a
-global step kept on a ps (a function run again after a worker failure skips the steps it applied: `exactly_once`),
-saves checkpoints at fixed step intervals and writes the step log (`step | loss | steps/s | ex/s`) to absl logging,
-`model_dir/loss.log` and TensorBoard.
+What a step is (a `Step`) and how the mode drives steps (the `Runner`) are not this module's concern. It runs the
+runner in chunks up to each log or checkpoint boundary, joins the coordinator and lets the runner settle the step
+counter after each chunk, saves checkpoints at fixed step intervals and writes the step log
+(`step | loss | steps/s | ex/s`) to absl logging, `model_dir/loss.log` and TensorBoard.
 """
 
 import dataclasses
@@ -15,7 +14,7 @@ from typing import Callable, List, Optional
 from absl import logging
 import tensorflow as tf
 
-from tfps.training import exactly_once
+from tfps.training import steps as steps_lib
 from tfps.formatting import format_duration, format_rate
 
 LOSS_LOG = "loss.log"
@@ -27,45 +26,15 @@ def build_global_step() -> tf.Variable:
                      aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 
 
-def build_train_function(strategy: tf.distribute.Strategy, step_fn: Callable, global_step: tf.Variable,
-                         progress: exactly_once.StepProgress, variables: Callable[[], List[tf.Variable]]) -> Callable:
-  """A `tf.function(iterator, num_steps, seq) -> (loss_sum, num_examples)` running `num_steps` steps of `step_fn`.
-
-  `seq` is `progress.next_sequence()`: a function run again after a worker failure skips the steps it applied.
-  `variables()` gives the variables a step updates (they may be created by the step's first trace); a step is recorded
-  after their updates.
-  """
-
-  @tf.function(autograph=False)  # errors in step_fn surface as raised, not wrapped in autograph's StagingError
-  def train_steps(iterator, num_steps, seq):
-    def body(index, loss_sum, examples):
-      loss, count = strategy.run(step_fn, args=(next(iterator),))
-      with tf.control_dependencies([loss]):
-        global_step.assign_add(1)
-      recorded = progress.record(slot, exactly_once.after_updates(variables() + [global_step]))
-      with tf.control_dependencies([recorded]):
-        return index + 1, loss_sum + tf.cast(loss, tf.float32), examples + tf.cast(count, tf.int64)
-
-    slot, first = progress.begin(seq, num_steps)
-    first = tf.cast(first, tf.int32)
-    start = (first, tf.constant(0.0, tf.float32), tf.constant(0, tf.int64))
-    _, loss_sum, examples = tf.while_loop(lambda index, *_: index < num_steps, body, start, parallel_iterations=1)
-    return loss_sum, examples
-
-  return train_steps
-
-
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
-  """How the loop drives steps.
+  """How often the loop logs and saves.
 
   Attributes:
-    steps_per_execution: steps packed into one scheduled function.
     log_every_steps: one step-log line every this many steps.
     checkpoint_every_steps: one checkpoint every this many steps (and one at the end).
   """
 
-  steps_per_execution: int = 10
   log_every_steps: int = 100
   checkpoint_every_steps: int = 1000
 
@@ -81,26 +50,21 @@ def _next_multiple(step: int, every: int) -> int:
 
 
 class TrainLoop:
-  """Drives a packed train function on a ClusterCoordinator until the global step reaches `max_steps`.
+  """Drives a runner on the ClusterCoordinator until the step counter (the global step) reaches `max_steps`.
 
   Between chunks (at every log or checkpoint boundary) it joins the coordinator, so a checkpoint always holds the
   variables of exactly the step it is named after.
   """
 
-  def __init__(self, *, coordinator, train_function: Callable, iterator, global_step: tf.Variable,
-               progress: exactly_once.StepProgress, checkpoint_manager: tf.train.CheckpointManager,
-               config: LoopConfig, model_dir: str, sync_steps=None, static_steps: bool = False):
-    self._coordinator = coordinator
-    self._progress = progress
-    self._train_function = train_function
+  def __init__(self, *, runner: steps_lib.Runner, iterator, checkpoint_manager: tf.train.CheckpointManager,
+               config: LoopConfig, model_dir: str):
+    self._runner = runner
     self._iterator = iterator
-    self._global_step = global_step
+    self._global_step = runner.step.counter
     self._manager = checkpoint_manager
     self._config = config
     self._model_dir = model_dir
     self._writer = tf.summary.create_file_writer(model_dir)
-    self._sync_steps = sync_steps  # a tfps.training.sync.SyncSteps: steps run in sync mode, not packed async
-    self._static_steps = static_steps  # the train function takes its step count as a Python int (geo rounds)
 
   @property
   def step(self) -> int:
@@ -121,7 +85,7 @@ class TrainLoop:
       if max_steps is not None:
         boundary = min(boundary, max_steps)
       try:
-        loss_sum, examples = self._run_chunk(step, boundary - step)
+        loss_sum, examples = self._run_chunk(boundary - step)
       except tf.errors.OutOfRangeError:
         logging.info("The training input ended at step %d", self.step)
         step = self.step
@@ -137,23 +101,17 @@ class TrainLoop:
     self._writer.flush()
     return step
 
-  def _run_chunk(self, step: int, num_steps: int):
-    """From global step `step`, schedules `num_steps` steps in functions of at most `steps_per_execution` steps and
-    waits for them."""
-    if self._sync_steps is not None:
-      loss_sum, examples, _ = self._sync_steps.run(self._iterator, num_steps)
-      return loss_sum, examples
+  def _run_chunk(self, num_steps: int):
+    """Runs `num_steps` steps through the runner, `steps_per_execution` at a time, and waits for them; returns their
+    summed loss and examples."""
+    self._runner.begin()
     results: List = []
-    start = (step, self._progress.position)
     while num_steps > 0:
-      count = min(num_steps, self._config.steps_per_execution)
-      steps = count if self._static_steps else tf.constant(count, tf.int32)
-      results.append(self._coordinator.schedule(
-          self._train_function, args=(self._iterator, steps, self._progress.next_sequence())))
+      count = min(num_steps, self._runner.steps_per_execution)
+      results.append(self._runner.schedule(self._iterator, count))
       num_steps -= count
-    self._coordinator.join()
-    if not self._static_steps:  # a geo round is recorded once for all its steps
-      self._progress.settle(self._global_step, *start)
+    self._runner.coordinator.join()
+    self._runner.settle()
     loss_sum, examples = 0.0, 0
     for result in results:
       loss, count = result.fetch()

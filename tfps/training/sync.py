@@ -13,19 +13,19 @@ A step runs in two phases, each a set of scheduled functions the coordinator wai
 2. Update. One function averages the first `replicas` marked slots and applies them with the model's optimizer,
    once: it applies only while the step counter still equals the step (a re-run after a failure applies nothing).
 
-The user's step function runs unchanged: its `optimizer.apply_gradients` call is redirected into the buffer while the
-gradient function is traced.
+The user's step (a `tfps.training.steps.Step`) runs unchanged: its `optimizer.apply_gradients` call is redirected into
+the buffer while the gradient function is traced.
 """
 
-import contextlib
 import time
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Tuple
 
 from absl import logging
 import tensorflow as tf
 
-from tfps.training import keras_train
-from tfps.errors import TfpsError
+from tfps import _tf_private
+from tfps.errors import TfpsError, UsageError
+from tfps.training import steps as steps_lib
 
 STEAL_AFTER_SECS = 2.0
 
@@ -111,48 +111,35 @@ class GradientBuffers:
     return pairs
 
 
-@contextlib.contextmanager
-def redirected(optimizer, sink: Callable):
+def _redirected(optimizer, sink: Callable):
   """While tracing: `optimizer.apply_gradients(grads_and_vars)` calls `sink(list)` instead."""
-  optimizer.apply_gradients = lambda grads_and_vars, *args, **kwargs: sink(list(grads_and_vars))
-  try:
-    yield
-  finally:
-    del optimizer.apply_gradients
+  return _tf_private.intercepting_apply_gradients(optimizer, lambda apply_gradients, pairs, *args, **kwargs: sink(pairs))
 
 
-class SyncSteps:
-  """Drives sync steps on a ClusterCoordinator.
+class SyncRunner(steps_lib.Runner):
+  """Runs sync steps on the ClusterCoordinator: `schedule(iterator, num_steps)` runs `num_steps` of them, each a
+  gradient round and an update, and returns the last update function's result (`Step.outputs` of the loss summed
+  over the steps, each step's the mean of its batches', and the examples of every batch used).
 
-  Args:
-    strategy, coordinator: the cluster's.
-    optimizer: returns the optimizer the step function applies gradients with (it may be made on the first trace).
-    step_fn: `fn(batch) -> (loss, num_examples)` in replica context; calls `optimizer.apply_gradients` once.
-    counter: the step counter (int64 on a ps) the update increments: the optimizer's `iterations` (Keras), or a
-      global step that `increment` adds 1 to.
-    num_workers, replicas: the cluster's workers and the batches averaged per step.
-    increment: `fn() -> op` run after the update, where the optimizer does not count the step itself.
-    results: `fn() -> structure` returned by the update function (e.g. the model's metric results).
+  `mode.replicas_to_aggregate` worker batches (default: one per worker) make one step.
   """
 
-  def __init__(self, *, strategy, coordinator, optimizer: Callable, step_fn: Callable, counter: tf.Variable,
-               num_workers: int, replicas: int, increment: Optional[Callable] = None,
-               results: Optional[Callable] = None, timeout_secs: float = 600.0):
-    self._strategy = strategy
-    self._coordinator = coordinator
-    self._optimizer = optimizer
-    self._step_fn = step_fn
-    self._counter = counter
-    self._replicas = replicas
-    self._increment = increment
-    self._results = results or (lambda: tf.constant(0))
+  def __init__(self, step: steps_lib.Step, timeout_secs: float = 600.0, **kwargs):
+    super().__init__(step, **kwargs)
+    self._replicas = self.mode.replicas(self.num_workers)
     self._timeout_secs = timeout_secs
-    self.buffers = GradientBuffers(strategy, num_workers)
-    with strategy.scope(), strategy.extended.colocate_vars_with(counter):
-      self.marks = tf.Variable(tf.fill([num_workers], tf.constant(-1, tf.int64)), trainable=False,
+    self.buffers = GradientBuffers(self.strategy, self.num_workers)
+    with self.strategy.scope(), self.strategy.extended.colocate_vars_with(step.counter):
+      self.marks = tf.Variable(tf.fill([self.num_workers], tf.constant(-1, tf.int64)), trainable=False,
                                name="sync_slot_steps")
     self._gradient_function = tf.function(self._gradients)
     self._update_function = tf.function(self._update)
+
+  @classmethod
+  def check_settings(cls, mode, steps_per_execution) -> None:
+    if steps_per_execution is not None:
+      raise UsageError(f"`steps_per_execution` ({steps_per_execution}) applies to sync_mode=async only: a sync step "
+                       "is its own scheduled round")
 
   def _gradients(self, iterator, step, may_steal):
     worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64)
@@ -163,8 +150,9 @@ class SyncSteps:
 
     def compute():
       writes = []
-      with redirected(self._optimizer(), lambda pairs: writes.extend(self.buffers.write(slot, pairs)) or tf.no_op()):
-        loss, count = self._strategy.run(self._step_fn, args=(next(iterator),))
+      with _redirected(self.step.optimizer(),
+                       lambda pairs: writes.extend(self.buffers.write(slot, pairs)) or tf.no_op()):
+        loss, count = self.strategy.run(self.step.run, args=(next(iterator),))
       with tf.control_dependencies(writes):
         marked = self.marks.scatter_update(tf.IndexedSlices(tf.reshape(step, [1]), tf.reshape(slot, [1])))
       with tf.control_dependencies([marked]):
@@ -175,39 +163,37 @@ class SyncSteps:
 
     return tf.cond(slot >= 0, compute, skip)
 
-  def _update(self, step):
+  def _update(self, step, loss_sum, examples):
     marked = tf.equal(self.marks.read_value(), step)
     chosen = tf.logical_and(marked, tf.cumsum(tf.cast(marked, tf.int32)) <= self._replicas)
     ready = tf.logical_and(tf.equal(tf.reduce_sum(tf.cast(chosen, tf.int32)), self._replicas),
-                           tf.equal(self._counter.read_value(), step))
+                           tf.equal(self.step.counter.read_value(), step))
 
     def apply():
       def replica_apply():
-        self._optimizer().apply_gradients(self.buffers.average(chosen, self._replicas))
-        if self._increment is not None:
-          self._increment()
-      self._strategy.run(replica_apply)
+        self.step.optimizer().apply_gradients(self.buffers.average(chosen, self._replicas))
+        self.step.count(1)
+      self.strategy.run(replica_apply)
       return tf.constant(True)
 
     applied = tf.cond(ready, apply, lambda: tf.constant(False))
     with tf.control_dependencies([applied]):
-      return self._results()
+      return self.step.outputs(tf.identity(loss_sum), tf.identity(examples))
 
-  def run(self, iterator, num_steps: int):
-    """Runs `num_steps` sync steps; returns `(loss_sum, examples, last_update_result)`, the loss summed over steps
-    (each step's the mean of its batches'), the examples of every batch used."""
+  def schedule(self, iterator, num_steps: int):
     loss_sum, examples, result = 0.0, 0, None
     for _ in range(num_steps):
-      step = int(self._counter.numpy())
+      step = int(self.step.counter.numpy())
       gradients = self._gather(iterator, step)
-      result = self._coordinator.schedule(self._update_function, args=(tf.constant(step, tf.int64),))
-      self._coordinator.join()
-      if int(self._counter.numpy()) != step + 1:
-        raise RuntimeError(f"sync step {step} was not applied (the step counter is {int(self._counter.numpy())})")
       counted = [value for value in (g.fetch() for g in gradients) if value[0]]
       loss_sum += sum(float(loss) for _, loss, _ in counted) / max(len(counted), 1)
       examples += sum(int(count) for _, _, count in counted)
-    return loss_sum, examples, result
+      result = self.coordinator.schedule(self._update_function, args=(
+          tf.constant(step, tf.int64), tf.constant(loss_sum, tf.float32), tf.constant(examples, tf.int64)))
+      self.coordinator.join()
+      if int(self.step.counter.numpy()) != step + 1:
+        raise RuntimeError(f"sync step {step} was not applied (the step counter is {int(self.step.counter.numpy())})")
+    return result
 
   def _gather(self, iterator, step: int) -> list:
     """Schedules gradient functions until `replicas` slots hold gradients of `step`."""
@@ -215,10 +201,10 @@ class SyncSteps:
     results, needed, rounds = [], self._replicas, 0
     while needed > 0:
       may_steal = tf.constant(time.monotonic() - started > STEAL_AFTER_SECS)
-      results += [self._coordinator.schedule(self._gradient_function,
-                                             args=(iterator, tf.constant(step, tf.int64), may_steal))
+      results += [self.coordinator.schedule(self._gradient_function,
+                                            args=(iterator, tf.constant(step, tf.int64), may_steal))
                   for _ in range(needed)]
-      self._coordinator.join()
+      self.coordinator.join()
       needed = self._replicas - int(tf.reduce_sum(tf.cast(tf.equal(self.marks, step), tf.int32)).numpy())
       rounds += 1
       if needed > 0:
@@ -230,16 +216,3 @@ class SyncSteps:
           logging.info("sync step %d is waiting for %d more worker batch(es)", step, needed)
         time.sleep(0.05)
     return results
-
-
-def install(model, coordinator, num_workers: int, replicas: int) -> SyncSteps:
-  """Makes `model.fit` under ParameterServerStrategy train in sync steps; call under the strategy scope.
-
-  Each of tf-keras's train-function calls runs `steps_per_execution` sync steps and returns the model's metric
-  results after the last update.
-  """
-  steps = SyncSteps(strategy=model.distribute_strategy, coordinator=coordinator, optimizer=lambda: model.optimizer,
-                    step_fn=keras_train.step_fn(model), counter=model.optimizer.iterations, num_workers=num_workers,
-                    replicas=replicas, results=model.get_metrics_result)
-  keras_train.set_train_function(model, lambda iterator, num_steps: steps.run(iterator, num_steps)[2])
-  return steps

@@ -1,0 +1,164 @@
+"""Pins every tf-keras / TensorFlow name and call pattern that `tfps/_tf_private.py` relies on, in one process without
+a cluster: a TensorFlow or tf-keras upgrade that changes one fails here."""
+
+import inspect
+
+import numpy as np
+import pytest
+
+import tfps  # sets TF_USE_LEGACY_KERAS before TensorFlow is imported
+from tfps import _tf_private
+import tensorflow as tf
+import tf_keras
+
+OPTIMIZERS = [lambda: tf_keras.optimizers.legacy.Adagrad(0.1), lambda: tf_keras.optimizers.Adagrad(0.1)]
+
+
+def _model(optimizer=None):
+  model = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(1)])
+  model.compile(optimizer or tf_keras.optimizers.legacy.SGD(0.1), "mse")
+  return model
+
+
+def _data():
+  return np.ones((8, 2), np.float32), np.ones((8, 1), np.float32)
+
+
+def _parameters(function):
+  return list(inspect.signature(function).parameters)
+
+
+def test_swapped_restores_an_own_attribute_and_removes_a_borrowed_one_even_on_error():
+  optimizer = tf_keras.optimizers.legacy.SGD(0.1)
+  own = optimizer.gradient_aggregator
+  with pytest.raises(KeyError):
+    with _tf_private.swapped(optimizer, "gradient_aggregator", "a"), \
+        _tf_private.swapped(optimizer, "apply_gradients", "b"):
+      assert (optimizer.gradient_aggregator, optimizer.apply_gradients) == ("a", "b")
+      raise KeyError("inside")
+  assert optimizer.gradient_aggregator is own
+  assert "apply_gradients" not in vars(optimizer)
+
+
+def test_steps_per_execution_is_set_on_a_compiled_model():
+  assert _parameters(tf_keras.Model._configure_steps_per_execution) == ["self", "steps_per_execution"]
+  model = _model()
+  assert _tf_private.steps_per_execution(model) == 1
+  _tf_private.set_steps_per_execution(model, 7)
+  assert _tf_private.steps_per_execution(model) == 7
+
+
+def test_exact_evaluation_shards_are_set_and_drop_the_cached_test_function():
+  model = _model()
+  assert _tf_private.exact_evaluation_shards(model) == 0
+  model.evaluate(*_data(), verbose=0)
+  assert model.test_function is not None  # tf-keras caches it on the model
+  _tf_private.set_exact_evaluation_shards(model, 4)
+  assert _tf_private.exact_evaluation_shards(model) == 4 and model.test_function is None
+
+
+def test_fit_runs_the_replaced_train_function_of_this_model_only_and_logs_what_it_returns():
+  assert _parameters(tf_keras.Model.make_train_function) == ["self", "force"]
+  model, other = _model(), _model()
+  calls = []
+
+  def run(iterator):
+    calls.append(iterator)
+    return {"loss": tf.constant(0.25)}
+
+  _tf_private.replace_train_function(model, run)
+  history = model.fit(*_data(), batch_size=4, epochs=2, verbose=0)
+  assert len(calls) == 4  # 2 epochs x 2 steps, one execution each
+  assert history.history["loss"] == [0.25, 0.25]
+  assert "make_train_function" not in vars(other)
+  assert other.fit(*_data(), batch_size=4, epochs=1, verbose=0).history["loss"][0] != 0.25
+
+
+@pytest.mark.parametrize("make_optimizer", OPTIMIZERS, ids=["legacy", "current"])
+def test_train_step_applies_gradients_through_the_instance_method_and_the_strategy_update(make_optimizer):
+  """`intercepting_apply_gradients` and `intercepting_updates` see every gradient tf-keras's train_step applies."""
+  assert _parameters(tf.distribute.StrategyExtended.update) == ["self", "var", "fn", "args", "kwargs", "group"]
+  assert _parameters(make_optimizer().apply_gradients)[0] == "grads_and_vars"
+  model = _model(make_optimizer())
+  model.train_on_batch(*_data())  # creates the optimizer's variables outside the interception
+  applied, updated = [], []
+
+  def apply(apply_gradients, grads_and_vars, *args, **kwargs):
+    applied.extend(variable.name for _, variable in grads_and_vars)
+    return apply_gradients(grads_and_vars, *args, **kwargs)
+
+  def update(original, var, fn, args, kwargs, group):
+    updated.append(var.name)
+    return original(var, fn, args=args, kwargs=kwargs, group=group)
+
+  before = [variable.numpy() for variable in model.trainable_variables]
+  model.train_function = None  # traced again, inside the interception
+  with _tf_private.intercepting_apply_gradients(model.optimizer, apply), \
+      _tf_private.intercepting_updates(tf.distribute.get_strategy(), update):
+    model.train_on_batch(*_data())
+  names = sorted(variable.name for variable in model.trainable_variables)
+  assert sorted(applied) == names and sorted(set(updated)) == names
+  assert all((variable.numpy() != value).any() for variable, value in zip(model.trainable_variables, before))
+  assert "apply_gradients" not in vars(model.optimizer)
+  assert "update" not in vars(tf.distribute.get_strategy().extended)
+
+
+def test_a_legacy_optimizer_aggregates_gradients_with_its_gradient_aggregator_and_makes_slots_on_demand():
+  optimizer = tf_keras.optimizers.legacy.Adagrad(0.1)
+  variable = tf.Variable([1.0, 2.0])
+  _tf_private.create_optimizer_slots(optimizer, [variable])
+  assert optimizer.get_slot_names() == ["accumulator"]
+  assert optimizer.get_slot(variable, "accumulator").shape == variable.shape
+  seen = []
+  own = optimizer.gradient_aggregator
+  with _tf_private.swapped(optimizer, "gradient_aggregator", lambda pairs: seen.append(pairs) or own(pairs)):
+    optimizer.apply_gradients([(tf.constant([1.0, 1.0]), variable)])
+  assert len(seen) == 1
+  with _tf_private.identity_gradient_aggregation(optimizer):
+    optimizer.apply_gradients([(tf.constant([1.0, 1.0]), variable)])
+  assert optimizer.gradient_aggregator is own
+
+
+def test_every_embedding_layer_answers_through_the_class_call_while_patched():
+  assert _parameters(tf_keras.layers.Embedding.call) == ["self", "inputs"]
+  layer = tf_keras.layers.Embedding(10, 3)
+  ids = tf.constant([[1, 2]])
+  plain = layer(ids).numpy()
+  with _tf_private.embedding_calls(lambda layer_, ids_, original: original(layer_, ids_) + 1.0):
+    assert np.allclose(layer(ids).numpy(), plain + 1.0)
+  assert np.allclose(layer(ids).numpy(), plain)
+  assert "call" in vars(tf_keras.layers.Embedding)
+
+
+def test_a_swapped_handle_redirects_reads_and_updates_to_another_variable():
+  variable, other = tf.Variable(1.0), tf.Variable(5.0)
+  assert _tf_private.unwrapped(variable) is variable
+  with _tf_private.swapped_handle(variable, other.handle):
+    assert float(variable.read_value()) == 5.0
+    variable.assign_add(1.0)
+  assert (float(variable.numpy()), float(other.numpy())) == (1.0, 6.0)
+
+
+def test_an_uninitialized_variable_takes_its_value_from_an_assignment():
+  variable = _tf_private.uninitialized_variable(shape=[2], dtype=tf.float32, name="later")
+  variable.assign([3.0, 4.0])
+  assert variable.numpy().tolist() == [3.0, 4.0]
+
+
+@pytest.mark.parametrize("optimizer, as_given", [
+    (tf_keras.optimizers.legacy.SGD(0.1), True), (tf_keras.optimizers.SGD(0.1), True),
+    (tf_keras.optimizers.SGD(0.1, global_clipnorm=1.0), False),
+    (tf_keras.optimizers.legacy.SGD(0.1, clipvalue=1.0), False),
+    (tf_keras.mixed_precision.LossScaleOptimizer(tf_keras.optimizers.SGD(0.1)), False),
+])
+def test_which_optimizers_apply_the_gradients_they_are_given(optimizer, as_given):
+  assert _tf_private.applies_gradients_as_given(optimizer) == as_given
+
+
+def test_tf_keras_refuses_batch_callbacks_under_pss_unless_they_accept_remote_logs():
+  source = inspect.getsource(tf_keras.callbacks.CallbackList)
+  assert _tf_private.BATCH_CALLBACKS_REFUSED in source and "_supports_tf_logs" in source
+  callback = tf_keras.callbacks.Callback()
+  assert not callback._supports_tf_logs  # pylint: disable=protected-access
+  _tf_private.accept_remote_logs(callback)
+  assert callback._supports_tf_logs  # pylint: disable=protected-access

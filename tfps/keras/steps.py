@@ -1,0 +1,51 @@
+"""The Keras path's step: a compiled tf-keras model as a `tfps.training.steps.Step`, and a runner put under
+`Model.fit` (its train function, and the callback that settles the step counter at each epoch end)."""
+
+import tensorflow as tf
+import tf_keras
+
+from tfps import _tf_private
+from tfps.training import steps as steps_lib
+
+
+def keras_step(model: tf_keras.Model) -> steps_lib.Step:
+  """The model's `train_step` as a Step; its optimizer counts the steps in `iterations`."""
+  def run(batch):
+    logs = model.train_step(batch)
+    return logs["loss"], tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
+
+  def forward(batch):
+    features, _, _ = tf_keras.utils.unpack_x_y_sample_weight(batch)
+    model(features, training=True)
+
+  def outputs(loss_sum, examples):
+    del examples  # tf-keras reports the metrics' running results; a re-run may have had no step left to run
+    with tf.control_dependencies([loss_sum]):
+      return model.get_metrics_result()
+
+  return steps_lib.Step(run=run, forward=forward, optimizer=lambda: model.optimizer, variables=lambda: model.variables,
+                        trainable_variables=lambda: model.trainable_variables, counter=model.optimizer.iterations,
+                        counts_itself=True, outputs=outputs)
+
+
+def drive_fit(model: tf_keras.Model, runner: steps_lib.Runner) -> tf_keras.callbacks.Callback:
+  """Makes `model.fit` run each execution (of the model's steps per execution) through `runner`; returns the callback
+  that must come first in the fit's callbacks (it settles the step counter before any other reads it)."""
+  _tf_private.replace_train_function(
+      model, lambda iterator: runner.schedule(iterator, _tf_private.steps_per_execution(model)))
+  return RunnerEpochs(runner)
+
+
+class RunnerEpochs(tf_keras.callbacks.Callback):
+  """Calls `runner.begin()` at each epoch's start and `runner.settle()` at its end (every function has ended then),
+  before the callbacks after it (checkpoints, backups) read the step counter."""
+
+  def __init__(self, runner: steps_lib.Runner):
+    super().__init__()
+    self._runner = runner
+
+  def on_epoch_begin(self, epoch, logs=None):
+    self._runner.begin()
+
+  def on_epoch_end(self, epoch, logs=None):
+    self._runner.settle()

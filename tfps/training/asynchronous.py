@@ -1,0 +1,57 @@
+"""Async training (ParameterServerStrategy's own): every worker step applies its gradients at once, each step applied
+and counted once even when a worker dies (`tfps.training.exactly_once`, all four rules)."""
+
+import tensorflow as tf
+
+from tfps.training import exactly_once
+from tfps.training import steps as steps_lib
+
+
+class AsyncRunner(steps_lib.Runner):
+  """Packs up to `steps_per_execution` steps into one scheduled function `function(iterator, num_steps, seq)`.
+
+  Attributes:
+    function: the traced function it schedules (`seq` is `progress.next_sequence()`).
+    progress: its `exactly_once.StepProgress`; `progress.ps_records` are the per-ps step records.
+  """
+
+  def __init__(self, step: steps_lib.Step, **kwargs):
+    super().__init__(step, **kwargs)
+    with self.strategy.scope():
+      self.progress = exactly_once.StepProgress(self.steps_per_execution, step.counter)
+    self.progress.ps_records = exactly_once.PsRecords()
+    self.function = tf.function(self._steps, autograph=False)  # a step's errors surface unwrapped
+    self._start = (0, 0)
+
+  def _steps(self, iterator, num_steps, seq):
+    step, progress, strategy = self.step, self.progress, self.strategy
+    num_steps = tf.cast(num_steps, tf.int64)
+    slot, first = progress.begin(seq, num_steps)
+
+    def body(index, loss_sum, examples):
+      mark = seq * progress.stride + index + 1
+      with exactly_once.updates_after_every_gradient(step.optimizer()), \
+          progress.ps_records.skipping_applied(strategy, slot, mark) as ps_applied:
+        loss, count = strategy.run(step.run, args=(next(iterator),))
+        # Counted after the step's updates (so not before all its gradients are on their ps), through the strategy's
+        # update too: skipped where the counter's ps applied this step already.
+        with tf.control_dependencies([loss] + exactly_once.after_updates(step.variables())):
+          counted = step.count(1)
+      after = exactly_once.after_updates(step.variables() + [step.counter]) + ps_applied()
+      recorded = progress.record(slot, after + ([counted] if counted is not None else []))
+      with tf.control_dependencies([recorded]):
+        return index + 1, loss_sum + tf.cast(loss, tf.float32), examples + tf.cast(count, tf.int64)
+
+    start = (first, tf.constant(0.0, tf.float32), tf.constant(0, tf.int64))
+    _, loss_sum, examples = tf.while_loop(lambda index, *_: index < num_steps, body, start, parallel_iterations=1)
+    return step.outputs(loss_sum, examples)
+
+  def schedule(self, iterator, num_steps: int):
+    return self.coordinator.schedule(self.function, args=(iterator, tf.constant(num_steps, tf.int64),
+                                                          self.progress.next_sequence()))
+
+  def begin(self) -> None:
+    self._start = (int(self.step.counter.numpy()), self.progress.position)
+
+  def settle(self) -> int:
+    return self.progress.settle(self.step.counter, *self._start)

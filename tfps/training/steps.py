@@ -1,0 +1,89 @@
+"""What a training step is (`Step`) and what drives steps in one training mode (`Runner`), for both training paths.
+
+Each path builds its `Step` once: `tfps.keras.steps.keras_step` from a compiled tf-keras model, `ModelFnModel.step`
+(tfps.estimator) from a model_fn. `tfps.training.runners.build_runner` picks the runner of the training mode; the
+Keras path calls it from tf-keras `Model.fit`, the Estimator path from `tfps.training.loop.TrainLoop`. See
+docs/training_modes_layer.md.
+"""
+
+import dataclasses
+from typing import Any, Callable, List, Optional
+
+import tensorflow as tf
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+  """One training step of a model, as every runner drives it.
+
+  Attributes:
+    run: `fn(batch) -> (loss, num_examples)`, in replica context: the user's step, applying its gradients with one
+      `optimizer().apply_gradients` call (runners intercept that call, and the updates it makes).
+    forward: `fn(batch)`, in replica context: the model's output alone (geo traces it to find the embedding ids).
+    optimizer: `fn() -> optimizer` (a tf-keras optimizer; it must exist when a runner's function is first traced).
+    variables: `fn() -> [tf.Variable]`, every variable of the model (a step is recorded after their updates).
+    trainable_variables: `fn() -> [tf.Variable]`, the ones gradients are taken against.
+    counter: the int64 step counter, on a ps.
+    counts_itself: whether `run` increments `counter` (tf-keras optimizers count in `iterations`); else the runner adds
+      the steps it ran.
+    outputs: `fn(loss_sum, examples) -> structure`, what one scheduled function returns, given the loss summed over its
+      steps and their examples (tf-keras: the model's metric results, which `fit` takes as its logs).
+  """
+
+  run: Callable
+  forward: Callable
+  optimizer: Callable
+  variables: Callable[[], List[tf.Variable]]
+  trainable_variables: Callable[[], List[tf.Variable]]
+  counter: tf.Variable
+  counts_itself: bool
+  outputs: Callable[[tf.Tensor, tf.Tensor], Any] = lambda loss_sum, examples: (loss_sum, examples)
+
+  def count(self, steps) -> Optional[tf.Operation]:
+    """Adds `steps` to the counter unless `run` counts itself (then None)."""
+    return None if self.counts_itself else self.counter.assign_add(tf.cast(steps, tf.int64))
+
+
+class Runner:
+  """Drives steps in one training mode; one subclass (one file) per mode, registered in `tfps.training.runners`.
+
+  The caller (tf-keras `fit`, or the coordinator loop) calls `begin()` where no function is pending, then `schedule`
+  any number of times, joins the coordinator, and calls `settle()`.
+
+  A subclass implements:
+    schedule(iterator, num_steps): runs `num_steps` (at most `steps_per_execution`) steps from the per-worker
+      `iterator`; returns what `Step.outputs` gives for them (a RemoteValue, or a value with `fetch()`).
+  and may override `begin` and `settle` (the step counter is exact at `settle`), and `check_settings`.
+
+  Attributes:
+    steps_per_execution: the most steps one `schedule` call runs.
+  """
+
+  def __init__(self, step: Step, *, mode, strategy, coordinator, num_workers: int, steps_per_execution: int):
+    self.step = step
+    self.mode = mode
+    self.strategy = strategy
+    self.coordinator = coordinator
+    self.num_workers = num_workers
+    self.steps_per_execution = self.execution_steps(mode, steps_per_execution)
+
+  @classmethod
+  def check_settings(cls, mode, steps_per_execution: Optional[int]) -> None:
+    """Raises `UsageError` on a user's `steps_per_execution` that this mode cannot take (None: not given)."""
+    del mode, steps_per_execution
+
+  @classmethod
+  def execution_steps(cls, mode, steps_per_execution: int) -> int:
+    """The steps per execution the mode runs, given the caller's choice."""
+    del mode
+    return steps_per_execution
+
+  def schedule(self, iterator, num_steps: int):
+    raise NotImplementedError(f"{type(self).__name__} must implement `schedule(iterator, num_steps)`")
+
+  def begin(self) -> None:
+    """Called where no scheduled function is pending, before the functions `settle` will account for."""
+
+  def settle(self) -> int:
+    """Called after the coordinator's join; makes the step counter exact and returns it."""
+    return int(self.step.counter.numpy())
