@@ -11,6 +11,7 @@ from absl import logging
 
 import tfps
 from tfps.models import flags as model_flags
+from tfps.training import run_records
 
 tfps.define_flags()
 tfps.define_mode_flags()
@@ -37,6 +38,7 @@ def main(argv):
   logging.info("Final: %s", " | ".join(f"{name} {float(value):.4f}" for name, value in sorted(final.items())))
   if _EXPORT_DIR.value:
     tfps.export_saved_model(build_model, _EXPORT_DIR.value, model=history.model)
+    run_records.update_summary(_MODEL_DIR.value, export_dir=_EXPORT_DIR.value)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ the cross-field rules, and the config gives the TF_CONFIG.
 """
 
 import os
+import sys
 from typing import Mapping, Optional
 
 from absl import flags
@@ -14,6 +15,15 @@ from tfps.cluster import config as cluster_lib
 from tfps.errors import ClusterConfigError
 
 _HOST_FLAGS = ("ps_hosts", "worker_hosts", "chief_hosts", "evaluator_hosts")
+
+
+def declare_program_flags(flag_values: flags.FlagValues, module_name: str) -> None:
+  """Makes the flags `module_name` defined key flags of the program being run, so its `--help` lists them.
+
+  absl's `--help` lists only the main module's key flags; tfps defines flags for a script in its own modules.
+  """
+  for flag in flag_values.flags_by_module_dict().get(module_name, []):
+    flag_values.register_key_flag_for_module(sys.argv[0], flag)
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -34,6 +44,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_integer("min_shard_bytes", 256 << 10,
                        "Variables smaller than this are not sharded (0 shards every variable with >= 2 rows).",
                        lower_bound=0, flag_values=flag_values)
+  declare_program_flags(flag_values, __name__)
 
 
 def _flag_given(flag_values: flags.FlagValues, name: str) -> bool:
@@ -117,3 +128,7 @@ def define_launch_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_float("evaluator_timeout_secs", 300.0,
                      "After the chief finishes, seconds the evaluator gets to evaluate the last checkpoint.",
                      lower_bound=0.0, flag_values=flag_values)
+  flags.DEFINE_boolean("verbose", False, "Show TensorFlow's C++ info lines, its CUDA probe, config dumps and retracing "
+                       "warnings on the console (the task logs keep them either way).", flag_values=flag_values)
+  declare_program_flags(flag_values, __name__)
+  flag_values.register_key_flag_for_module(sys.argv[0], flag_values["log_dir"])

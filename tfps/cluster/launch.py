@@ -12,6 +12,7 @@ import os
 import pathlib
 import signal
 import sys
+import time
 from typing import List, Optional, Sequence
 
 from absl import app
@@ -22,6 +23,7 @@ import portpicker
 from tfps.cluster import config as cluster_lib
 from tfps import flags as flags_lib
 from tfps.cluster import isolation
+from tfps.cluster import summary
 from tfps.cluster import supervise
 from tfps.cluster import tasks as tasks_lib
 
@@ -41,6 +43,7 @@ class LaunchConfig:
   evaluator_timeout_secs: float = 300.0
   max_restarts: int = 3
   expose_ports: bool = False
+  verbose: bool = False
 
   def __post_init__(self):
     if not pathlib.Path(self.script).is_file():
@@ -63,7 +66,8 @@ def config_from_args(argv: Sequence[str], flag_values: flags.FlagValues = flags.
                       log_dir=flag_values.log_dir or "logs", host=flag_values.host,
                       stop_grace_secs=flag_values.stop_grace_secs,
                       evaluator_timeout_secs=flag_values.evaluator_timeout_secs,
-                      max_restarts=flag_values.max_restarts, expose_ports=flag_values.expose_ports)
+                      max_restarts=flag_values.max_restarts, expose_ports=flag_values.expose_ports,
+                      verbose=flag_values.verbose)
 
 
 def build_cluster(config: LaunchConfig) -> cluster_lib.ClusterConfig:
@@ -85,7 +89,8 @@ def task_names(config: LaunchConfig) -> List[tasks_lib.TaskName]:
 
 def launch_tasks(config: LaunchConfig, cluster: cluster_lib.ClusterConfig) -> tasks_lib.TaskGroup:
   """Starts one process per task, each with its own TF_CONFIG and log file; streams the chief's output."""
-  group = tasks_lib.TaskGroup(log_dir=pathlib.Path(config.log_dir), stop_grace_secs=config.stop_grace_secs)
+  group = tasks_lib.TaskGroup(log_dir=pathlib.Path(config.log_dir), stop_grace_secs=config.stop_grace_secs,
+                              verbose=config.verbose)
   command = [sys.executable, config.script, *config.script_args]
   for task_type, task_index in task_names(config):
     group.start(cluster.for_task(task_type, task_index), command, stream=task_type == "chief")
@@ -109,6 +114,7 @@ def _raise_stopped(signum, frame):
 
 def launch(config: LaunchConfig) -> int:
   """Runs the cluster to its end and stops every task; returns the exit status. SIGTERM/SIGINT stop it all too."""
+  started = time.monotonic()
   cluster = build_cluster(config)
   previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGINT)}
   group = None
@@ -123,7 +129,10 @@ def launch(config: LaunchConfig) -> int:
                       "machine (docs/security.md)", isolation.OPT_OUT_FLAG)
     else:
       logging.info("The tasks run in a private network namespace with only loopback: no other host reaches them")
-    return supervise.Supervisor(group, config.max_restarts, config.evaluator_timeout_secs).run()
+    supervisor = supervise.Supervisor(group, config.max_restarts, config.evaluator_timeout_secs)
+    status = supervisor.run()
+    summary.report_run(config.log_dir, supervisor.restart_log, time.monotonic() - started, sys.stdout)
+    return status
   except _Stopped as stopped:
     print(f"tfps-launch: received {signal.Signals(stopped.signum).name}; stopping every task", file=sys.stderr)
     return 128 + stopped.signum

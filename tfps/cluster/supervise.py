@@ -12,6 +12,7 @@ What survives what:
 
 import sys
 import time
+from typing import List
 
 from absl import logging
 
@@ -33,6 +34,7 @@ class Supervisor:
     self.max_restarts = max_restarts
     self.evaluator_timeout_secs = evaluator_timeout_secs
     self.restarts = 0
+    self.restart_log: List[dict] = []  # one record per restart: time, restart, task, cause, restarted
     self.evaluator_failed = False
 
   def run(self) -> int:
@@ -68,7 +70,11 @@ class Supervisor:
       return tasks_lib.exit_status(code) if job == "chief" else 1
     self.restarts += 1
     progress = f"restart {self.restarts}/{self.max_restarts}"
-    if job in ("worker", "evaluator"):
+    alone = job in ("worker", "evaluator")
+    self.restart_log.append({"time": time.time(), "restart": self.restarts, "task": task.label,
+                             "cause": f"{task.label} {tasks_lib.describe_returncode(code)}",
+                             "restarted": task.label if alone else "ps, workers, chief"})
+    if alone:
       _say(f"{progress}: restarting {task.label} alone, at {task.config.address or 'its place'}")
       self.group.restart([task], self.restarts)
     else:

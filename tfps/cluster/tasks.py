@@ -16,7 +16,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import psutil
 
+from tfps import _env
 from tfps.cluster import config as cluster_lib
+from tfps.cluster import console
+from tfps.training import run_records
 
 TaskName = Tuple[str, int]
 TAIL_LINES = 20
@@ -34,9 +37,18 @@ def describe_returncode(returncode: int) -> str:
   return f"exited with code {returncode}"
 
 
-def task_environ(config: cluster_lib.ClusterConfig, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-  """The environment of a task process: `base` (default: ours) plus its TF_CONFIG and the settings tfps needs."""
+def task_environ(config: cluster_lib.ClusterConfig, base: Optional[Dict[str, str]] = None,
+                 verbose: bool = False, log_dir: Optional[pathlib.Path] = None) -> Dict[str, str]:
+  """The environment of a task process: `base` (default: ours) plus its TF_CONFIG and the settings tfps needs.
+
+  `verbose` lets TensorFlow's C++ INFO lines through (TF_CPP_MIN_LOG_LEVEL=0) unless the user set a level;
+  `log_dir` is where the chief tells the launcher its model_dir (for the end-of-run summary).
+  """
   env = dict(os.environ if base is None else base)
+  if verbose and _env.USER_LOG_LEVEL is None:
+    env[_env.LOG_LEVEL] = "0"
+  if log_dir is not None:
+    env[run_records.LAUNCH_DIR_ENV] = str(log_dir.resolve())
   env["TF_CONFIG"] = json.dumps(config.to_tf_config())
   env["GRPC_FAIL_FAST"] = "use_caller"
   env["TF_USE_LEGACY_KERAS"] = "1"
@@ -83,15 +95,17 @@ class Task:
     except OSError:
       return []
 
-  def stream_to(self, stream) -> None:
-    """Copies the process's output to its log file and to `stream`, in a background thread."""
+  def stream_to(self, stream, console_filter: console.ConsoleFilter) -> None:
+    """Copies the process's output to its log file, and the lines `console_filter` keeps to `stream`, in a
+    background thread."""
     def pump():
       with open(self.log_path, "ab") as log:
         for line in iter(self.process.stdout.readline, b""):
           log.write(line)
           log.flush()
-          stream.buffer.write(line)
-          stream.flush()
+          if console_filter.keep(line):
+            stream.buffer.write(line)
+            stream.flush()
     self._pump = threading.Thread(target=pump, name=f"pump-{self.label}", daemon=True)
     self._pump.start()
 
@@ -99,11 +113,14 @@ class Task:
 class TaskGroup:
   """The tasks of one local cluster."""
 
-  def __init__(self, log_dir: pathlib.Path, stop_grace_secs: float = 5.0):
+  def __init__(self, log_dir: pathlib.Path, stop_grace_secs: float = 5.0, verbose: bool = False):
+    """`verbose`: TensorFlow's noise too on the console (else `console.ConsoleFilter` leaves it to the logs)."""
     self.log_dir = log_dir
     self.stop_grace_secs = stop_grace_secs
+    self.verbose = verbose
     self.tasks: List[Task] = []
     log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / run_records.MODEL_DIR_POINTER).unlink(missing_ok=True)  # a previous launch's
 
   def start(self, config: cluster_lib.ClusterConfig, command: Sequence[str], stream: bool = False,
             restart: int = 0) -> Task:
@@ -118,12 +135,12 @@ class TaskGroup:
     else:
       log_path.write_bytes(b"")
     with open(log_path, "ab") as log:
-      process = subprocess.Popen(list(command), env=task_environ(config), stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE if stream else log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+      process = subprocess.Popen(list(command), env=task_environ(config, verbose=self.verbose, log_dir=self.log_dir),
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if stream else log,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
     task = Task(config, command, process, log_path, stream)
     if stream:
-      task.stream_to(sys.stdout)
+      task.stream_to(sys.stdout, console.ConsoleFilter(quiet=not self.verbose and _env.USER_LOG_LEVEL is None))
     self.tasks.append(task)
     return task
 

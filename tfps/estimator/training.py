@@ -7,6 +7,7 @@ from absl import logging
 import tensorflow as tf
 
 from tfps.training import checkpoints as checkpoints_lib
+from tfps.training import run_records
 from tfps.estimator import evaluation
 from tfps.estimator.estimator import Estimator
 from tfps.estimator.spec import EvalSpec, TrainSpec
@@ -58,6 +59,9 @@ def _evaluate_inline(estimator: Estimator, model, eval_spec: EvalSpec) -> dict:
   checkpoint = estimator.latest_checkpoint()
   evaluation.write_results(estimator.model_dir, eval_spec.eval_dir_name, results, results["global_step"], checkpoint)
   logging.info("Evaluation at step %d: %s", results["global_step"], _format(results))
+  metrics = {name: value for name, value in results.items() if name != "global_step"}
+  run_records.record_validation(estimator.model_dir, results["global_step"], metrics)
+  run_records.update_summary(estimator.model_dir, {run_records.VALIDATION_PREFIX + k: v for k, v in metrics.items()})
   return results
 
 

@@ -1,5 +1,6 @@
 """The callbacks `tfps.fit` adds: a progress line per logging interval and a checkpoint per epoch."""
 
+import os
 import time
 from typing import Optional
 
@@ -9,6 +10,7 @@ import tf_keras
 
 from tfps import _tf_private
 from tfps.training import checkpoints as checkpoints_lib
+from tfps.training import run_records
 from tfps.formatting import format_duration, format_rate
 
 
@@ -18,12 +20,16 @@ class ProgressLogger(tf_keras.callbacks.Callback):
   Under ParameterServerStrategy the logs of a step are remote values; fetching the newest one would wait for every
   function scheduled before it. This callback fetches the loss of the function scheduled one before the newest, once
   per interval, which has finished or nearly: the coordinator waits for it at most that once. The loss is the epoch's
-  running mean, as tf-keras reports it.
+  running mean, as tf-keras reports it. With a `recorder`, each line and each epoch's metrics also go to the run
+  records (`model_dir/run/`), and the summary is written when training ends.
   """
 
-  def __init__(self, steps_per_epoch: int, epochs: int, batch_size: Optional[int], interval_secs: float = 10.0):
+  def __init__(self, steps_per_epoch: int, epochs: int, batch_size: Optional[int], interval_secs: float = 10.0,
+               recorder: Optional[run_records.RunRecorder] = None):
     super().__init__()
     _tf_private.accept_remote_logs(self)  # so batch hooks are allowed under ParameterServerStrategy
+    self.recorder = recorder
+    self._final_logs = {}
     self.steps_per_epoch = steps_per_epoch
     self.epochs = epochs
     self.batch_size = batch_size
@@ -37,6 +43,8 @@ class ProgressLogger(tf_keras.callbacks.Callback):
     if not self._began and epoch > 0:
       logging.info("Resumed from the backup at epoch %d/%d (step %d)", epoch + 1, self.epochs,
                    epoch * self.steps_per_epoch)
+      if self.recorder is not None:
+        self.recorder.start_step = epoch * self.steps_per_epoch
     self._epoch = epoch
     self._began = True
     self._last = (time.monotonic(), epoch * self.steps_per_epoch)  # evaluation and checkpoints are not training
@@ -57,11 +65,29 @@ class ProgressLogger(tf_keras.callbacks.Callback):
     loss_text = "-" if loss is None else f"{loss:.4f}"
     logging.info("epoch %d/%d | step %d/%d | loss %s | %s | eta %s", self._epoch + 1, self.epochs,
                  batch + 1, self.steps_per_epoch, loss_text, speed, format_duration(eta))
+    if self.recorder is not None:
+      self.recorder.progress(step, {} if loss is None else {"loss": loss},
+                             rate * self.batch_size if self.batch_size else None)
 
   def on_epoch_end(self, epoch, logs=None):
-    shown = " | ".join(f"{name} {_fetch_scalar(value):.4f}" for name, value in (logs or {}).items()
-                       if _fetch_scalar(value) is not None)
-    logging.info("epoch %d/%d done | %s", epoch + 1, self.epochs, shown)
+    values = {name: _fetch_scalar(value) for name, value in (logs or {}).items()}
+    values = {name: value for name, value in values.items() if value is not None}
+    logging.info("epoch %d/%d done | %s", epoch + 1, self.epochs,
+                 " | ".join(f"{name} {value:.4f}" for name, value in values.items()))
+    self._final_logs = values
+    if self.recorder is not None:
+      step = (epoch + 1) * self.steps_per_epoch
+      train, validation = run_records.split_metrics(values)
+      self.recorder.progress(step, train)
+      if validation:
+        self.recorder.validation(step, validation)
+
+  def on_train_end(self, logs=None):
+    if self.recorder is not None:
+      step = int(self.model.optimizer.iterations.numpy())
+      summary = self.recorder.finish(step, self._final_logs, tensorboard=os.path.join(self.recorder.model_dir, "logs"))
+      logging.info("Run records in %s (steps %d, %.0fs)", run_records.run_dir(self.recorder.model_dir),
+                   summary["steps"], summary["wall_secs"])
 
 
 def _fetch(value):

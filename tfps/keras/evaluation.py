@@ -95,10 +95,13 @@ def is_better(metric: str, value: float, best: Optional[float], mode: str = "aut
 
 
 def write_evaluation(eval_dir: str, checkpoint: Optional[str], step: int, metrics: Dict) -> dict:
-  """Appends `{"checkpoint", "step", "metrics", "time"}` to `eval_dir/metrics.jsonl` and writes the scalar metrics to
-  TensorBoard there; both training paths record their evaluations so. Returns the record."""
+  """Appends `{"checkpoint", "checkpoint_number", "step", "metrics", "time"}` to `eval_dir/metrics.jsonl` and writes
+  the scalar metrics to TensorBoard there; both training paths record their evaluations so. `step` is the optimizer
+  step the checkpoint holds. Returns the record."""
   tf.io.gfile.makedirs(eval_dir)
-  entry = {"checkpoint": checkpoint, "step": step, "metrics": metrics, "time": time.time()}
+  number = checkpoints_lib.checkpoint_number(checkpoint) if checkpoint else None
+  entry = {"checkpoint": checkpoint, "checkpoint_number": number, "step": step, "metrics": metrics,
+           "time": time.time()}
   with tf.io.gfile.GFile(os.path.join(eval_dir, METRICS_FILE), "a") as f:
     f.write(json.dumps(entry) + "\n")
   writer = tf.summary.create_file_writer(eval_dir)
@@ -128,22 +131,24 @@ class _Recorder:
       return json.load(f)
 
   def record(self, path: str, metrics: Dict[str, float]) -> dict:
-    entry = write_evaluation(self.eval_dir, path, checkpoints_lib.checkpoint_number(path), metrics)
+    step = checkpoints_lib.optimizer_step(path)
+    entry = write_evaluation(self.eval_dir, path, checkpoints_lib.checkpoint_number(path) if step is None else step,
+                             metrics)
     metric = self.best_metric or ("auc" if "auc" in metrics else "loss")
     if metric not in metrics:
       raise UsageError(f"`best_metric` {metric!r} is not one of the model's metrics: {', '.join(sorted(metrics))}")
     if is_better(metric, metrics[metric], self.best and self.best["value"], self.best_mode):
-      self._keep_best(path, metric, metrics[metric])
+      self._keep_best(path, metric, metrics[metric], entry["step"])
     return entry
 
-  def _keep_best(self, path: str, metric: str, value: float) -> None:
+  def _keep_best(self, path: str, metric: str, value: float, step: int) -> None:
     if tf.io.gfile.exists(self.best_dir):
       tf.io.gfile.rmtree(self.best_dir)
     tf.io.gfile.makedirs(self.best_dir)
     for source in tf.io.gfile.glob(path + ".*"):
       tf.io.gfile.copy(source, os.path.join(self.best_dir, os.path.basename(source)), overwrite=True)
     self.best = {"checkpoint": path, "copy": os.path.join(self.best_dir, os.path.basename(path)), "metric": metric,
-                 "value": value}
+                 "value": value, "step": step}
     with tf.io.gfile.GFile(os.path.join(self.best_dir, "best.json"), "w") as f:
       json.dump(self.best, f)
     logging.info("New best checkpoint %s: %s %.4f", path, metric, value)

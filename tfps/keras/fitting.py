@@ -22,6 +22,7 @@ from tfps.training import exactly_once
 from tfps import flags as flags_lib
 from tfps.keras import steps as keras_steps
 from tfps.training import modes
+from tfps.training import run_records
 from tfps.cluster import roles
 from tfps.training import runners
 from tfps.training import strategy as strategy_lib
@@ -128,8 +129,9 @@ def build_model_in_scope(build_model: Callable, strategy) -> tf_keras.Model:
 
 
 def _default_callbacks(model_dir, steps_per_epoch, epochs, batch_size, log_every_secs, keep_checkpoint_max):
+  recorder = run_records.RunRecorder(model_dir, batch_size=batch_size) if model_dir else None
   result: List[tf_keras.callbacks.Callback] = [
-      callbacks_lib.ProgressLogger(steps_per_epoch, epochs, batch_size, log_every_secs)]
+      callbacks_lib.ProgressLogger(steps_per_epoch, epochs, batch_size, log_every_secs, recorder)]
   if model_dir:
     result += [
         tf_keras.callbacks.BackupAndRestore(os.path.join(model_dir, "backup")),

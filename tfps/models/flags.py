@@ -20,6 +20,8 @@ from typing import Callable, Dict, Optional
 
 from absl import flags
 
+from tfps import flags as flags_lib
+
 MODELS = ("wide_deep", "dcn", "retrieval")
 DATA = ("synthetic", "criteo", "movielens", "csv")
 DEFAULT_SYNTHETIC_DIR = "/tmp/tfps_synthetic"
@@ -66,6 +68,7 @@ def define_model_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.register_validator("feature_spec", _check_feature_spec, flag_values=flag_values)
   flags.register_multi_flags_validator(["model", "data", "data_dir", "train_files", "eval_files", "num_buckets",
                                         "feature_spec"], _check_data, flag_values=flag_values)
+  flags_lib.declare_program_flags(flag_values, __name__)
 
 
 def _check_data(values: dict) -> bool:

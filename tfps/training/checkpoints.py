@@ -30,6 +30,18 @@ def checkpoint_number(path: str) -> int:
   return int(path.rsplit("-", 1)[1])
 
 
+def optimizer_step(path: str) -> Optional[int]:
+  """The optimizer's step counter saved in checkpoint `path` (a Keras model's `optimizer.iterations`), or None."""
+  reader = tf.train.load_checkpoint(path)
+  for key in reader.get_variable_to_shape_map():
+    if key.endswith(_OPTIMIZER_STEP_KEYS):
+      return int(reader.get_tensor(key))
+  return None
+
+
+_OPTIMIZER_STEP_KEYS = ("optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE", "optimizer/iterations/.ATTRIBUTES/VARIABLE_VALUE")
+
+
 def final_marker_path(model_dir: str) -> str:
   return os.path.join(checkpoint_dir(model_dir), FINAL_MARKER)
 

@@ -14,6 +14,7 @@ from typing import Callable, List, Optional
 from absl import logging
 import tensorflow as tf
 
+from tfps.training import run_records
 from tfps.training import steps as steps_lib
 from tfps.formatting import format_duration, format_rate
 
@@ -77,6 +78,8 @@ class TrainLoop:
     `after_checkpoint(step)` runs after each checkpoint is saved (e.g. an inline evaluation).
     """
     step = self.step
+    self._records = run_records.RunRecorder(self._model_dir, start_step=step)
+    self._examples, self._loss = 0, None
     last_saved = step
     clock = (time.monotonic(), step)
     while max_steps is None or step < max_steps:
@@ -99,6 +102,8 @@ class TrainLoop:
     if last_saved != step:
       self._save(step, after_checkpoint)
     self._writer.flush()
+    self._records.finish(step, {} if self._loss is None else {"loss": self._loss}, examples=self._examples,
+                         tensorboard=self._model_dir)
     return step
 
   def _run_chunk(self, num_steps: int):
@@ -129,6 +134,8 @@ class TrainLoop:
     if max_steps is not None:
       line += f" | eta {format_duration((max_steps - step) * seconds / steps)}"
     logging.info(line)
+    self._examples, self._loss = self._examples + examples, loss
+    self._records.progress(step, {"loss": loss}, examples / seconds)
     with open(os.path.join(self._model_dir, LOSS_LOG), "a", encoding="utf-8") as log:
       log.write(line + "\n")
     with self._writer.as_default(step=step):

@@ -12,6 +12,7 @@ from typing import Optional
 
 from absl import flags
 
+from tfps import flags as flags_lib
 from tfps.errors import UsageError
 
 MODES = ("async", "sync", "geo")
@@ -86,6 +87,7 @@ def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                        flag_values=flag_values)
   flags.DEFINE_integer("replicas_to_aggregate", None, "sync: worker batches per step (default: every worker's).",
                        flag_values=flag_values)
+  flags_lib.declare_program_flags(flag_values, __name__)
 
 
 def mode_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> TrainingMode:

@@ -1,0 +1,75 @@
+"""The launcher's end-of-run summary, from the run records the chief and the sidecar evaluator wrote.
+
+The chief tells the launcher its model_dir through `log_dir/model_dir.json` (see `tfps.training.run_records`); the
+launcher adds its restarts to `model_dir/run/restarts.jsonl` and prints what the run did and where its files are.
+Imports no TensorFlow.
+"""
+
+import os
+from typing import List, Optional, Sequence
+
+from tfps.formatting import format_duration, format_rate
+from tfps.training import run_records
+
+
+def model_dir_of_launch(log_dir: str) -> Optional[str]:
+  """The model_dir the chief of this launch trained into, or None if it did not say (no tfps training ran)."""
+  pointer = run_records.read_json(os.path.join(log_dir, run_records.MODEL_DIR_POINTER))
+  return pointer and pointer.get("model_dir")
+
+
+def record_restarts(model_dir: str, restarts: Sequence[dict]) -> None:
+  for restart in restarts:
+    run_records.append_jsonl(os.path.join(run_records.run_dir(model_dir), run_records.RESTARTS_FILE), restart)
+
+
+def _metrics_text(metrics: dict) -> str:
+  return " | ".join(f"{name} {value:.4f}" for name, value in sorted(metrics.items()))
+
+
+def summary_lines(model_dir: Optional[str], restarts: Sequence[dict], launch_secs: float) -> List[str]:
+  """The summary as lines of text (restarts: the supervisor's restart records)."""
+  lines = []
+  run = run_records.read_run(model_dir) if model_dir else None
+  summary = run and run["summary"]
+  if summary:
+    speed = summary.get("examples_per_sec")
+    speed_text = f", {format_rate(speed)} examples/s" if speed else ""
+    lines.append(f"steps {summary.get('steps')} in {format_duration(summary.get('wall_secs', 0))} of training"
+                 f"{speed_text} (launch wall time {format_duration(launch_secs)})")
+    train, validation = run_records.split_metrics(summary.get("final_metrics", {}))
+    if train:
+      lines.append(f"final training metrics: {_metrics_text(train)}")
+    if validation:
+      lines.append(f"final validation metrics: {_metrics_text(validation)}")
+  else:
+    lines.append(f"no run summary{' in ' + model_dir if model_dir else ''} (training did not finish, or the script "
+                 f"does not train with a model_dir); launch wall time {format_duration(launch_secs)}")
+  if run and run["best"]:
+    best = run["best"]
+    step = f" (step {best['step']})" if best.get("step") is not None else ""
+    lines.append(f"sidecar best checkpoint: {best['checkpoint']}{step}: {best['metric']} {best['value']:.4f}; "
+                 f"copy in {os.path.dirname(best['copy'])}")
+  if run and run["evaluations"]:
+    lines.append(f"sidecar evaluations: {len(run['evaluations'])} in {os.path.join(model_dir, 'eval')}")
+  if restarts:
+    lines.append(f"restarts: {len(restarts)}")
+    lines += [f"  {r['restart']}. {r['cause']}; restarted {r['restarted']}" for r in restarts]
+  else:
+    lines.append("restarts: none")
+  if summary:
+    for key, label in (("checkpoints", "checkpoints"), ("tensorboard", "TensorBoard logs"), ("export_dir", "export")):
+      if summary.get(key):
+        lines.append(f"{label}: {summary[key]}")
+    lines.append(f"run records: {run_records.run_dir(model_dir)} (plot them: tfps-report {model_dir})")
+  return lines
+
+
+def report_run(log_dir: str, restarts: Sequence[dict], launch_secs: float, stream) -> None:
+  """Writes the restarts into the run records and prints the summary to `stream`."""
+  model_dir = model_dir_of_launch(log_dir)
+  if model_dir:
+    record_restarts(model_dir, restarts)
+  stream.write("tfps-launch: run summary\n" + "".join(f"  {line}\n" for line in summary_lines(model_dir, restarts,
+                                                                                              launch_secs)))
+  stream.flush()
