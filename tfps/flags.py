@@ -109,9 +109,11 @@ def define_launch_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_integer("num_ps", 1, "Parameter servers to start.", lower_bound=1, flag_values=flag_values)
   flags.DEFINE_integer("num_workers", 2, "Workers to start.", lower_bound=1, flag_values=flag_values)
   flags.DEFINE_boolean("evaluator", False, "Also start a sidecar evaluator task.", flag_values=flag_values)
-  if "log_dir" not in flag_values:  # absl.logging defines --log_dir in FLAGS; the launcher uses it as its own
-    flags.DEFINE_string("log_dir", "", "One log file per task is written here (default: logs).",
-                        flag_values=flag_values)
+  log_dir_help = "One log file per task is written here (default: logs)."
+  if "log_dir" in flag_values:  # absl.logging defines --log_dir in FLAGS; the launcher uses it as its own
+    flag_values["log_dir"].help = log_dir_help
+  else:
+    flags.DEFINE_string("log_dir", "", log_dir_help, flag_values=flag_values)
   flags.DEFINE_string("host", "127.0.0.1", "Address the tasks reach each other at (in their TF_CONFIG). Whatever it "
                       "is, TensorFlow's servers listen on every interface; without --expose_ports the tasks run in a "
                       "private network namespace with only loopback, so it must be a loopback address.",
@@ -132,3 +134,9 @@ def define_launch_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                        "warnings on the console (the task logs keep them either way).", flag_values=flag_values)
   declare_program_flags(flag_values, __name__)
   flag_values.register_key_flag_for_module(sys.argv[0], flag_values["log_dir"])
+
+
+def define_report_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines the flags of `tfps-report` in `flag_values`."""
+  flags.DEFINE_string("out", None, "PNG file to write (default: MODEL_DIR/run/report.png).", flag_values=flag_values)
+  declare_program_flags(flag_values, __name__)

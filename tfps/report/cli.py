@@ -1,0 +1,49 @@
+"""`tfps-report MODEL_DIR [--out FILE.png]`: plots a run's records (default output: MODEL_DIR/run/report.png)."""
+
+import os
+import sys
+from typing import Optional, Sequence
+
+from absl import app
+from absl import flags
+
+from tfps import flags as flags_lib
+from tfps.errors import UsageError
+from tfps.report import plot
+from tfps.report import series as series_lib
+from tfps.training import run_records
+
+REPORT_FILE = "report.png"
+
+
+def write_report(model_dir: str, out_path: Optional[str] = None) -> str:
+  """Writes the report of the run in `model_dir` to `out_path` (default `model_dir/run/report.png`); returns it."""
+  if not os.path.isdir(model_dir):
+    raise UsageError(f"model_dir {model_dir!r} is not a directory")
+  run = run_records.read_run(model_dir)
+  if not run["progress"] and not run["evaluations"]:
+    raise UsageError(f"no run records in {model_dir!r}: expected {run_records.run_dir(model_dir)}/"
+                     f"{run_records.PROGRESS_FILE} or eval/metrics.jsonl (written by tfps.fit or tfps.Estimator)")
+  out_path = out_path or os.path.join(run_records.run_dir(model_dir), REPORT_FILE)
+  return plot.write_png(series_lib.build_series(run), out_path, title=os.path.abspath(model_dir))
+
+
+def main(argv: Sequence[str]) -> None:
+  if len(argv) != 2:
+    raise app.UsageError(f"give one MODEL_DIR (got {len(argv) - 1} arguments); usage: tfps-report MODEL_DIR "
+                         "[--out FILE.png]")
+  try:
+    print(write_report(argv[1], flags.FLAGS.out))
+  except UsageError as e:
+    print(f"tfps-report: {e}", file=sys.stderr)
+    sys.exit(2)
+
+
+def run(argv: Optional[Sequence[str]] = None) -> None:
+  """Console-script entry point of `tfps-report`."""
+  flags_lib.define_report_flags(flags.FLAGS)
+  app.run(main, argv=argv)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,65 @@
+"""The series a report plots, taken from a run's records (`tfps.training.run_records.read_run`). No plotting here."""
+
+import bisect
+import dataclasses
+from typing import Dict, List, Optional, Sequence
+
+LOSS = "loss"
+
+
+@dataclasses.dataclass(frozen=True)
+class Curve:
+  """One plotted line: `values[i]` at optimizer step `steps[i]`."""
+
+  label: str
+  steps: List[int]
+  values: List[float]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportSeries:
+  """Everything a report shows: curves per panel (loss, the AUC metric, examples/s) and the steps of restarts."""
+
+  panels: Dict[str, List[Curve]]
+  restart_steps: List[int]
+  restart_labels: List[str]
+
+
+def auc_metric(run: dict) -> Optional[str]:
+  """The name of the run's AUC metric (the first name containing "auc"), or None."""
+  names = [name for record in run["progress"] + run["evaluations"] for name in record.get("metrics", {})]
+  return next((name for name in names if "auc" in name.lower()), None)
+
+
+def _curve(label: str, records: Sequence[dict], metric: str) -> Curve:
+  points = sorted((record["step"], record["metrics"][metric]) for record in records
+                  if record.get("step") is not None and metric in record.get("metrics", {}))
+  return Curve(label, [step for step, _ in points], [value for _, value in points])
+
+
+def restart_steps(progress: Sequence[dict], restarts: Sequence[dict]) -> List[int]:
+  """The step each restart happened at: that of the last progress record written before it (0 before any)."""
+  timed = sorted((record["time"], record["step"]) for record in progress)
+  times = [time for time, _ in timed]
+  steps = []
+  for restart in restarts:
+    index = bisect.bisect_right(times, restart["time"]) - 1
+    steps.append(timed[index][1] if index >= 0 else 0)
+  return steps
+
+
+def build_series(run: dict) -> ReportSeries:
+  """The report's series from `run` (as `run_records.read_run` returns it)."""
+  train = [r for r in run["progress"] if r.get("kind") == "train"]
+  validation = [r for r in run["progress"] if r.get("kind") == "validation"]
+  panels = {}
+  for metric in (LOSS, auc_metric(run)):
+    if metric is None:
+      continue
+    curves = [_curve(f"training {metric}", train, metric), _curve(f"validation {metric} (chief)", validation, metric),
+              _curve(f"sidecar {metric}", run["evaluations"], metric)]
+    panels[metric] = [curve for curve in curves if curve.steps]
+  speed = [r for r in train if r.get("examples_per_sec") is not None]
+  panels["examples/s"] = [Curve("examples/s", [r["step"] for r in speed], [r["examples_per_sec"] for r in speed])]
+  return ReportSeries(panels=panels, restart_steps=restart_steps(run["progress"], run["restarts"]),
+                      restart_labels=[r.get("cause", "restart") for r in run["restarts"]])
