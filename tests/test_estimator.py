@@ -46,6 +46,24 @@ def test_learns_the_synthetic_task(trained):
   assert records[-1]["checkpoint"].endswith("checkpoints/ckpt-300")
 
 
+def test_run_records(trained):
+  estimator, results, records = trained
+  progress = [json.loads(line) for line in open(f"{estimator.model_dir}/run/progress.jsonl", encoding="utf-8")]
+  with open(f"{estimator.model_dir}/loss.log", encoding="utf-8") as log:
+    logged = [(int(m.group(1)), float(m.group(2))) for m in map(LOG_LINE.match, log)]
+  train = [r for r in progress if r["kind"] == "train"]
+  assert [(r["step"], round(r["metrics"]["loss"], 4)) for r in train] == logged
+  assert all(r["examples_per_sec"] > 0 for r in train)
+  validation = [r for r in progress if r["kind"] == "validation"]
+  assert [(r["step"], r["metrics"]["auc"]) for r in validation] == [
+      (r["step"], pytest.approx(r["metrics"]["auc"])) for r in records]
+  summary = json.loads(open(f"{estimator.model_dir}/run/summary.json", encoding="utf-8").read())
+  assert summary["steps"] == MAX_STEPS and summary["steps_this_run"] == MAX_STEPS
+  assert summary["examples_per_sec"] == pytest.approx(MAX_STEPS * BATCH / summary["wall_secs"], rel=0.05)
+  assert summary["final_metrics"]["val_auc"] == pytest.approx(results["auc"])
+  assert summary["final_metrics"]["loss"] == pytest.approx(logged[-1][1], abs=1e-4)
+
+
 def test_step_log_and_checkpoints(trained):
   estimator, _, _ = trained
   with open(f"{estimator.model_dir}/loss.log", encoding="utf-8") as log:

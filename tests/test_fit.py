@@ -127,6 +127,25 @@ def test_tfps_evaluate_with_steps(trained):
   assert result["count"] == 400  # 4 steps of 100
 
 
+def test_run_records(trained):
+  history, model_dir = trained
+  progress = [json.loads(line) for line in open(os.path.join(model_dir, "run", "progress.jsonl"))]
+  epoch_ends = [r for r in progress if r["kind"] == "train" and "auc" in r["metrics"]]
+  assert [r["step"] for r in epoch_ends] == [STEPS, 2 * STEPS, 3 * STEPS]
+  assert [r["metrics"]["auc"] for r in epoch_ends] == pytest.approx(history.history["auc"])
+  validation = [r for r in progress if r["kind"] == "validation"]
+  assert [r["step"] for r in validation] == [STEPS, 2 * STEPS, 3 * STEPS]
+  assert [r["metrics"]["auc"] for r in validation] == pytest.approx(history.history["val_auc"])
+  lines = [r for r in progress if "examples_per_sec" in r]  # the progress lines (log_every_secs=0.5)
+  assert lines and all(r["examples_per_sec"] > 0 and 0 < r["step"] <= EPOCHS * STEPS for r in lines)
+  summary = json.loads(pathlib.Path(model_dir, "run", "summary.json").read_text())
+  assert summary["steps"] == EPOCHS * STEPS and summary["steps_this_run"] == EPOCHS * STEPS
+  assert summary["examples_per_sec"] == pytest.approx(EPOCHS * STEPS * 64 / summary["wall_secs"])
+  assert summary["final_metrics"]["val_auc"] == pytest.approx(history.history["val_auc"][-1])
+  assert summary["final_metrics"]["loss"] == pytest.approx(history.history["loss"][-1])
+  assert summary["tensorboard"] == os.path.join(model_dir, "logs")
+
+
 def copy_run(model_dir, tmp_path):
   copy = tmp_path / "run"
   shutil.copytree(model_dir, copy, ignore=shutil.ignore_patterns("eval", "best"))
@@ -142,10 +161,11 @@ def test_sidecar_evaluates_every_checkpoint_and_keeps_the_best(trained, tmp_path
   copy = copy_run(trained[1], tmp_path)
   results = tfps.run_sidecar_evaluator(build_model, eval_fn_of(2_000), str(copy), evaluate_every_checkpoint=True,
                                        poll_secs=0.1, idle_timeout_secs=30)
-  assert [r["step"] for r in results] == [1, 2, 3]
+  assert [r["step"] for r in results] == [STEPS, 2 * STEPS, 3 * STEPS]  # the optimizer step of each checkpoint
   assert all(r["metrics"]["count"] == 2_000 for r in results)
   lines = [json.loads(line) for line in (copy / "eval" / "metrics.jsonl").read_text().splitlines()]
-  assert [line["step"] for line in lines] == [1, 2, 3]
+  assert [line["step"] for line in lines] == [STEPS, 2 * STEPS, 3 * STEPS]
+  assert [line["checkpoint_number"] for line in lines] == [1, 2, 3]
   best = json.loads((copy / "best" / "best.json").read_text())
   assert best["metric"] == "auc"
   assert best["value"] == max(r["metrics"]["auc"] for r in results)
@@ -159,7 +179,7 @@ def test_sidecar_newest_only_and_skips_a_deleted_checkpoint(trained, tmp_path, c
     path.unlink()  # deleted while the evaluator reads: skipped, not a crash
   results = tfps.run_sidecar_evaluator(build_model, eval_fn_of(500), str(copy), evaluate_every_checkpoint=True,
                                        poll_secs=0.1, idle_timeout_secs=30)
-  assert [r["step"] for r in results] == [1, 2]
+  assert [r["checkpoint_number"] for r in results] == [1, 2]
   assert f"Skipping checkpoint {copy}/checkpoints/ckpt-3" in caplog.text
   newest = tfps.run_sidecar_evaluator(build_model, eval_fn_of(500), str(copy), poll_secs=0.1, idle_timeout_secs=30)
   assert newest == []  # only the newest (ckpt-3) was due, and it is gone

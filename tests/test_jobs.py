@@ -11,6 +11,10 @@ import time
 import psutil
 import pytest
 
+from tfps.cluster import console
+from tfps.report import series
+from tfps.training import run_records
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH = [sys.executable, "-m", "tfps.cluster.launch"]
 
@@ -84,15 +88,32 @@ def test_main_job_trains_and_the_sidecar_reports_auc(tmp_path, subprocess_env, l
   args = ["--num_ps=1", "--num_workers=2", "--evaluator", f"--log_dir={tmp_path / 'logs'}", "scripts/train.py", "--",
           "--flagfile=configs/main.cfg", f"--model_dir={model_dir}", f"--data_dir={tmp_path / 'data'}",
           "--synthetic_rows=40000", "--epochs=2", "--steps_per_epoch=60", "--batch_size=256"]
-  run = start(args, subprocess_env, tmp_path / "main.out")
+  quiet_env = {key: value for key, value in subprocess_env.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
+  run = start(args, quiet_env, tmp_path / "main.out")
   launched.append(run)
   assert run.wait(timeout=400) == 0, (tmp_path / "main.out").read_text()[-3000:]
   output = (tmp_path / "main.out").read_text()
   final_line = [line for line in output.splitlines() if "Final: " in line][0]
   val_auc = float(final_line.split("val_auc ")[1].split()[0])
   assert val_auc > 0.6, final_line
+  # Quiet console: TensorFlow's noise is in the chief's log only.
+  noise = [line for line in output.splitlines() if not console.ConsoleFilter().keep(line.encode() + b"\n")]
+  assert noise == [] and "Could not find cuda" not in output and "session config" not in output
+  assert "Could not find cuda" in (tmp_path / "logs" / "chief-0.log").read_text()
   evaluations = [json.loads(line) for line in (model_dir / "eval" / "metrics.jsonl").read_text().splitlines()]
   assert evaluations and evaluations[-1]["checkpoint"].endswith("ckpt-2")
+  assert [(e["checkpoint_number"], e["step"]) for e in evaluations[-1:]] == [(2, 120)]  # the optimizer step
+  summary = output[output.index("tfps-launch: run summary"):]
+  assert "  steps 120 in " in summary and "examples/s" in summary
+  assert f"final validation metrics: auc {val_auc:.4f}" in summary
+  assert f"sidecar best checkpoint: {model_dir}/checkpoints/ckpt-" in summary and "restarts: none" in summary
+  assert f"TensorBoard logs: {model_dir}/logs" in summary and f"checkpoints: {model_dir}/checkpoints" in summary
+  report = subprocess.run([sys.executable, "-m", "tfps.report.cli", str(model_dir)], cwd=REPO, env=subprocess_env,
+                          capture_output=True, text=True, timeout=120)
+  assert report.returncode == 0, report.stderr
+  assert (model_dir / "run" / "report.png").read_bytes()[:4] == b"\x89PNG"
+  sidecar_auc = series.build_series(run_records.read_run(str(model_dir))).panels["auc"][-1]
+  assert sidecar_auc.label == "sidecar auc" and sidecar_auc.values == [e["metrics"]["auc"] for e in evaluations]
   assert evaluations[-1]["metrics"]["auc"] == pytest.approx(val_auc, abs=1e-3)  # same weights, same data
   best = json.loads((model_dir / "best" / "best.json").read_text())
   assert best["metric"] == "auc"

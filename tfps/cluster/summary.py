@@ -1,7 +1,7 @@
 """The launcher's end-of-run summary, from the run records the chief and the sidecar evaluator wrote.
 
-The chief tells the launcher its model_dir through `log_dir/model_dir.json` (see `tfps.training.run_records`); the
-launcher adds its restarts to `model_dir/run/restarts.jsonl` and prints what the run did and where its files are.
+The chief tells the launcher its model_dir through `log_dir/model_dir.json` (see `tfps.training.run_records`;
+removed after the summary); the launcher adds its restarts to `model_dir/run/restarts.jsonl` and prints what the run did and where its files are.
 Imports no TensorFlow.
 """
 
@@ -66,10 +66,11 @@ def summary_lines(model_dir: Optional[str], restarts: Sequence[dict], launch_sec
 
 
 def report_run(log_dir: str, restarts: Sequence[dict], launch_secs: float, stream) -> None:
-  """Writes the restarts into the run records and prints the summary to `stream`."""
+  """Writes the restarts into the run records, prints the summary to `stream` and removes the chief's pointer."""
   model_dir = model_dir_of_launch(log_dir)
   if model_dir:
     record_restarts(model_dir, restarts)
+    os.remove(os.path.join(log_dir, run_records.MODEL_DIR_POINTER))
   stream.write("tfps-launch: run summary\n" + "".join(f"  {line}\n" for line in summary_lines(model_dir, restarts,
                                                                                               launch_secs)))
   stream.flush()

@@ -1,0 +1,102 @@
+"""Run records, the launcher's summary and tfps-report on records written by hand (no TensorFlow, no cluster)."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from tfps.cluster import summary as summary_lib
+from tfps.report import cli
+from tfps.report import series as series_lib
+from tfps.training import run_records
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def write_run(model_dir: pathlib.Path):
+  """A run of 3 epochs x 100 steps with a restart at ~step 150, as tfps.fit and tfps-launch write it."""
+  recorder = run_records.RunRecorder(str(model_dir), batch_size=32)
+  progress = [(50, 0.69, 900.0), (100, 0.60, 950.0), (150, 0.55, 1000.0), (250, 0.50, 800.0)]
+  for step, loss, speed in progress:
+    recorder.progress(step, {"loss": loss}, speed)
+  for step, loss, auc in [(100, 0.62, 0.70), (200, 0.55, 0.75), (300, 0.50, 0.80)]:
+    recorder.progress(step, {"loss": loss, "auc": auc})
+    recorder.validation(step, {"loss": loss + 0.01, "auc": auc - 0.01})
+  (model_dir / "eval").mkdir()
+  with open(model_dir / "eval" / "metrics.jsonl", "w") as f:
+    for number, auc in [(1, 0.69), (2, 0.74), (3, 0.79)]:
+      f.write(json.dumps({"checkpoint": f"{model_dir}/checkpoints/ckpt-{number}", "checkpoint_number": number,
+                          "step": 100 * number, "metrics": {"loss": 0.7 - auc / 3, "auc": auc}}) + "\n")
+  (model_dir / "best").mkdir()
+  (model_dir / "best" / "best.json").write_text(json.dumps(
+      {"checkpoint": f"{model_dir}/checkpoints/ckpt-3", "copy": f"{model_dir}/best/ckpt-3", "metric": "auc",
+       "value": 0.79, "step": 300}))
+  records = run_records.read_jsonl(str(model_dir / "run" / "progress.jsonl"))
+  restart_time = (records[2]["time"] + records[3]["time"]) / 2  # between the step-150 and step-250 lines
+  summary_lib.record_restarts(str(model_dir), [{"time": restart_time, "restart": 1, "task": "ps:0",
+                                                "cause": "ps:0 was killed by SIGKILL",
+                                                "restarted": "ps, workers, chief"}])
+  recorder.finish(300, {"loss": 0.5, "auc": 0.8, "val_loss": 0.51, "val_auc": 0.79}, export_dir=str(model_dir / "x"))
+
+
+def test_series_are_the_records(tmp_path):
+  write_run(tmp_path)
+  run = run_records.read_run(str(tmp_path))
+  report = series_lib.build_series(run)
+  assert list(report.panels) == ["loss", "auc", "examples/s"]
+  training_loss, validation_loss, sidecar_loss = report.panels["loss"]
+  train = [r for r in run["progress"] if r["kind"] == "train"]
+  assert sorted(zip(training_loss.steps, training_loss.values)) == sorted(
+      (r["step"], r["metrics"]["loss"]) for r in train)
+  assert validation_loss.steps == [100, 200, 300] and validation_loss.values == pytest.approx([0.63, 0.56, 0.51])
+  assert sidecar_loss.steps == [e["step"] for e in run["evaluations"]]
+  assert [c.values for c in report.panels["auc"]][2] == [0.69, 0.74, 0.79]
+  assert report.panels["examples/s"][0].steps == [50, 100, 150, 250]
+  assert report.panels["examples/s"][0].values == [900.0, 950.0, 1000.0, 800.0]
+  assert report.restart_steps == [150] and report.restart_labels == ["ps:0 was killed by SIGKILL"]
+
+
+def test_report_is_a_png(tmp_path):
+  write_run(tmp_path)
+  path = cli.write_report(str(tmp_path), str(tmp_path / "r.png"))
+  data = pathlib.Path(path).read_bytes()
+  assert data[:8] == PNG_MAGIC and len(data) > 20_000
+  width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+  assert (width, height) == (900, 960)  # 9 x (3 panels x 3.2) inches at 100 dpi
+
+
+def test_summary_lines(tmp_path):
+  write_run(tmp_path)
+  lines = summary_lib.summary_lines(str(tmp_path), [{"restart": 1, "cause": "ps:0 was killed by SIGKILL",
+                                                     "restarted": "ps, workers, chief"}], launch_secs=75)
+  text = "\n".join(lines)
+  assert lines[0].startswith("steps 300 in ") and "examples/s" in lines[0] and "launch wall time 1m15s" in lines[0]
+  assert "final training metrics: auc 0.8000 | loss 0.5000" in text
+  assert "final validation metrics: auc 0.7900 | loss 0.5100" in text
+  assert f"sidecar best checkpoint: {tmp_path}/checkpoints/ckpt-3 (step 300): auc 0.7900" in text
+  assert "restarts: 1\n  1. ps:0 was killed by SIGKILL; restarted ps, workers, chief" in text
+  assert f"checkpoints: {tmp_path}/checkpoints" in text and f"export: {tmp_path}/x" in text
+
+
+def run_report(*args, prelude=""):
+  code = f"{prelude}import sys; from tfps.report import cli; cli.run(['tfps-report', *sys.argv[1:]])"
+  return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_report_command_errors_are_one_line(tmp_path):
+  missing = run_report(str(tmp_path / "nope"))
+  assert missing.returncode == 2 and missing.stderr.strip() == (
+      f"tfps-report: model_dir '{tmp_path / 'nope'}' is not a directory")
+  empty = run_report(str(tmp_path))
+  assert empty.returncode == 2 and "no run records in" in empty.stderr and len(empty.stderr.splitlines()) == 1
+  write_run(tmp_path)
+  no_matplotlib = run_report(str(tmp_path), prelude="import sys; sys.modules['matplotlib'] = None; ")
+  assert no_matplotlib.returncode == 2
+  assert no_matplotlib.stderr.strip() == "tfps-report: " + cli.plot.INSTALL_HINT
+  written = run_report(str(tmp_path))
+  assert written.returncode == 0, written.stderr
+  assert (tmp_path / "run" / "report.png").read_bytes()[:8] == PNG_MAGIC
