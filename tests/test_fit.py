@@ -136,8 +136,10 @@ def test_run_records(trained):
   validation = [r for r in progress if r["kind"] == "validation"]
   assert [r["step"] for r in validation] == [STEPS, 2 * STEPS, 3 * STEPS]
   assert [r["metrics"]["auc"] for r in validation] == pytest.approx(history.history["val_auc"])
-  lines = [r for r in progress if "examples_per_sec" in r]  # the progress lines (log_every_secs=0.5)
-  assert lines and all(r["examples_per_sec"] > 0 and 0 < r["step"] <= EPOCHS * STEPS for r in lines)
+  lines = [r for r in progress if "examples_per_sec" in r]  # the progress lines (log_every_secs=0.5), epoch ends
+  assert len(lines) > len(epoch_ends) and all(r["examples_per_sec"] > 0 and 0 < r["step"] <= EPOCHS * STEPS
+                                               for r in lines)
+  assert all("examples_per_sec" in r for r in epoch_ends)
   summary = json.loads(pathlib.Path(model_dir, "run", "summary.json").read_text())
   assert summary["steps"] == EPOCHS * STEPS and summary["steps_this_run"] == EPOCHS * STEPS
   assert summary["examples_per_sec"] == pytest.approx(EPOCHS * STEPS * 64 / summary["wall_secs"])

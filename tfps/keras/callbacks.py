@@ -37,6 +37,7 @@ class ProgressLogger(tf_keras.callbacks.Callback):
     self._epoch = 0
     self._last = (0.0, 0)  # (time, global step) of the previous line or of the epoch's start
     self._previous_logs = None  # the logs of the previous scheduled function
+    self._epoch_times = [time.monotonic(), None]
     self._began = False  # an epoch began in this run (the first one > 0 means a resumed run)
 
   def on_epoch_begin(self, epoch, logs=None):
@@ -48,6 +49,7 @@ class ProgressLogger(tf_keras.callbacks.Callback):
     self._epoch = epoch
     self._began = True
     self._last = (time.monotonic(), epoch * self.steps_per_epoch)  # evaluation and checkpoints are not training
+    self._epoch_times = [self._last[0], None]  # start, end of training (the epoch's validation comes after)
     self._previous_logs = None
 
   def on_train_batch_end(self, batch, logs=None):
@@ -69,6 +71,10 @@ class ProgressLogger(tf_keras.callbacks.Callback):
       self.recorder.progress(step, {} if loss is None else {"loss": loss},
                              rate * self.batch_size if self.batch_size else None)
 
+  def on_test_begin(self, logs=None):
+    if self._epoch_times[1] is None:
+      self._epoch_times[1] = time.monotonic()
+
   def on_epoch_end(self, epoch, logs=None):
     values = {name: _fetch_scalar(value) for name, value in (logs or {}).items()}
     values = {name: value for name, value in values.items() if value is not None}
@@ -78,7 +84,9 @@ class ProgressLogger(tf_keras.callbacks.Callback):
     if self.recorder is not None:
       step = (epoch + 1) * self.steps_per_epoch
       train, validation = run_records.split_metrics(values)
-      self.recorder.progress(step, train)
+      start, end = self._epoch_times[0], self._epoch_times[1] or time.monotonic()
+      speed = self.steps_per_epoch * self.batch_size / (end - start) if self.batch_size and end > start else None
+      self.recorder.progress(step, train, speed)
       if validation:
         self.recorder.validation(step, validation)
 
