@@ -78,6 +78,7 @@ def test_summary_lines(tmp_path):
   assert "final training metrics: auc 0.8000 | loss 0.5000" in text
   assert "final validation metrics: auc 0.7900 | loss 0.5100" in text
   assert f"sidecar best checkpoint: {tmp_path}/checkpoints/ckpt-3 (step 300): auc 0.7900" in text
+  assert f"sidecar evaluations: 3 in {tmp_path}/eval; last at step 300: auc 0.7900 | loss 0.4367" in text
   assert "restarts: 1\n  1. ps:0 was killed by SIGKILL; restarted ps, workers, chief" in text
   assert f"checkpoints: {tmp_path}/checkpoints" in text and f"export: {tmp_path}/x" in text
 

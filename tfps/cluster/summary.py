@@ -51,7 +51,9 @@ def summary_lines(model_dir: Optional[str], restarts: Sequence[dict], launch_sec
     lines.append(f"sidecar best checkpoint: {best['checkpoint']}{step}: {best['metric']} {best['value']:.4f}; "
                  f"copy in {os.path.dirname(best['copy'])}")
   if run and run["evaluations"]:
-    lines.append(f"sidecar evaluations: {len(run['evaluations'])} in {os.path.join(model_dir, 'eval')}")
+    last = run["evaluations"][-1]
+    lines.append(f"sidecar evaluations: {len(run['evaluations'])} in {os.path.join(model_dir, 'eval')}; last at step "
+                 f"{last.get('step')}: {_metrics_text(last.get('metrics', {}))}")
   if restarts:
     lines.append(f"restarts: {len(restarts)}")
     lines += [f"  {r['restart']}. {r['cause']}; restarted {r['restarted']}" for r in restarts]
