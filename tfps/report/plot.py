@@ -4,6 +4,7 @@ from tfps.errors import UsageError
 from tfps.report import series as series_lib
 
 _STYLES = {"validation": "o", "sidecar": "x"}  # by the curve label's first word; else a line with dots
+_COLORS = {"validation": "C1", "sidecar": "C2"}  # the same in every panel
 INSTALL_HINT = "tfps-report needs matplotlib: pip install 'tfps[report]' (or pip install matplotlib)"
 
 
@@ -24,7 +25,8 @@ def write_png(report: series_lib.ReportSeries, out_path: str, title: str) -> str
   figure, axes = plt.subplots(len(names), 1, figsize=(9, 3.2 * len(names)), sharex=True, squeeze=False)
   for axis, name in zip(axes[:, 0], names):
     for curve in report.panels[name]:
-      axis.plot(curve.steps, curve.values, _STYLES.get(curve.label.split()[0], ".-"), label=curve.label,
+      kind = curve.label.split()[0]
+      axis.plot(curve.steps, curve.values, _STYLES.get(kind, ".-"), color=_COLORS.get(kind, "C0"), label=curve.label,
                 markersize=6)
     for index, step in enumerate(report.restart_steps):
       axis.axvline(step, color="red", linestyle="--", linewidth=1, label="restart" if index == 0 else None)
