@@ -1,6 +1,7 @@
 """The launcher's console: TensorFlow's noise stays in the task logs unless --verbose or TF_CPP_MIN_LOG_LEVEL is
 given; the end-of-run summary names the restarts and their causes."""
 
+import json
 import os
 import pathlib
 import subprocess
@@ -101,5 +102,19 @@ def test_summary_names_restarts_and_their_causes(tmp_path, quiet_env):
                   script_args=["--fail_task=worker:0", f"--fail_once_file={tmp_path / 'failed'}", "--chief_secs=3"])
   assert result.returncode == 0, result.stderr
   summary = result.stdout[result.stdout.index("tfps-launch: run summary"):]
-  assert "no run summary" in summary  # the stand-in trains nothing
+  assert "no run summary" in summary  # the stand-in trained nothing
   assert "restarts: 1\n    1. worker:0 exited with code 3; restarted worker:0\n" in summary
+
+
+def test_restarts_go_into_the_run_records_of_the_chiefs_model_dir(tmp_path, quiet_env):
+  model_dir = tmp_path / "run"
+  result = launch(tmp_path, script=FAKE_TASK, env=quiet_env,
+                  script_args=["--fail_task=ps:0", f"--fail_once_file={tmp_path / 'failed'}", "--chief_secs=3",
+                               f"--model_dir={model_dir}"])
+  assert result.returncode == 0, result.stderr
+  restarts = [json.loads(line) for line in (model_dir / "run" / "restarts.jsonl").read_text().splitlines()]
+  assert [(r["restart"], r["cause"], r["restarted"]) for r in restarts] == [
+      (1, "ps:0 exited with code 3", "ps, workers, chief")]
+  assert "  steps 10 in " in result.stdout, result.stdout
+  assert "final training metrics: loss 0.4000" in result.stdout
+  assert not (tmp_path / "logs" / "model_dir.json").exists()  # the chief's pointer is cleaned up
