@@ -2,8 +2,8 @@
 
 A straight line: parse flags -> `LaunchConfig` -> unless `--expose_ports`, run again inside a private network
 namespace with only loopback (`isolation`) -> pick ports (`build_cluster`) -> start one process per task with its own
-TF_CONFIG and log file (`launch_tasks`) -> watch and restart them (`supervise.Supervisor`) -> stop every task -> exit
-with the chief's status.
+TF_CONFIG and log file (`launch_tasks`) -> watch and restart them (`supervise.Supervisor`) -> print the run summary
+(`summary.report_run`) -> stop every task -> exit with the chief's status.
 Imports no TensorFlow.
 """
 

@@ -1,7 +1,8 @@
 """The launcher's end-of-run summary, from the run records the chief and the sidecar evaluator wrote.
 
 The chief tells the launcher its model_dir through `log_dir/model_dir.json` (see `tfps.training.run_records`;
-removed after the summary); the launcher adds its restarts to `model_dir/run/restarts.jsonl` and prints what the run did and where its files are.
+removed after the summary); the launcher adds its restarts to `model_dir/run/restarts.jsonl` and prints what the run
+did and where its files are.
 Imports no TensorFlow.
 """
 

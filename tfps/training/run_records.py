@@ -99,7 +99,8 @@ class RunRecorder:
     summary = {"steps": int(step), "steps_this_run": steps_run, "wall_secs": wall_secs,
                "steps_per_sec": steps_run / wall_secs if wall_secs > 0 else None,
                "examples_per_sec": examples / wall_secs if examples is not None and wall_secs > 0 else None,
-               "final_metrics": {**_floats(final_metrics), **self._measured_during_run()}, "model_dir": os.path.abspath(self.model_dir),
+               "final_metrics": {**_floats(final_metrics), **self._measured_during_run()},
+               "model_dir": os.path.abspath(self.model_dir),
                "checkpoints": os.path.abspath(os.path.join(self.model_dir, "checkpoints")),
                **{key: os.path.abspath(value) for key, value in where.items() if value}}
     write_summary(self.model_dir, summary)
