@@ -7,13 +7,16 @@ from tfps.errors import KerasVersionError
 
 _TRUE = ("1", "true", "True")
 LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
-USER_LOG_LEVEL = os.environ.get(LOG_LEVEL)  # as the user set it, before `prepare` sets tfps's default
+_TFPS_LOG_LEVEL = "TFPS_DEFAULT_LOG_LEVEL"  # set beside tfps's default, so that child processes tell it from the user's
+# TF_CPP_MIN_LOG_LEVEL as the user set it (None: unset, or tfps's default inherited from a parent tfps process)
+USER_LOG_LEVEL = (None if os.environ.get(LOG_LEVEL) == os.environ.get(_TFPS_LOG_LEVEL) else os.environ.get(LOG_LEVEL))
 
 
 def prepare() -> None:
   """Selects tf-keras (Keras 2) and gRPC fail-fast; refuses a TensorFlow already running Keras 3."""
   os.environ["GRPC_FAIL_FAST"] = "use_caller"  # else a dead worker is never reported to the coordinator
-  os.environ.setdefault(LOG_LEVEL, "1")  # TensorFlow's C++ INFO lines drown the training log
+  if LOG_LEVEL not in os.environ:  # TensorFlow's C++ INFO lines drown the training log
+    os.environ[LOG_LEVEL] = os.environ[_TFPS_LOG_LEVEL] = "1"
   if os.environ.get("TF_USE_LEGACY_KERAS") in _TRUE:
     return
   os.environ["TF_USE_LEGACY_KERAS"] = "1"
