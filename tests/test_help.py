@@ -16,6 +16,7 @@ PROGRAMS = {
     ("-m", "tfps.cluster.config_cli"): {"ps_hosts": "host:port", "job_name": "This task's job",
                                         "task_index": "index"},
     ("-m", "tfps.report.cli"): {"out": "PNG file"},
+    ("-m", "tfps.cluster.k8s_cli"): {"image": "Container image", "claim": "PersistentVolumeClaim", "kind": "TFJob"},
     ("scripts/generate_data.py",): {"output_dir": "Directory", "rows": "Total rows"},
     ("scripts/train.py",): {"model_dir": "Checkpoints", "epochs": "Epochs", "ps_hosts": "host:port",
                             "sync_mode": "workers' work", "model": "Model to train", "batch_size": "per batch"},

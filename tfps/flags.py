@@ -7,7 +7,7 @@ the cross-field rules, and the config gives the TF_CONFIG.
 
 import os
 import sys
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 from absl import flags
 
@@ -45,6 +45,18 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                        "Variables smaller than this are not sharded (0 shards every variable with >= 2 rows).",
                        lower_bound=0, flag_values=flag_values)
   declare_program_flags(flag_values, __name__)
+
+
+def help_text(argv: Sequence[str], flag_values: flags.FlagValues, usage: str, module_name: str) -> Optional[str]:
+  """For a program that parses its own `FlagValues`: its usage and the flags `module_name` defined when `argv` asks
+  for help (`--help`, `-h`, ... before any `--`), else None."""
+  own_args = list(argv[1:argv.index("--")] if "--" in argv else argv[1:])
+  if not any(arg in _HELP_ARGS for arg in own_args):
+    return None
+  return f"{usage}\n{flag_values.module_help(module_name)}"
+
+
+_HELP_ARGS = ("--help", "-h", "-help", "--helpshort", "--helpfull", "-?")
 
 
 def _flag_given(flag_values: flags.FlagValues, name: str) -> bool:

@@ -16,7 +16,6 @@ from tfps import flags as flags_lib
 from tfps.cluster import isolation
 from tfps.errors import ClusterConfigError
 
-HELP_ARGS = ("--help", "-h", "-help", "--helpshort", "--helpfull", "-?")
 USAGE = "usage: tfps-config --ps_hosts=H:P,... --worker_hosts=H:P,... [--chief_hosts=H:P] --job_name=J --task_index=I"
 
 
@@ -24,8 +23,9 @@ def main(argv: Sequence[str], environ=None) -> int:
   """Prints the TF_CONFIG for the task the flags (and/or $TF_CONFIG) describe; returns the exit status."""
   flag_values = flags.FlagValues()
   flags_lib.define_flags(flag_values)
-  if any(arg in HELP_ARGS for arg in argv[1:]):
-    print(f"{USAGE}\n\n{flag_values.main_module_help()}")
+  help_text = flags_lib.help_text(argv, flag_values, USAGE, flags_lib.__name__)
+  if help_text:
+    print(help_text)
     return 0
   try:
     extra = flag_values(list(argv))[1:]

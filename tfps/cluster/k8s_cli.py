@@ -19,6 +19,7 @@ from absl import flags
 
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import k8s
+from tfps import flags as flags_lib
 from tfps.errors import TfpsError
 from tfps.errors import UsageError
 
@@ -116,6 +117,10 @@ def main(argv: Sequence[str], cwd: str = ".") -> int:
   split = argv.index("--") if "--" in argv else len(argv)
   flag_values = flags.FlagValues()
   define_flags(flag_values)
+  help_text = flags_lib.help_text(argv, flag_values, USAGE, __name__)
+  if help_text:
+    print(help_text)
+    return 0
   try:
     extra = flag_values(argv[:split])[1:]
     if extra:
