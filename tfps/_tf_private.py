@@ -175,3 +175,17 @@ def uninitialized_variable(**kwargs):
   """
   from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-import-not-at-top
   return resource_variable_ops.UninitializedVariable(**kwargs)
+
+
+def checkpoint_object_graph(path: str):
+  """The object graph stored in checkpoint `path` (`TrackableObjectGraph`: each object's named children, its
+  variables' checkpoint keys, its optimizer slots).
+
+  A checkpoint names its values only by the path of the object that held them; telling which part of a model a
+  saved value belongs to (to name what differs from the model before restoring) needs this graph, whose proto class
+  TensorFlow does not export.
+  """
+  from tensorflow.core.protobuf import trackable_object_graph_pb2  # pylint: disable=g-import-not-at-top
+  graph = trackable_object_graph_pb2.TrackableObjectGraph()
+  graph.ParseFromString(tf.train.load_checkpoint(path).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+  return graph

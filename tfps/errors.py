@@ -26,3 +26,8 @@ class AddressInUseError(TfpsError, OSError):
 
 class UsageError(TfpsError, ValueError):
   """An argument a user gave is not one tfps can use; the message names it, its value and what is allowed."""
+
+
+class CheckpointMismatchError(TfpsError, ValueError):
+  """A checkpoint does not fit the model it should restore into (a variable's shape, a missing or extra variable, other
+  optimizer slots); the message is one line naming what differs. Raised before any training step."""

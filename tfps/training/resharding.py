@@ -1,0 +1,123 @@
+"""Checkpoints that carry a run over to another number of ps (or of shards): checked, then restored in full.
+
+A checkpoint holds each sharded variable as slices of one full tensor (its key names the variable, not a shard), and
+tf-keras saves the optimizer's slots of a sharded variable the same way, so the values restore into any number of ps
+and shards. Two things make a resume go wrong silently, and `restore` closes both:
+
+1. Values restored into variables that do not exist yet wait for them (deferred restoration). A non-legacy tf-keras
+   optimizer makes its slots only at its first step, and the restored ones were then lost (measured: Adam's `m` and
+   `v` all zeros after a resume); a legacy optimizer given a sharded variable before its first step made one unsharded
+   slot for it that its steps never used. `create_optimizer_variables` makes them all, per shard, before restoring.
+2. A checkpoint that does not fit the model (another embedding size, a layer more or less, another optimizer) restores
+   partly or not at all, and training went on from fresh values. `check_compatible` compares the checkpoint's objects,
+   variable shapes and slots with the model's before anything is restored, and raises `CheckpointMismatchError`.
+
+Nothing else of tfps needs carrying: the exactly-once step records, sync gradient buffers and geo copies live only
+for one run (a new run starts them afresh from the restored step counter), and variables created in place
+(`tfps.training.initialization`) restore like any other.
+"""
+
+from typing import List
+
+import tensorflow as tf
+import tf_keras
+
+from tfps import _tf_private
+from tfps.errors import CheckpointMismatchError
+
+_SHOWN = 3  # differences named in the error (its count says how many more there are)
+
+
+def create_optimizer_variables(optimizer, variables) -> None:
+  """Creates every variable of `optimizer` (step counter, hyperparameters, a slot per shard of each of `variables`)
+  now, as its first step would; call under the strategy scope, before restoring."""
+  if isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer):
+    _tf_private.create_optimizer_slots(optimizer, variables)
+  elif isinstance(optimizer, tf_keras.optimizers.Optimizer):
+    optimizer.build(variables)
+  _ = optimizer.iterations
+
+
+def _is_variable(value) -> bool:
+  return isinstance(value, (tf.Variable, tf.__internal__.distribute.ShardedVariable))
+
+
+def _children(value) -> dict:
+  return dict(tf.train.TrackableView(value).children(value))
+
+
+def _holds_variables(value) -> bool:
+  return _is_variable(value) or any(_is_variable(v) for v in tf.train.TrackableView(value).descendants())
+
+
+class _Comparison:
+  """Walks the checkpoint's object graph and the live objects side by side, by the names the checkpoint uses."""
+
+  def __init__(self, path: str):
+    self.graph = _tf_private.checkpoint_object_graph(path)
+    self.shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+    self.differences: List[str] = []
+    self._seen = set()
+
+  def _saved_values(self, node_id: int) -> bool:
+    node = self.graph.nodes[node_id]
+    return not node.HasField("has_checkpoint_values") or node.has_checkpoint_values.value
+
+  def compare(self, node_id: int, value, path: str, root: bool = False) -> None:
+    if node_id in self._seen:
+      return
+    self._seen.add(node_id)
+    node = self.graph.nodes[node_id]
+    if _is_variable(value):
+      for attribute in node.attributes:
+        saved = self.shapes.get(attribute.checkpoint_key)
+        if attribute.name == "VARIABLE_VALUE" and saved is not None and list(saved) != value.shape.as_list():
+          self.differences.append(f"{path} has shape {list(saved)} in the checkpoint and {value.shape.as_list()} in "
+                                  "the model")
+    live = _children(value)
+    for ref in node.children:
+      if ref.local_name in live:
+        self.compare(ref.node_id, live[ref.local_name], f"{path}/{ref.local_name}".lstrip("/"))
+      elif not root and self._saved_values(ref.node_id):  # (a root may hold more than the model: training state)
+        self.differences.append(f"{path}/{ref.local_name} is in the checkpoint but not in the model")
+    saved_names = {ref.local_name for ref in node.children}
+    for name, child in live.items():
+      if name not in saved_names and _holds_variables(child):
+        self.differences.append(f"{path}/{name} is in the model but not in the checkpoint".lstrip("/"))
+    self._compare_slots(node, value, path)
+
+  def _compare_slots(self, node, value, path: str) -> None:
+    """A legacy optimizer's slots are saved beside their variables: compare the names of the slots it keeps."""
+    if not node.slot_variables or not isinstance(value, tf_keras.optimizers.legacy.Optimizer):
+      return
+    saved = sorted({slot.slot_name for slot in node.slot_variables})
+    live = sorted(value.get_slot_names())
+    if saved != live:
+      self.differences.append(f"{path} keeps slots {saved} in the checkpoint and {live} in the model")
+
+
+def check_compatible(path: str, root) -> None:
+  """Raises `CheckpointMismatchError` unless checkpoint `path` fits `root` (a `tf.train.Checkpoint` of the model,
+  with every variable created, optimizer slots included): the same objects holding variables, of the same shapes,
+  and the same optimizer slots. The number of shards of a variable may differ."""
+  comparison = _Comparison(path)
+  comparison.compare(0, root, "", root=True)
+  found = comparison.differences
+  if found:
+    more = f" (and {len(found) - _SHOWN} more)" if len(found) > _SHOWN else ""
+    raise CheckpointMismatchError(f"checkpoint {path} does not fit this model: {'; '.join(found[:_SHOWN])}{more}. "
+                                  "Resume with the model it was saved from, or train in a new model_dir")
+
+
+def restore(path: str, root):
+  """Checks (`check_compatible`) and restores checkpoint `path` into `root`, a `tf.train.Checkpoint` whose variables
+  all exist (`create_optimizer_variables` for the optimizer), whatever number of ps and shards either side has.
+
+  Raises:
+    CheckpointMismatchError: the checkpoint does not fit (nothing is restored then).
+  """
+  check_compatible(path, root)
+  # The comparison has matched every object holding variables; TensorFlow's own `assert_existing_objects_matched`
+  # cannot be used instead: a legacy optimizer hands out a new ShardedVariable of slot shards on each `get_slot`, and
+  # the one the restore bound is never the one the assertion sees.
+  return root.read(path).expect_partial()
