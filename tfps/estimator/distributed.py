@@ -10,6 +10,7 @@ from tfps.cluster import config as cluster_lib
 from tfps.training import loop
 from tfps.training import runners
 from tfps.training import steps as steps_lib
+from tfps.training import resharding
 from tfps.training import strategy as strategy_lib
 from tfps.estimator import calls
 from tfps.estimator.evaluation import ShardedEvaluation
@@ -19,7 +20,8 @@ from tfps.estimator.spec import ModeKeys, RunConfig
 
 class DistributedModel:
   """Builds the strategy once; creates the variables (sharded over the ps) on the first `train`, restoring the newest
-  checkpoint of `model_dir` into them, so a chief restarted from scratch resumes at the checkpointed step."""
+  checkpoint of `model_dir` into them, so a chief restarted from scratch, or on another number of ps, resumes at the
+  checkpointed step (`tfps.training.resharding`)."""
 
   def __init__(self, model_fn: Callable, params: dict, config: RunConfig, cluster: cluster_lib.ClusterConfig,
                strategy_options: dict):
@@ -64,8 +66,10 @@ class DistributedModel:
     checkpoint = self.model.checkpoint(global_step=self.global_step)
     self._manager = tf.train.CheckpointManager(checkpoint, checkpoints_lib.checkpoint_dir(self._config.model_dir),
                                                max_to_keep=self._config.keep_checkpoint_max)
-    restored = self._manager.restore_or_initialize()
-    if restored:
+    restored = self._manager.latest_checkpoint
+    if restored:  # checked against the model first; any number of ps and shards on either side
+      with self.strategy.scope():
+        resharding.restore(restored, checkpoint)
       logging.info("Restored %s; resuming at step %d", restored, int(self.global_step.numpy()))
     self.runner = runners.build_runner(
         self._config.training_mode, self.model.step(self.global_step), strategy=self.strategy,

@@ -23,11 +23,13 @@ from tfps import flags as flags_lib
 from tfps.keras import steps as keras_steps
 from tfps.training import modes
 from tfps.training import run_records
+from tfps.training import resharding
 from tfps.cluster import roles
 from tfps.training import runners
 from tfps.training import strategy as strategy_lib
 
 DEFAULT_STEPS_PER_EXECUTION = 20
+BACKUP_SUBDIR = "backup"
 
 
 def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *, epochs: int, steps_per_epoch: int,
@@ -134,7 +136,7 @@ def _default_callbacks(model_dir, steps_per_epoch, epochs, batch_size, log_every
       callbacks_lib.ProgressLogger(steps_per_epoch, epochs, batch_size, log_every_secs, recorder)]
   if model_dir:
     result += [
-        tf_keras.callbacks.BackupAndRestore(os.path.join(model_dir, "backup")),
+        tf_keras.callbacks.BackupAndRestore(os.path.join(model_dir, BACKUP_SUBDIR)),
         callbacks_lib.EpochCheckpoint(model_dir, keep_checkpoint_max),
         tf_keras.callbacks.TensorBoard(os.path.join(model_dir, "logs"), profile_batch=0),
     ]
@@ -146,12 +148,14 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
            keep_checkpoint_max, verbose, mode):
   strategy, coordinator = strategy_lib.build_strategy(config, **_strategy_options())
   model = build_model_in_scope(build_model, strategy)
+  sample = dataset_fns.make_dataset(train_dataset_fn, "train_dataset_fn")  # on the chief: its spec, maybe a batch
+  with strategy.scope():  # restoring needs every variable: the model's and the optimizer's
+    evaluation.ensure_built(model, sample)
+    resharding.create_optimizer_variables(model.optimizer, model.trainable_variables)
   finished = _finished_run(model_dir, epochs * steps_per_epoch)
   if finished is not None:
     return _restore_finished(model, finished, strategy, model_dir)
-  sample = dataset_fns.make_dataset(train_dataset_fn, "train_dataset_fn")  # on the chief: its spec, maybe a batch
-  with strategy.scope():  # BackupAndRestore can restore only into a built model
-    evaluation.ensure_built(model, sample)
+  initial_epoch = _resume(model, strategy, model_dir, steps_per_epoch)
   if steps_per_execution is None:
     model_steps = _tf_private.steps_per_execution(model)
     steps_per_execution = model_steps if model_steps > 1 else min(DEFAULT_STEPS_PER_EXECUTION, steps_per_epoch)
@@ -175,7 +179,7 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
                mode.describe(config.num_workers), epochs, steps_per_epoch, _tf_private.steps_per_execution(model))
   try:
     return model.fit(tf_keras.utils.experimental.DatasetCreator(train_dataset_fn), epochs=epochs,
-                     steps_per_epoch=steps_per_epoch, validation_data=validation,
+                     steps_per_epoch=steps_per_epoch, initial_epoch=initial_epoch, validation_data=validation,
                      validation_steps=None if exact_evaluation else validation_steps, callbacks=all_callbacks,
                      verbose=verbose)
   except ValueError as e:
@@ -204,11 +208,42 @@ def _restore_finished(model, marker: dict, strategy, model_dir: str) -> tf_keras
                "another model_dir or delete %s", model_dir, marker["iterations"], marker["last_checkpoint"],
                checkpoints_lib.final_marker_path(model_dir))
   with strategy.scope():
-    tf.train.Checkpoint(model=model).restore(marker["last_checkpoint"]).expect_partial()
+    resharding.restore(marker["last_checkpoint"], tf.train.Checkpoint(model=model))
   history = tf_keras.callbacks.History()
   history.set_model(model)
   history.on_train_begin()
   return history
+
+
+def _resume(model, strategy, model_dir: Optional[str], steps_per_epoch: int) -> int:
+  """Where a run in `model_dir` goes on from, on whatever number of ps and shards: the epoch to start at.
+
+  A restart backup (a chief that died) is checked against the model here and restored by `BackupAndRestore`; without
+  one, the newest checkpoint (a finished run given more epochs, a run moved to another cluster) is checked and
+  restored here. A checkpoint that does not fit raises `CheckpointMismatchError` before any step.
+  """
+  if not model_dir:
+    return 0
+  backup = _newest_backup(model_dir)
+  if backup is not None:
+    resharding.check_compatible(backup, tf.train.Checkpoint(model=model))
+    return 0  # BackupAndRestore sets the epoch
+  saved = checkpoints_lib.list_checkpoints(model_dir)
+  if not saved:
+    return 0
+  with strategy.scope():
+    resharding.restore(saved[-1], tf.train.Checkpoint(model=model))
+  step = int(model.optimizer.iterations.numpy())
+  logging.info("Resumed from %s at step %d (epoch %d)", saved[-1], step, step // steps_per_epoch + 1)
+  return step // steps_per_epoch
+
+
+def _newest_backup(model_dir: str) -> Optional[str]:
+  """The checkpoint `BackupAndRestore` would restore from `model_dir/backup` (the chief's own folder), or None."""
+  for folder in (os.path.join(model_dir, BACKUP_SUBDIR, "chief"), os.path.join(model_dir, BACKUP_SUBDIR)):
+    if tf.io.gfile.isdir(folder) and tf.train.latest_checkpoint(folder):
+      return tf.train.latest_checkpoint(folder)
+  return None
 
 
 def _strategy_options() -> dict:
