@@ -3,6 +3,8 @@ and checkpoints that do not fit refused before any step. Other ps counts: tests/
 
 import shutil
 
+from fixtures import reshard_model
+from fixtures.reshard_model import build_model, dataset
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -10,43 +12,17 @@ import tf_keras
 
 import tfps
 from tfps import models
-from tfps.models import model_fns
 from tfps.errors import CheckpointMismatchError
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.training import initialization
 from tfps.training import resharding
 
-CATEGORICAL = {"a": 30, "b": 50}
-DENSE = {"dense": 2}
-OPTIMIZERS = {"legacy_adagrad": lambda: tf_keras.optimizers.legacy.Adagrad(0.1),
-              "legacy_adam": lambda: tf_keras.optimizers.legacy.Adam(0.01),
-              "adam": lambda: tf_keras.optimizers.Adam(0.01)}
 
-
-def _examples(rows=64):
-  rng = np.random.default_rng(1)
-  features = {name: rng.integers(0, size, rows) for name, size in CATEGORICAL.items()}
-  features["dense"] = rng.random((rows, 2)).astype(np.float32)
-  return features, (features["a"] % 2).astype(np.float32)
-
-
-def dataset_fn(input_context=None):
-  """The same batches, in the same order, on every worker: a run's first step sees the first batch wherever it runs."""
-  del input_context
-  return tf.data.Dataset.from_tensor_slices(_examples()).repeat().batch(16)
-
-
-def build_model(optimizer="legacy_adagrad", embedding_dim=4):
-  model = models.build_model("wide_deep", CATEGORICAL, DENSE, embedding_dim=embedding_dim, deep_layers=(8,),
-                             stack_tables=True)
-  return models.compile_model(model, optimizer=OPTIMIZERS[optimizer]())
-
-
-def _built(cluster, num_shards, optimizer="legacy_adagrad", embedding_dim=4):
+def _built(cluster, num_shards, optimizer="adagrad", embedding_dim=4):
   strategy, _ = tfps.build_strategy(cluster, num_shards=num_shards, min_shard_bytes=0)
   with strategy.scope():
     model = build_model(optimizer, embedding_dim)
-    model(next(iter(dataset_fn()))[0])
+    model(next(iter(dataset()))[0])
     resharding.create_optimizer_variables(model.optimizer, model.trainable_variables)
   return strategy, model
 
@@ -59,21 +35,21 @@ def _state(model, scratch) -> dict:
 
 
 def _first_loss(model) -> float:
-  history = model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn), epochs=1, steps_per_epoch=1, verbose=0)
+  history = model.fit(tf_keras.utils.experimental.DatasetCreator(dataset), epochs=1, steps_per_epoch=1, verbose=0)
   return history.history["loss"][0]
 
 
-@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("optimizer", sorted(reshard_model.OPTIMIZERS))
 def test_model_and_slots_carry_over_to_other_shard_counts(cluster, tmp_path, monkeypatch, optimizer):
   monkeypatch.setattr(initialization, "MIN_BYTES", 64)  # every table and slot created in place, as large ones are
   strategy, model = _built(cluster, 3, optimizer)
-  model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn), epochs=1, steps_per_epoch=3, verbose=0)
+  model.fit(tf_keras.utils.experimental.DatasetCreator(dataset), epochs=1, steps_per_epoch=3, verbose=0)
   path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt"))
   saved = _state(model, tmp_path / "saved")
   slots = [key for key in saved if "table/embeddings/.OPTIMIZER_SLOT" in key or "optimizer/_variables" in key]
   assert slots and all(np.abs(saved[key]).sum() > 0 for key in slots)  # trained, not at their initial values
-  losses = {}
-  for num_shards in (3, 1, 2):
+  losses = {3: _first_loss(model)}  # the step after the checkpoint, on the shards it was saved from
+  for num_shards in (1, 2):
     strategy, model = _built(cluster, num_shards, optimizer)
     tables = models.embedding_tables(model).values()
     assert all(len(getattr(t, "variables", [t])) == num_shards for t in tables)
@@ -90,7 +66,7 @@ def test_model_and_slots_carry_over_to_other_shard_counts(cluster, tmp_path, mon
 
 def test_a_checkpoint_of_another_model_is_refused_before_anything_is_restored(cluster, tmp_path):
   strategy, model = _built(cluster, 2)
-  model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn), epochs=1, steps_per_epoch=1, verbose=0)
+  model.fit(tf_keras.utils.experimental.DatasetCreator(dataset), epochs=1, steps_per_epoch=1, verbose=0)
   path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt"))
 
   strategy, wider = _built(cluster, 2, embedding_dim=5)
@@ -99,18 +75,19 @@ def test_a_checkpoint_of_another_model_is_refused_before_anything_is_restored(cl
     resharding.restore(path, tf.train.Checkpoint(model=wider))
   message = str(error.value)
   assert "\n" not in message
-  assert "model/deep_inputs/stacked/table/embeddings has shape [80, 4] in the checkpoint and [80, 5] in the model" in message
+  assert ("model/deep_inputs/stacked/table/embeddings has shape [800, 4] in the checkpoint and [800, 5] in the model"
+          in message)
   for name, value in _state(wider, tmp_path / "after").items():
     np.testing.assert_array_equal(value, before[name])
 
-  strategy, other = _built(cluster, 2, optimizer="legacy_adam")
+  strategy, other = _built(cluster, 2, optimizer="adam")
   with pytest.raises(CheckpointMismatchError, match=r"model/optimizer/beta_1 is in the model but not in the "
                      r"checkpoint.*keeps slots \['accumulator'\] in the checkpoint and \['m', 'v'\] in the model"):
     resharding.check_compatible(path, tf.train.Checkpoint(model=other))
 
 
 def _fit(cluster, model_dir, epochs, build=build_model):
-  return tfps.fit(build, dataset_fn, epochs=epochs, steps_per_epoch=4, model_dir=str(model_dir), cluster=cluster,
+  return tfps.fit(build, dataset, epochs=epochs, steps_per_epoch=4, model_dir=str(model_dir), cluster=cluster,
                   steps_per_execution=2)
 
 
@@ -122,50 +99,34 @@ def test_fit_goes_on_from_the_newest_checkpoint_and_refuses_another_model(cluste
   assert checkpoints_lib.read_final_marker(str(tmp_path))["iterations"] == 8  # every step counted once
   kept = checkpoints_lib.list_checkpoints(str(tmp_path))
 
-  with pytest.raises(CheckpointMismatchError, match=r"ckpt-2 does not fit this model: .*\[80, 4\] in the checkpoint "
-                     r"and \[80, 6\] in the model"):
+  with pytest.raises(CheckpointMismatchError, match=r"ckpt-2 does not fit this model: .*\[800, 4\] in the checkpoint "
+                     r"and \[800, 6\] in the model"):
     _fit(cluster, tmp_path, epochs=3, build=lambda: build_model(embedding_dim=6))
   assert checkpoints_lib.list_checkpoints(str(tmp_path)) == kept  # no step ran
 
 
-def _model_fn(loss_file, embedding_dim=4):
-  inner = model_fns.build_model_fn("wide_deep", CATEGORICAL, DENSE, embedding_dim=embedding_dim,
-                                          deep_layers=(8,), stack_tables=True, learning_rate=0.1)
-
-  def model_fn(features, labels, mode):
-    spec = inner(features, labels, mode)
-    if mode == tfps.ModeKeys.TRAIN:  # each step's loss, to 9 digits, from the worker that ran it
-      tf.print(tf.strings.as_string(spec.loss, precision=9), output_stream=f"file://{loss_file}")
-    return spec
-  return model_fn
-
-
-def _input_fn():
-  features, labels = _examples()
-  return tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(16)
-
-
 def _estimator(cluster, model_dir, num_shards, loss_file, embedding_dim=4):
   config = tfps.RunConfig(steps_per_execution=1, save_checkpoints_steps=100, log_step_count_steps=1)
-  return tfps.Estimator(_model_fn(loss_file, embedding_dim), model_dir=str(model_dir), config=config,
-                        cluster=cluster, strategy_options={"num_shards": num_shards, "min_shard_bytes": 0})
+  return tfps.Estimator(reshard_model.build_model_fn("adagrad", embedding_dim, loss_file), model_dir=str(model_dir),
+                        config=config, cluster=cluster,
+                        strategy_options={"num_shards": num_shards, "min_shard_bytes": 0})
 
 
 def test_estimator_resumes_on_other_shard_counts_with_the_same_first_loss(cluster, tmp_path):
   first = tmp_path / "first"
-  _estimator(cluster, first, 3, tmp_path / "losses").train(_input_fn, max_steps=3)
+  _estimator(cluster, first, 3, tmp_path / "losses").train(dataset, max_steps=3)
   losses = {}
-  for num_shards in (1, 2):
+  for num_shards in (3, 1, 2):
     model_dir, loss_file = tmp_path / f"on{num_shards}", tmp_path / f"losses{num_shards}"
     shutil.copytree(first, model_dir)
     estimator = _estimator(cluster, model_dir, num_shards, loss_file)
-    estimator.train(_input_fn, max_steps=4)
+    estimator.train(dataset, max_steps=4)
     assert checkpoints_lib.checkpoint_number(estimator.latest_checkpoint()) == 4
     logged = loss_file.read_text().split()
     assert len(logged) == 1, logged  # the one step left, run once
     losses[num_shards] = float(logged[0])
-  assert abs(losses[1] - losses[2]) < 1e-6, losses
+  assert abs(losses[1] - losses[3]) < 1e-6 and abs(losses[2] - losses[3]) < 1e-6, losses
 
-  with pytest.raises(CheckpointMismatchError, match=r"ckpt-4 does not fit this model: .*\[80, 4\] in the checkpoint "
-                     r"and \[80, 3\] in the model"):
-    _estimator(cluster, tmp_path / "on1", 2, tmp_path / "unused", embedding_dim=3).train(_input_fn, max_steps=5)
+  with pytest.raises(CheckpointMismatchError, match=r"ckpt-4 does not fit this model: .*\[800, 4\] in the checkpoint "
+                     r"and \[800, 3\] in the model"):
+    _estimator(cluster, tmp_path / "on1", 2, tmp_path / "unused", embedding_dim=3).train(dataset, max_steps=5)
