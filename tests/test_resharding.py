@@ -64,6 +64,44 @@ def test_model_and_slots_carry_over_to_other_shard_counts(cluster, tmp_path, mon
   assert abs(losses[1] - losses[3]) < 1e-6 and abs(losses[2] - losses[3]) < 1e-6, losses
 
 
+class _StopAfterFirstEpoch(tf_keras.callbacks.Callback):
+  def on_epoch_end(self, epoch, logs=None):
+    if epoch == 0:
+      raise RuntimeError("the chief stopped")
+
+
+class _StateAtStart(tf_keras.callbacks.Callback):
+  """Records the model's state as training starts (after `BackupAndRestore`, which comes before it, restored)."""
+
+  def __init__(self, scratch):
+    super().__init__()
+    self.scratch, self.state = scratch, None
+
+  def on_train_begin(self, logs=None):
+    self.state = _state(self.model, self.scratch)
+
+
+def test_a_restart_backup_carries_over_to_another_shard_count(cluster, tmp_path):
+  """What tfps.fit does after a chief died: a backup saved on 3 shards, restored by tf-keras into 1 shard."""
+  backup_dir = str(tmp_path / "backup")
+  strategy, model = _built(cluster, 3, "keras_adam")
+  with pytest.raises(RuntimeError, match="the chief stopped"):
+    model.fit(tf_keras.utils.experimental.DatasetCreator(dataset), epochs=2, steps_per_epoch=2, verbose=0,
+              callbacks=[tf_keras.callbacks.BackupAndRestore(backup_dir), _StopAfterFirstEpoch()])
+  saved = _state(model, tmp_path / "saved")
+
+  strategy, model = _built(cluster, 1, "keras_adam")
+  resharding.check_compatible(tf.train.latest_checkpoint(f"{backup_dir}/chief"), tf.train.Checkpoint(model=model))
+  at_start = _StateAtStart(tmp_path / "at_start")
+  history = model.fit(tf_keras.utils.experimental.DatasetCreator(dataset), epochs=2, steps_per_epoch=2, verbose=0,
+                      callbacks=[tf_keras.callbacks.BackupAndRestore(backup_dir), at_start])
+  assert history.epoch == [1]
+  assert at_start.state.keys() == saved.keys()
+  for name, value in saved.items():
+    np.testing.assert_array_equal(at_start.state[name], value, err_msg=name)
+  assert int(model.optimizer.iterations.numpy()) == 4
+
+
 def test_a_checkpoint_of_another_model_is_refused_before_anything_is_restored(cluster, tmp_path):
   strategy, model = _built(cluster, 2)
   model.fit(tf_keras.utils.experimental.DatasetCreator(dataset), epochs=1, steps_per_epoch=1, verbose=0)
