@@ -39,6 +39,7 @@ def _first_loss(model) -> float:
   return history.history["loss"][0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", sorted(reshard_model.OPTIMIZERS))
 def test_model_and_slots_carry_over_to_other_shard_counts(cluster, tmp_path, monkeypatch, optimizer):
   monkeypatch.setattr(initialization, "MIN_BYTES", 64)  # every table and slot created in place, as large ones are
@@ -81,6 +82,7 @@ class _StateAtStart(tf_keras.callbacks.Callback):
     self.state = _state(self.model, self.scratch)
 
 
+@pytest.mark.slow
 def test_a_restart_backup_carries_over_to_another_shard_count(cluster, tmp_path):
   """What tfps.fit does after a chief died: a backup saved on 3 shards, restored by tf-keras into 1 shard."""
   backup_dir = str(tmp_path / "backup")
@@ -150,6 +152,7 @@ def _estimator(cluster, model_dir, num_shards, loss_file, embedding_dim=4):
                         strategy_options={"num_shards": num_shards, "min_shard_bytes": 0})
 
 
+@pytest.mark.slow
 def test_estimator_resumes_on_other_shard_counts_with_the_same_first_loss(cluster, tmp_path):
   first = tmp_path / "first"
   _estimator(cluster, first, 3, tmp_path / "losses").train(dataset, max_steps=3)

@@ -19,11 +19,13 @@ import pytest
 import tensorflow as tf
 
 import tfps
+from tfps.training import checkpoints as checkpoints_lib
 
 TASK = pathlib.Path(__file__).parent / "fixtures" / "reshard_task.py"
 NUM_PS = 3
-# (ps used, train until step, extra flags): 1 -> 2 -> 3 -> 1 ps, through sync, geo and async training, and from 2 to
-# 3 shards on the last run's single ps.
+# (ps used, train until step, extra flags): 1 -> 2 -> 3 -> 1 ps, through sync, geo and async training; the last run
+# keeps 3 shards on its single ps. Keras: legacy Adam (geo takes legacy optimizers only); Estimator: Adagrad.
+# tf-keras's current Adam across shard counts: tests/test_resharding.py.
 PLAN = [(1, 1, []), (2, 2, ["--sync_mode=sync"]), (3, 3, ["--sync_mode=geo", "--geo_steps=1"]),
         (1, 4, ["--num_shards=3"])]
 
@@ -86,7 +88,7 @@ def _assert_resumed_where_saved(firsts, saved_losses):
 
 def test_keras_run_moves_between_ps_counts(servers, tmp_path):
   model_dir, firsts = _run_plan(servers, tmp_path, "keras", "--optimizer=adam")
-  marker = tfps.training.checkpoints.read_final_marker(str(model_dir))
+  marker = checkpoints_lib.read_final_marker(str(model_dir))
   assert marker["iterations"] == 4  # every step applied and counted once over the four runs
 
   def build():
@@ -97,7 +99,8 @@ def test_keras_run_moves_between_ps_counts(servers, tmp_path):
   assert [entry["step"] for entry in evaluations] == [1, 2, 3, 4]  # saved on 1, 2, 3 and 1 ps
   _assert_resumed_where_saved(firsts, [float(entry["metrics"]["loss"]) for entry in evaluations])
 
-  exported = tfps.export_saved_model(build, str(tmp_path / "export"), model_dir=str(model_dir))
+  exported = tfps.export_saved_model(build, str(tmp_path / "export"), model_dir=str(model_dir),
+                                     dataset_fn=reshard_model.first_batch)
   restored = build()
   features = next(iter(reshard_model.first_batch()))[0]
   restored(features)
@@ -117,8 +120,8 @@ def test_keras_run_moves_between_ps_counts(servers, tmp_path):
 def test_estimator_run_moves_between_ps_counts(servers, tmp_path):
   model_dir, firsts = _run_plan(servers, tmp_path, "estimator", "--optimizer=adagrad")
   estimator = tfps.Estimator(reshard_model.build_model_fn("adagrad"), model_dir=str(model_dir))
-  checkpoints = tfps.training.checkpoints.list_checkpoints(str(model_dir))
-  assert [tfps.training.checkpoints.checkpoint_number(path) for path in checkpoints] == [1, 2, 3, 4]
+  checkpoints = checkpoints_lib.list_checkpoints(str(model_dir))
+  assert [checkpoints_lib.checkpoint_number(path) for path in checkpoints] == [1, 2, 3, 4]
   saved_losses = [estimator.evaluate(reshard_model.dataset, steps=1, checkpoint_path=path)["loss"]
                   for path in checkpoints]
   _assert_resumed_where_saved(firsts, saved_losses)
