@@ -81,9 +81,10 @@ def _run_plan(servers, tmp_path, path, *flags):
 
 
 def _assert_resumed_where_saved(firsts, saved_losses):
-  """The first step of run k + 1 saw the weights of the checkpoint run k left (step k + 1)."""
+  """The first step of each resumed run (k >= 1) saw the weights of the checkpoint the run before left (`ckpt-k`,
+  whose loss is `saved_losses[k - 1]`)."""
   for run in range(1, len(PLAN)):
-    assert abs(firsts[run] - saved_losses[run]) < 1e-6, (run, firsts, saved_losses)
+    assert abs(firsts[run] - saved_losses[run - 1]) < 1e-6, (run, firsts, saved_losses)
 
 
 def test_keras_run_moves_between_ps_counts(servers, tmp_path):
