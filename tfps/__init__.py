@@ -11,7 +11,7 @@ from tfps import _env
 _env.prepare()
 
 from tfps.cluster.config import ClusterConfig  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tfps.errors import ClusterConfigError, KerasVersionError, TfpsError, UnreachableTaskError, UsageError  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tfps.errors import CheckpointMismatchError, ClusterConfigError, KerasVersionError, TfpsError, UnreachableTaskError, UsageError  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tfps.flags import config_from_flags, define_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tfps.training.modes import TrainingMode, define_mode_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
