@@ -5,8 +5,8 @@ tf-keras saves the optimizer's slots of a sharded variable the same way, so the 
 and shards. Two things make a resume go wrong silently, and `restore` closes both:
 
 1. Values restored into variables that do not exist yet wait for them (deferred restoration). A non-legacy tf-keras
-   optimizer makes its slots only at its first step, and the restored ones were then lost (measured: Adam's `m` and
-   `v` all zeros after a resume); a legacy optimizer given a sharded variable before its first step made one unsharded
+   optimizer makes its slots only at its first step, and the restored ones were then lost (measured: after a restore
+   Adam had no `m` or `v`, so its first step made them afresh from zeros); a legacy optimizer given a sharded variable before its first step made one unsharded
    slot for it that its steps never used. `create_optimizer_variables` makes them all, per shard, before restoring.
 2. A checkpoint that does not fit the model (another embedding size, a layer more or less, another optimizer) restores
    partly or not at all, and training went on from fresh values. `check_compatible` compares the checkpoint's objects,
