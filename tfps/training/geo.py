@@ -24,6 +24,7 @@ again from its pull; a round whose push was recorded (`tfps.training.exactly_onc
 
 import contextlib
 import itertools
+import uuid
 from typing import Callable, Dict, List
 
 import tensorflow as tf
@@ -38,12 +39,16 @@ LARGE_DENSE_ELEMENTS = 1 << 20  # a variable this large and not an Embedding tab
 
 
 class _LocalNames:
-  """Names of worker-local variables: stable across traces of one GeoRunner, distinct between GeoRunners."""
+  """Names of worker-local variables: stable across traces of one GeoRunner, distinct between GeoRunners, and between
+  chiefs. A worker outlives its chief, and keeps the local variables of the chief's rounds: a chief restarted (from a
+  checkpoint, on another number of ps) that reused their names would take over a stale optimizer state, or variables
+  of other shapes (seen: "var and accum do not have the same shape")."""
 
   _instances = itertools.count()
+  _chief = uuid.uuid4().hex[:12]  # this process
 
   def __init__(self):
-    self._prefix = f"tfps_geo_{next(self._instances)}"
+    self._prefix = f"tfps_geo_{self._chief}_{next(self._instances)}"
     self._names: Dict[tuple, str] = {}
 
   def handle(self, variable, kind: str, shape, dtype) -> tf.Tensor:
