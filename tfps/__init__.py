@@ -28,6 +28,7 @@ _LAZY = {
     "export_saved_model": "tfps.keras.export",
     "run_sidecar_evaluator": "tfps.keras.evaluation",
     "testing": None,
+    "layers": None,
     "estimator": None,
     "Estimator": "tfps.estimator",
     "EstimatorSpec": "tfps.estimator",

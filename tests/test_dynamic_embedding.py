@@ -1,0 +1,137 @@
+"""tfps.layers.DynamicEmbedding on the in-process cluster: rows per raw id, admission, eviction, fallbacks, fit,
+checkpoints, bad input."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+import tfps
+
+DIM = 8
+SHARDED = 8192  # 8192 x 8 floats = 256 KiB: sharded over both ps by the default partitioner
+
+
+@pytest.fixture(scope="module")
+def strategy(cluster):
+  strategy, coordinator = tfps.build_strategy(cluster)
+  return strategy, coordinator
+
+
+def make_layer(strategy, capacity=SHARDED, **options):
+  with strategy.scope():
+    layer = tfps.layers.DynamicEmbedding(capacity, DIM, **options)
+    layer.build(None)
+  return layer
+
+
+def train_calls(coordinator, layer, batches):
+  """Runs `layer(ids, training=True)` on the workers, one scheduled call per batch, all queued at once."""
+  @tf.function
+  def call(ids):
+    return layer(ids, training=True)
+
+  results = [coordinator.schedule(call, args=(tf.constant(ids, layer.key_dtype),)) for ids in batches]
+  coordinator.join()
+  return [r.fetch() for r in results]
+
+
+def rows_of(layer, ids):
+  return layer.rows_of(tf.constant(ids, layer.key_dtype)).numpy()
+
+
+def test_distinct_raw_ids_get_distinct_rows_on_both_ps(strategy):
+  _, coordinator = strategy
+  layer = make_layer(strategy[0])
+  rng = np.random.default_rng(0)
+  ids = rng.choice(10**12, size=3000, replace=False).astype(np.int64)  # raw ids far beyond the capacity
+  batches = [rng.choice(ids, size=256) for _ in range(40)] + [ids[i:i + 500] for i in range(0, 3000, 500)]
+  train_calls(coordinator, layer, batches)  # concurrent calls from two workers
+  rows = rows_of(layer, ids)
+  assert (rows >= 0).all()
+  assert len(set(rows.tolist())) == len(ids)  # no two ids share a row
+  assert layer.table_metrics() == {"occupancy": 3000, "admitted": 3000, "evicted": 0, "fallbacks": 0}
+  assert len(layer.shards) == 2
+  for shard, rows_variable in zip(layer.shards, layer.embeddings.variables):  # each map sits with its rows
+    assert shard.map.resource_handle.device == rows_variable.device
+    assert shard.num_free.device == rows_variable.device
+  per_shard = [shard.rows - int(shard.num_free.numpy()) for shard in layer.shards]
+  assert min(per_shard) > 1200  # routed by hash of the id: both shards fill
+  vectors = layer(tf.constant(ids[:50]))
+  expected = tf.gather(tf.convert_to_tensor(layer.embeddings), rows[:50])
+  np.testing.assert_allclose(vectors.numpy(), expected.numpy())
+
+
+def test_string_ids_and_admission_after_min_count(strategy):
+  _, coordinator = strategy
+  layer = make_layer(strategy[0], capacity=64, key_dtype=tf.string, min_count=3)
+  train_calls(coordinator, layer, [["a", "b", "a"], ["a", "b"]])  # a: seen in 2 calls (repeats in a batch count once)
+  assert (rows_of(layer, ["a", "b"]) == -1).all()
+  np.testing.assert_array_equal(layer(tf.constant(["a"])).numpy(), np.zeros([1, DIM]))  # the default: zeros
+  train_calls(coordinator, layer, [["a"]])
+  assert rows_of(layer, ["a"])[0] >= 0 and rows_of(layer, ["b"])[0] == -1
+  assert layer.table_metrics()["admitted"] == 1
+
+
+def test_eviction_frees_rows_and_resets_them_for_the_next_id(strategy):
+  _, coordinator = strategy
+  layer = make_layer(strategy[0], capacity=4, steps_to_live=2)  # small: one shard, so one clock
+  train_calls(coordinator, layer, [[1, 2, 3, 4]])
+  old_rows = rows_of(layer, [1, 2, 3, 4])
+  layer.embeddings.assign(tf.fill([4, DIM], 7.0))  # as if trained
+  train_calls(coordinator, layer, [[4], [4]])  # ids 1-3 last seen 2 calls ago; still live
+  assert (rows_of(layer, [1, 2, 3]) >= 0).all()
+  train_calls(coordinator, layer, [[4, 5]])  # now they are stale: evicted first, so 5 gets a row
+  assert (rows_of(layer, [1, 2, 3]) == -1).all()
+  assert layer.table_metrics() == {"occupancy": 2, "admitted": 5, "evicted": 3, "fallbacks": 0}
+  row_5 = rows_of(layer, [5])[0]
+  assert row_5 in old_rows[:3]
+  fresh = layer.embeddings.numpy()[row_5]
+  assert np.abs(fresh).max() <= 0.05  # redrawn, not the evicted id's trained 7.0
+  assert (layer.embeddings.numpy()[rows_of(layer, [4])[0]] == 7.0).all()  # a live id's row is untouched
+
+
+def test_a_full_table_falls_back_to_the_default_and_counts(strategy):
+  _, coordinator = strategy
+  layer = make_layer(strategy[0], capacity=3)
+  train_calls(coordinator, layer, [[1, 2, 3, 4, 5]])
+  train_calls(coordinator, layer, [[5, 1]])
+  rows = rows_of(layer, [1, 2, 3, 4, 5])
+  assert sorted(rows[rows >= 0].tolist()) == [0, 1, 2] and (rows == -1).sum() == 2
+  assert layer.table_metrics()["fallbacks"] == 2 + (1 if rows[4] == -1 else 0)
+  assert layer.table_metrics()["occupancy"] == 3
+
+
+def test_checkpoint_round_trip_restores_map_counts_and_rows(strategy, tmp_path):
+  _, coordinator = strategy
+  layer = make_layer(strategy[0], min_count=2)
+  ids = np.arange(10**9, 10**9 + 600, dtype=np.int64)
+  train_calls(coordinator, layer, [ids, ids[:400]])  # ids[400:] seen once: counted, not admitted
+  path = tf.train.Checkpoint(layer=layer).save(str(tmp_path / "ckpt"))
+  restored = make_layer(strategy[0], min_count=2)
+  tf.train.Checkpoint(layer=restored).restore(path).assert_existing_objects_matched()
+  np.testing.assert_array_equal(rows_of(restored, ids), rows_of(layer, ids))
+  np.testing.assert_array_equal(tf.convert_to_tensor(restored.embeddings).numpy(),
+                                tf.convert_to_tensor(layer.embeddings).numpy())
+  assert restored.table_metrics() == layer.table_metrics() == {
+      "occupancy": 400, "admitted": 400, "evicted": 0, "fallbacks": 0}
+  train_calls(coordinator, restored, [ids[400:]])  # their counts came back: a second sighting admits them
+  assert (rows_of(restored, ids) >= 0).all()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(capacity=0, dim=4), "`capacity` (0) must be a positive integer"),
+    (dict(capacity=10, dim=4, min_count=0), "`min_count` (0) must be a positive integer"),
+    (dict(capacity=10, dim=4, steps_to_live=0), "`steps_to_live` (0) must be a positive integer or None"),
+    (dict(capacity=10, dim=4, key_dtype=tf.float32), "`key_dtype` (float32) must be int64 or string"),
+])
+def test_bad_arguments_get_one_line_errors(kwargs, message):
+  with pytest.raises((ValueError, TypeError)) as error:
+    tfps.layers.DynamicEmbedding(**kwargs)
+  assert str(error.value) == message
+
+
+def test_float_ids_get_one_line_error():
+  layer = tfps.layers.DynamicEmbedding(10, 4)
+  with pytest.raises(TypeError, match=r"ids of type float32 are not allowed; this table takes int32 or int64 ids"):
+    layer(tf.constant([1.5]))

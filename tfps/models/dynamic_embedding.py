@@ -1,0 +1,234 @@
+"""`DynamicEmbedding`: an embedding table keyed by raw ids (int64 or string), without hashing collisions.
+
+The rows are one `[capacity, dim]` variable, sharded over the ps by the strategy's partitioner like any large table.
+Each row shard has an id-to-row map next to it, on the same ps: a `MutableHashTable` from id to row, the sightings of
+ids not admitted yet, the id and last-seen step of every row, and a stack of free rows. A worker routes each distinct
+id of a batch to shard `hash(id) % num_shards`; that shard's bookkeeping runs on its ps inside a `tf.CriticalSection`,
+so concurrent steps of several workers never hand one row to two ids. Gradients and optimizer slots follow the rows,
+because rows are rows of an ordinary sharded variable.
+
+Admission: an id gets a row once it has been seen `min_count` times (counted per training call). Until then, and
+when its shard has no free row (counted in `fallbacks`), it reads the default: a zero vector, which gets no gradient.
+Eviction: with `steps_to_live`, a row whose id was not seen in the last `steps_to_live` training calls of its shard is
+freed; the next id admitted to it starts from a fresh initializer value. Inference (`training=False`) only looks up.
+"""
+
+from typing import Dict, Optional
+
+import tensorflow as tf
+import tf_keras
+
+_KEY_DTYPES = {tf.int64: tf.int64, tf.int32: tf.int64, tf.string: tf.string}
+
+
+def _check_positive(name, value, allow_none=False):
+  if allow_none and value is None:
+    return
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise ValueError(f"`{name}` ({value!r}) must be a positive integer{' or None' if allow_none else ''}")
+
+
+def _lookup(table, keys):
+  """`table.lookup(keys)` with the shape of `keys` (a hash table's lookup loses it while traced)."""
+  return tf.reshape(table.lookup(keys), tf.shape(keys))
+
+
+class _Shard(tf.Module):
+  """The id-to-row bookkeeping of one row shard, on that shard's ps."""
+
+  def __init__(self, rows: int, key_dtype, device: str, strategy, colocate_with, index: int):
+    super().__init__(name=f"shard_{index}")
+    self.rows = rows
+    self.device = device
+    empty_key = "" if key_dtype == tf.string else 0
+    with tf.device(device):
+      self.map = tf.lookup.experimental.MutableHashTable(key_dtype, tf.int64, default_value=-1, name=f"map_{index}")
+      self.counts = tf.lookup.experimental.MutableHashTable(key_dtype, tf.int64, default_value=0,
+                                                            name=f"counts_{index}")
+      self.lock = tf.CriticalSection(name=f"lock_{index}")
+    scope = strategy.extended.colocate_vars_with(colocate_with) if strategy else tf.device(device)
+    with scope:
+      def variable(name, value, dtype=tf.int64):
+        return tf.Variable(value, dtype=dtype, trainable=False, name=name)
+      self.row_keys = variable("row_keys", tf.fill([rows], tf.constant(empty_key, key_dtype)), key_dtype)
+      self.last_seen = variable("last_seen", tf.fill([rows], tf.constant(-1, tf.int64)))
+      self.free = variable("free", tf.range(rows - 1, -1, -1, dtype=tf.int64))
+      self.num_free = variable("num_free", rows)
+      self.clock = variable("clock", 0)
+      self.admitted = variable("admitted", 0)
+      self.evicted = variable("evicted", 0)
+      self.fallbacks = variable("fallbacks", 0)
+
+  def lookup(self, keys):
+    with tf.device(self.device):
+      return _lookup(self.map, keys)
+
+  def lookup_or_admit(self, keys, rows_variable, initializer, min_count: int, steps_to_live: Optional[int]):
+    """Rows of `keys` (distinct), admitting ids seen `min_count` times and evicting stale ones; -1: the default."""
+    def body():
+      clock = self.clock.assign_add(1)
+      evicted = self._evict(clock - steps_to_live) if steps_to_live is not None else tf.no_op()
+      with tf.control_dependencies([evicted]):
+        rows = _lookup(self.map, keys)
+      missing = tf.boolean_mask(keys, rows < 0)
+      counted = tf.no_op()
+      ready = missing
+      if min_count > 1:
+        seen = _lookup(self.counts, missing) + 1
+        counted = self.counts.insert(missing, seen)
+        ready = tf.boolean_mask(missing, seen >= min_count)
+      with tf.control_dependencies([counted]):
+        admitted = self._admit(ready, rows_variable, initializer, remove_counts=min_count > 1)
+      with tf.control_dependencies([admitted]):
+        rows = _lookup(self.map, keys)
+      live = tf.boolean_mask(rows, rows >= 0)
+      seen_now = self.last_seen.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(live), clock), live))
+      with tf.control_dependencies([seen_now]):
+        return tf.identity(rows)
+
+    with tf.device(self.device):
+      return self.lock.execute(body)
+
+  def _admit(self, ready, rows_variable, initializer, remove_counts: bool):
+    wanted = tf.size(ready, out_type=tf.int64)
+    num_free = self.num_free.read_value()
+    take = tf.minimum(wanted, num_free)
+    keys = ready[:take]
+    new_rows = self.free.read_value()[num_free - take:num_free]
+    with tf.control_dependencies([new_rows]):
+      updates = [
+          self.num_free.assign_sub(take), self.admitted.assign_add(take),
+          self.fallbacks.assign_add(wanted - take), self.map.insert(keys, new_rows),
+          self.row_keys.scatter_update(tf.IndexedSlices(keys, new_rows)),
+          rows_variable.scatter_update(tf.IndexedSlices(
+              initializer([tf.cast(take, tf.int32), rows_variable.shape[1]], rows_variable.dtype), new_rows)),
+      ]
+      if remove_counts:
+        updates.append(self.counts.remove(keys))
+    return tf.group(updates)
+
+  def _evict(self, stale_before):
+    last_seen = self.last_seen.read_value()
+    stale = tf.reshape(tf.where((last_seen >= 0) & (last_seen < stale_before)), [-1])
+    count = tf.size(stale, out_type=tf.int64)
+    num_free = self.num_free.read_value()
+    stale_keys = tf.gather(self.row_keys.read_value(), stale)
+    with tf.control_dependencies([stale_keys, num_free]):
+      return tf.group([
+          self.map.remove(stale_keys),
+          self.last_seen.scatter_update(
+              tf.IndexedSlices(tf.fill(tf.shape(stale), tf.constant(-1, tf.int64)), stale)),
+          self.free.scatter_update(tf.IndexedSlices(stale, num_free + tf.range(count))),
+          self.num_free.assign_add(count), self.evicted.assign_add(count)])
+
+
+class DynamicEmbedding(tf_keras.layers.Layer):
+  """An embedding of raw ids (int64 or string) into `capacity` rows of width `dim`; no two live ids share a row.
+
+  Args:
+    capacity: rows of the table (over all shards); ids beyond it read the default (counted in `fallbacks`).
+    dim: width of a row.
+    key_dtype: `tf.int64` (int32 ids are widened) or `tf.string`.
+    min_count: training calls an id must be seen in before it gets a row; until then it reads zeros.
+    steps_to_live: free the row of an id not seen in this many training calls of its shard (None: never).
+    init_scale: rows start uniform in [-init_scale, init_scale], drawn again whenever a row is given to a new id.
+
+  `call(ids, training)` returns `ids.shape + [dim]`. `table_metrics()` reads occupancy, admitted, evicted and
+  fallbacks from the ps (summed over shards).
+  """
+
+  def __init__(self, capacity: int, dim: int, *, key_dtype=tf.int64, min_count: int = 1,
+               steps_to_live: Optional[int] = None, init_scale: float = 0.05, **kwargs):
+    super().__init__(**kwargs)
+    _check_positive("capacity", capacity)
+    _check_positive("dim", dim)
+    _check_positive("min_count", min_count)
+    _check_positive("steps_to_live", steps_to_live, allow_none=True)
+    key_dtype = tf.as_dtype(key_dtype)
+    if key_dtype not in (tf.int64, tf.string):
+      raise TypeError(f"`key_dtype` ({key_dtype.name}) must be int64 or string")
+    self.capacity, self.dim, self.key_dtype = capacity, dim, key_dtype
+    self.min_count, self.steps_to_live = min_count, steps_to_live
+    if isinstance(init_scale, bool) or not isinstance(init_scale, (int, float)) or init_scale < 0:
+      raise ValueError(f"`init_scale` ({init_scale!r}) must be a non-negative number")
+    self.init_scale = float(init_scale)
+
+  def build(self, input_shape):
+    self.embeddings = self.add_weight("embeddings", shape=[self.capacity, self.dim],
+                                      initializer=tf_keras.initializers.RandomUniform(-self.init_scale,
+                                                                                      self.init_scale),
+                                      trainable=True)
+    strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+    shard_vars = (list(self.embeddings.variables)
+                  if isinstance(self.embeddings, tf.__internal__.distribute.ShardedVariable) else [self.embeddings])
+    self._row_shards = shard_vars
+    self._offsets = []
+    offset = 0
+    for variable in shard_vars:
+      self._offsets.append(offset)
+      offset += variable.shape[0]
+    self.shards = [_Shard(variable.shape[0], self.key_dtype, variable.device or "/cpu:0", strategy, variable, index)
+                   for index, variable in enumerate(shard_vars)]
+    super().build(input_shape)
+
+  def _fresh_rows(self, shape, dtype):
+    # A stateful draw: an unseeded Keras initializer would give every admission the same values.
+    return tf.random.uniform(shape, -self.init_scale, self.init_scale, dtype=dtype)
+
+  def _keys(self, ids):
+    ids = tf.convert_to_tensor(ids)
+    if ids.dtype not in _KEY_DTYPES or _KEY_DTYPES[ids.dtype] != self.key_dtype:
+      raise TypeError(f"{self.name}: ids of type {ids.dtype.name} are not allowed; this table takes "
+                      f"{'int32 or int64' if self.key_dtype == tf.int64 else 'string'} ids")
+    return tf.cast(ids, tf.int64) if ids.dtype == tf.int32 else ids
+
+  def _shard_of(self, keys):
+    if len(self.shards) == 1:
+      return tf.zeros_like(keys, dtype=tf.int32)
+    text = keys if self.key_dtype == tf.string else tf.strings.as_string(keys)
+    return tf.cast(tf.strings.to_hash_bucket_fast(text, len(self.shards)), tf.int32)
+
+  def rows_of(self, ids, training=False):
+    """Global rows of `ids` (any shape), -1 where an id reads the default; in training, admits and evicts."""
+    keys = self._keys(ids)
+    unique, positions = tf.unique(tf.reshape(keys, [-1]), out_idx=tf.int64)
+    shard_of = self._shard_of(unique)
+    indices, rows = [], []
+    for index, shard in enumerate(self.shards):
+      where = tf.reshape(tf.where(tf.equal(shard_of, index)), [-1])
+      shard_keys = tf.gather(unique, where)
+      if training:
+        local = shard.lookup_or_admit(shard_keys, self._row_shards[index], self._fresh_rows,
+                                      self.min_count, self.steps_to_live)
+      else:
+        local = shard.lookup(shard_keys)
+      indices.append(where)
+      rows.append(tf.where(local >= 0, local + self._offsets[index], local))
+    unique_rows = tf.dynamic_stitch([tf.cast(i, tf.int32) for i in indices], rows)
+    return tf.reshape(tf.gather(unique_rows, positions), tf.shape(keys))
+
+  def call(self, ids, training=None):
+    keys = self._keys(ids)
+    unique, positions = tf.unique(tf.reshape(keys, [-1]), out_idx=tf.int64)
+    unique_rows = self.rows_of(unique, training=bool(training))
+    found = tf.where(unique_rows >= 0)
+    vectors = tf.nn.embedding_lookup(self.embeddings, tf.gather_nd(unique_rows, found))
+    unique_vectors = tf.scatter_nd(found, vectors, [tf.size(unique, out_type=tf.int64), self.dim])
+    shape = tf.concat([tf.shape(keys), [self.dim]], axis=0)
+    return tf.reshape(tf.gather(unique_vectors, positions), shape)
+
+  def table_metrics(self) -> Dict[str, int]:
+    """`occupancy` (rows in use), `admitted`, `evicted` and `fallbacks` over all shards, read from the ps."""
+    return {
+        "occupancy": int(sum(shard.rows - int(shard.num_free.numpy()) for shard in self.shards)),
+        "admitted": int(sum(int(shard.admitted.numpy()) for shard in self.shards)),
+        "evicted": int(sum(int(shard.evicted.numpy()) for shard in self.shards)),
+        "fallbacks": int(sum(int(shard.fallbacks.numpy()) for shard in self.shards)),
+    }
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(capacity=self.capacity, dim=self.dim, key_dtype=self.key_dtype.name, min_count=self.min_count,
+                  steps_to_live=self.steps_to_live,
+                  init_scale=self.init_scale)
+    return config
