@@ -73,12 +73,17 @@ def test_string_ids_and_admission_after_min_count(strategy):
   assert layer.table_metrics()["admitted"] == 1
 
 
-def test_eviction_frees_rows_and_resets_them_for_the_next_id(strategy):
+def test_eviction_frees_rows_and_resets_them_and_their_slots_for_the_next_id(strategy):
   _, coordinator = strategy
   layer = make_layer(strategy[0], capacity=4, steps_to_live=2)  # small: one shard, so one clock
+  optimizer = tf_keras.optimizers.legacy.Adagrad(0.1, initial_accumulator_value=0.25)
+  with strategy[0].scope():
+    layer.bind_optimizer(optimizer)
+  accumulator = optimizer.get_slot(layer.embeddings, "accumulator")
   train_calls(coordinator, layer, [[1, 2, 3, 4]])
   old_rows = rows_of(layer, [1, 2, 3, 4])
   layer.embeddings.assign(tf.fill([4, DIM], 7.0))  # as if trained
+  accumulator.assign(tf.fill([4, DIM], 9.0))
   train_calls(coordinator, layer, [[4], [4]])  # ids 1-3 last seen 2 calls ago; still live
   assert (rows_of(layer, [1, 2, 3]) >= 0).all()
   train_calls(coordinator, layer, [[4, 5]])  # now they are stale: evicted first, so 5 gets a row
@@ -88,7 +93,9 @@ def test_eviction_frees_rows_and_resets_them_for_the_next_id(strategy):
   assert row_5 in old_rows[:3]
   fresh = layer.embeddings.numpy()[row_5]
   assert np.abs(fresh).max() <= 0.05  # redrawn, not the evicted id's trained 7.0
-  assert (layer.embeddings.numpy()[rows_of(layer, [4])[0]] == 7.0).all()  # a live id's row is untouched
+  assert (accumulator.numpy()[row_5] == 0.25).all()  # the optimizer's slot row starts again too
+  assert (layer.embeddings.numpy()[rows_of(layer, [4])[0]] == 7.0).all()  # a live id's rows are untouched
+  assert (accumulator.numpy()[rows_of(layer, [4])[0]] == 9.0).all()
 
 
 def test_a_full_table_falls_back_to_the_default_and_counts(strategy):
@@ -135,3 +142,41 @@ def test_float_ids_get_one_line_error():
   layer = tfps.layers.DynamicEmbedding(10, 4)
   with pytest.raises(TypeError, match=r"ids of type float32 are not allowed; this table takes int32 or int64 ids"):
     layer(tf.constant([1.5]))
+
+
+NUM_IDS, VOCAB = 4, 2000
+
+
+def click_examples(rows, seed):
+  """Raw ids (spread over 1e12) with planted weights; clicks follow a logistic model of them."""
+  rng = np.random.default_rng(seed)
+  weights = np.random.default_rng(0).normal(size=VOCAB).astype(np.float32) * 3
+  index = np.minimum(rng.zipf(1.3, size=(rows, NUM_IDS)) - 1, VOCAB - 1)
+  labels = (rng.random(rows) < 1 / (1 + np.exp(-weights[index].sum(axis=1)))).astype(np.float32)
+  return {"ids": index.astype(np.int64) * 999_999_937 + 12_345}, labels
+
+
+def build_dynamic_model():
+  ids = tf_keras.Input((NUM_IDS,), dtype="int64", name="ids")
+  embedded = tfps.layers.DynamicEmbedding(SHARDED, DIM, min_count=2, name="dynamic")(ids)
+  hidden = tf_keras.layers.Dense(16, activation="relu")(tf_keras.layers.Flatten()(embedded))
+  model = tf_keras.Model({"ids": ids}, tf_keras.layers.Dense(1, activation="sigmoid")(hidden))
+  model.compile(tf_keras.optimizers.legacy.Adagrad(0.2), "binary_crossentropy",
+                metrics=[tf_keras.metrics.AUC(name="auc")])
+  return model
+
+
+def click_train_fn(input_context):
+  features, labels = click_examples(8_000, seed=1 + input_context.input_pipeline_id)
+  return tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(64, drop_remainder=True)
+
+
+def test_fit_trains_a_model_on_raw_ids(cluster):
+  history = tfps.fit(build_dynamic_model, click_train_fn, epochs=3, steps_per_epoch=40, cluster=cluster,
+                     log_every_secs=60)
+  losses = history.history["loss"]
+  assert losses[-1] < losses[0] - 0.03
+  assert history.history["auc"][-1] > 0.75  # learned per-id weights: the rows carry the signal
+  layer = history.model.get_layer("dynamic")
+  metrics = layer.table_metrics()
+  assert 0 < metrics["occupancy"] == metrics["admitted"] <= VOCAB and metrics["fallbacks"] == 0

@@ -17,6 +17,7 @@ from tfps.keras import callbacks as callbacks_lib
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.cluster import config as cluster_lib
 from tfps.training import dataset_fns
+from tfps.models import dynamic_embedding
 from tfps.keras import evaluation
 from tfps.training import exactly_once
 from tfps import flags as flags_lib
@@ -152,6 +153,7 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
   with strategy.scope():  # restoring needs every variable: the model's and the optimizer's
     evaluation.ensure_built(model, sample)
     resharding.create_optimizer_variables(model.optimizer, model.trainable_variables)
+    dynamic_embedding.bind_optimizers(model)  # admissions reset the slot rows of the rows they give out
   finished = _finished_run(model_dir, epochs * steps_per_epoch)
   if finished is not None:
     return _restore_finished(model, finished, strategy, model_dir)

@@ -18,6 +18,8 @@ from typing import Dict, Optional
 import tensorflow as tf
 import tf_keras
 
+from tfps import _tf_private
+
 _KEY_DTYPES = {tf.int64: tf.int64, tf.int32: tf.int64, tf.string: tf.string}
 
 
@@ -63,7 +65,7 @@ class _Shard(tf.Module):
     with tf.device(self.device):
       return _lookup(self.map, keys)
 
-  def lookup_or_admit(self, keys, rows_variable, initializer, min_count: int, steps_to_live: Optional[int]):
+  def lookup_or_admit(self, keys, rows_variable, initializer, slots, min_count: int, steps_to_live: Optional[int]):
     """Rows of `keys` (distinct), admitting ids seen `min_count` times and evicting stale ones; -1: the default."""
     def body():
       clock = self.clock.assign_add(1)
@@ -78,7 +80,7 @@ class _Shard(tf.Module):
         counted = self.counts.insert(missing, seen)
         ready = tf.boolean_mask(missing, seen >= min_count)
       with tf.control_dependencies([counted]):
-        admitted = self._admit(ready, rows_variable, initializer, remove_counts=min_count > 1)
+        admitted = self._admit(ready, rows_variable, initializer, slots, remove_counts=min_count > 1)
       with tf.control_dependencies([admitted]):
         rows = _lookup(self.map, keys)
       live = tf.boolean_mask(rows, rows >= 0)
@@ -89,7 +91,8 @@ class _Shard(tf.Module):
     with tf.device(self.device):
       return self.lock.execute(body)
 
-  def _admit(self, ready, rows_variable, initializer, remove_counts: bool):
+  def _admit(self, ready, rows_variable, initializer, slots, remove_counts: bool):
+    """Gives free rows to `ready` ids: fresh row values, optimizer slot rows back to their initial values."""
     wanted = tf.size(ready, out_type=tf.int64)
     num_free = self.num_free.read_value()
     take = tf.minimum(wanted, num_free)
@@ -103,6 +106,9 @@ class _Shard(tf.Module):
           rows_variable.scatter_update(tf.IndexedSlices(
               initializer([tf.cast(take, tf.int32), rows_variable.shape[1]], rows_variable.dtype), new_rows)),
       ]
+      updates += [slot.scatter_update(tf.IndexedSlices(
+          tf.fill([take, rows_variable.shape[1]], tf.constant(initial, slot.dtype)), new_rows))
+                  for slot, initial in slots]
       if remove_counts:
         updates.append(self.counts.remove(keys))
     return tf.group(updates)
@@ -171,6 +177,27 @@ class DynamicEmbedding(tf_keras.layers.Layer):
                    for index, variable in enumerate(shard_vars)]
     super().build(input_shape)
 
+  def bind_optimizer(self, optimizer) -> None:
+    """Resets `optimizer`'s slot rows of a row whenever it is given to a new id; creates the slots now.
+
+    Call it under the strategy scope after the layer is built and before training is traced (`tfps.fit` does);
+    `optimizer` must be a tf-keras legacy optimizer. An accumulator slot (Adagrad, Ftrl) is reset to the
+    optimizer's initial accumulator value, every other slot to zero.
+    """
+    if not isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer):
+      raise TypeError(f"{self.name}: slot rows can be reset for tf-keras legacy optimizers only, not "
+                      f"{type(optimizer).__name__}")
+    _tf_private.create_optimizer_slots(optimizer, self._row_shards)
+    self.__dict__["_optimizer"] = optimizer  # not tracked: the model's checkpoint holds the optimizer
+
+  def _slots(self, index):
+    optimizer = self.__dict__.get("_optimizer")
+    if optimizer is None:
+      return []
+    initial_accumulator = getattr(optimizer, "_initial_accumulator_value", 0.0)
+    return [(optimizer.get_slot(self._row_shards[index], name), initial_accumulator if name == "accumulator" else 0.)
+            for name in optimizer.get_slot_names()]
+
   def _fresh_rows(self, shape, dtype):
     # A stateful draw: an unseeded Keras initializer would give every admission the same values.
     return tf.random.uniform(shape, -self.init_scale, self.init_scale, dtype=dtype)
@@ -198,7 +225,7 @@ class DynamicEmbedding(tf_keras.layers.Layer):
       where = tf.reshape(tf.where(tf.equal(shard_of, index)), [-1])
       shard_keys = tf.gather(unique, where)
       if training:
-        local = shard.lookup_or_admit(shard_keys, self._row_shards[index], self._fresh_rows,
+        local = shard.lookup_or_admit(shard_keys, self._row_shards[index], self._fresh_rows, self._slots(index),
                                       self.min_count, self.steps_to_live)
       else:
         local = shard.lookup(shard_keys)
@@ -232,3 +259,10 @@ class DynamicEmbedding(tf_keras.layers.Layer):
                   steps_to_live=self.steps_to_live,
                   init_scale=self.init_scale)
     return config
+
+
+def bind_optimizers(model: tf_keras.Model) -> None:
+  """`bind_optimizer(model.optimizer)` on every `DynamicEmbedding` of a built, compiled `model`."""
+  for layer in model.submodules:
+    if isinstance(layer, DynamicEmbedding):
+      layer.bind_optimizer(model.optimizer)
