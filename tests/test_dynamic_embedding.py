@@ -171,12 +171,16 @@ def click_train_fn(input_context):
   return tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(64, drop_remainder=True)
 
 
-def test_fit_trains_a_model_on_raw_ids(cluster):
+def test_fit_trains_a_model_on_raw_ids_and_logs_table_metrics(cluster, tmp_path, caplog):
+  caplog.set_level("INFO")
   history = tfps.fit(build_dynamic_model, click_train_fn, epochs=3, steps_per_epoch=40, cluster=cluster,
-                     log_every_secs=60)
+                     log_every_secs=60, model_dir=str(tmp_path / "run"))
   losses = history.history["loss"]
   assert losses[-1] < losses[0] - 0.03
   assert history.history["auc"][-1] > 0.75  # learned per-id weights: the rows carry the signal
   layer = history.model.get_layer("dynamic")
   metrics = layer.table_metrics()
   assert 0 < metrics["occupancy"] == metrics["admitted"] <= VOCAB and metrics["fallbacks"] == 0
+  assert history.history["dynamic/occupancy"][-1] == metrics["occupancy"]  # in the epoch logs: History, TensorBoard
+  assert f"dynamic/occupancy {metrics['occupancy']:.4f}" in caplog.text  # and the epoch line
+  assert list((tmp_path / "run" / "logs" / "train").glob("events.out.tfevents.*"))

@@ -1,4 +1,5 @@
-"""The callbacks `tfps.fit` adds: a progress line per logging interval and a checkpoint per epoch."""
+"""The callbacks `tfps.fit` adds: a progress line per logging interval, dynamic tables' metrics and a checkpoint per
+epoch."""
 
 import os
 import time
@@ -9,6 +10,7 @@ import tensorflow as tf
 import tf_keras
 
 from tfps import _tf_private
+from tfps.models import dynamic_embedding
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.training import run_records
 from tfps.formatting import format_duration, format_rate
@@ -96,6 +98,18 @@ class ProgressLogger(tf_keras.callbacks.Callback):
       summary = self.recorder.finish(step, self._final_logs, tensorboard=os.path.join(self.recorder.model_dir, "logs"))
       logging.info("Run records in %s (steps %d, %.0fs)", run_records.run_dir(self.recorder.model_dir),
                    summary["steps"], summary["wall_secs"])
+
+
+class DynamicTableMetrics(tf_keras.callbacks.Callback):
+  """Adds each `DynamicEmbedding`'s occupancy, admitted, evicted and fallbacks (`<layer>/<metric>`, read from the ps)
+  to the epoch's logs, so the epoch line, the History and TensorBoard show them. Place it before those callbacks."""
+
+  def on_epoch_end(self, epoch, logs=None):
+    if logs is None:
+      return
+    for layer in self.model.submodules:
+      if isinstance(layer, dynamic_embedding.DynamicEmbedding):
+        logs.update({f"{layer.name}/{name}": value for name, value in layer.table_metrics().items()})
 
 
 def _fetch(value):

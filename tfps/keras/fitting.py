@@ -134,6 +134,7 @@ def build_model_in_scope(build_model: Callable, strategy) -> tf_keras.Model:
 def _default_callbacks(model_dir, steps_per_epoch, epochs, batch_size, log_every_secs, keep_checkpoint_max):
   recorder = run_records.RunRecorder(model_dir, batch_size=batch_size) if model_dir else None
   result: List[tf_keras.callbacks.Callback] = [
+      callbacks_lib.DynamicTableMetrics(),
       callbacks_lib.ProgressLogger(steps_per_epoch, epochs, batch_size, log_every_secs, recorder)]
   if model_dir:
     result += [
