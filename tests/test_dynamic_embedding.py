@@ -1,12 +1,18 @@
 """tfps.layers.DynamicEmbedding on the in-process cluster: rows per raw id, admission, eviction, fallbacks, fit,
 checkpoints, bad input."""
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
 
 import tfps
+from tfps.keras import callbacks as callbacks_lib
 
 DIM = 8
 SHARDED = 8192  # 8192 x 8 floats = 256 KiB: sharded over both ps by the default partitioner
@@ -158,7 +164,7 @@ def click_examples(rows, seed):
 
 def build_dynamic_model():
   ids = tf_keras.Input((NUM_IDS,), dtype="int64", name="ids")
-  embedded = tfps.layers.DynamicEmbedding(SHARDED, DIM, min_count=2, name="dynamic")(ids)
+  embedded = tfps.layers.DynamicEmbedding(SHARDED, DIM, min_count=2, num_shards=2, name="dynamic")(ids)
   hidden = tf_keras.layers.Dense(16, activation="relu")(tf_keras.layers.Flatten()(embedded))
   model = tf_keras.Model({"ids": ids}, tf_keras.layers.Dense(1, activation="sigmoid")(hidden))
   model.compile(tf_keras.optimizers.legacy.Adagrad(0.2), "binary_crossentropy",
@@ -171,10 +177,19 @@ def click_train_fn(input_context):
   return tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(64, drop_remainder=True)
 
 
-def test_fit_trains_a_model_on_raw_ids_and_logs_table_metrics(cluster, tmp_path, caplog):
-  caplog.set_level("INFO")
-  history = tfps.fit(build_dynamic_model, click_train_fn, epochs=3, steps_per_epoch=40, cluster=cluster,
-                     log_every_secs=60, model_dir=str(tmp_path / "run"))
+@pytest.fixture(scope="module")
+def trained(cluster, tmp_path_factory):
+  model_dir = tmp_path_factory.mktemp("dynamic") / "run"
+  with pytest.MonkeyPatch.context() as patch:
+    lines = []
+    patch.setattr(callbacks_lib.logging, "info", lambda text, *args: lines.append(text % args))
+    history = tfps.fit(build_dynamic_model, click_train_fn, epochs=3, steps_per_epoch=40, cluster=cluster,
+                       log_every_secs=60, model_dir=str(model_dir))
+  return history, model_dir, "\n".join(lines)
+
+
+def test_fit_trains_a_model_on_raw_ids_and_logs_table_metrics(trained):
+  history, model_dir, log = trained
   losses = history.history["loss"]
   assert losses[-1] < losses[0] - 0.03
   assert history.history["auc"][-1] > 0.75  # learned per-id weights: the rows carry the signal
@@ -182,5 +197,28 @@ def test_fit_trains_a_model_on_raw_ids_and_logs_table_metrics(cluster, tmp_path,
   metrics = layer.table_metrics()
   assert 0 < metrics["occupancy"] == metrics["admitted"] <= VOCAB and metrics["fallbacks"] == 0
   assert history.history["dynamic/occupancy"][-1] == metrics["occupancy"]  # in the epoch logs: History, TensorBoard
-  assert f"dynamic/occupancy {metrics['occupancy']:.4f}" in caplog.text  # and the epoch line
-  assert list((tmp_path / "run" / "logs" / "train").glob("events.out.tfevents.*"))
+  assert f"dynamic/occupancy {metrics['occupancy']:.4f}" in log  # and the epoch line
+  assert list((model_dir / "logs" / "train").glob("events.out.tfevents.*"))
+
+
+def test_export_serves_raw_ids_without_a_cluster(trained, tmp_path):
+  history, _, _ = trained
+  export_dir = str(tmp_path / "export")
+  tfps.export_saved_model(build_dynamic_model, export_dir, model=history.model)
+  features, _ = click_examples(20, seed=7)
+  features["ids"][0] = [5, 6, 7, 8]  # never seen: they read the default
+  expected = history.model(features).numpy()[:, 0]  # the cluster's answer (rows and maps on the ps)
+  np.save(tmp_path / "ids.npy", features["ids"])
+  code = f"""
+import json, numpy as np, os
+import tensorflow as tf
+loaded = tf.saved_model.load({export_dir!r})
+ids = tf.constant(np.load({str(tmp_path / 'ids.npy')!r}))
+print(json.dumps(list(loaded.signatures["serving_default"](ids=ids).values())[0].numpy()[:, 0].tolist()))
+"""
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={"PATH": os.environ["PATH"], "TF_CPP_MIN_LOG_LEVEL": "3", "TF_USE_LEGACY_KERAS": "1"})
+  assert result.returncode == 0, result.stderr[-2000:]
+  served = json.loads(result.stdout.strip().splitlines()[-1])
+  np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
+  assert len(set(np.round(served, 6))) > 10  # the rows differ per id: not one default answer

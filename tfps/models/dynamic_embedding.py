@@ -30,6 +30,11 @@ def _check_positive(name, value, allow_none=False):
     raise ValueError(f"`{name}` ({value!r}) must be a positive integer{' or None' if allow_none else ''}")
 
 
+def _split(rows: int, parts: int):
+  """Rows per shard as ParameterServerStrategy splits a variable: the first `rows % parts` shards get one more."""
+  return [rows // parts + (1 if index < rows % parts else 0) for index in range(parts)]
+
+
 def _lookup(table, keys):
   """`table.lookup(keys)` with the shape of `keys` (a hash table's lookup loses it while traced)."""
   return tf.reshape(table.lookup(keys), tf.shape(keys))
@@ -38,9 +43,10 @@ def _lookup(table, keys):
 class _Shard(tf.Module):
   """The id-to-row bookkeeping of one row shard, on that shard's ps."""
 
-  def __init__(self, rows: int, key_dtype, device: str, strategy, colocate_with, index: int):
+  def __init__(self, rows: int, base: int, key_dtype, device: str, strategy, colocate_with, index: int):
     super().__init__(name=f"shard_{index}")
     self.rows = rows
+    self.base = base  # where the shard's rows start in the variable holding them
     self.device = device
     empty_key = "" if key_dtype == tf.string else 0
     with tf.device(device):
@@ -89,7 +95,8 @@ class _Shard(tf.Module):
         return tf.identity(rows)
 
     with tf.device(self.device):
-      return self.lock.execute(body)
+      # (not exclusive: the shards of a whole table, as in a serving copy, share its variable)
+      return self.lock.execute(body, exclusive_resource_access=False)
 
   def _admit(self, ready, rows_variable, initializer, slots, remove_counts: bool):
     """Gives free rows to `ready` ids: fresh row values, optimizer slot rows back to their initial values."""
@@ -98,16 +105,17 @@ class _Shard(tf.Module):
     take = tf.minimum(wanted, num_free)
     keys = ready[:take]
     new_rows = self.free.read_value()[num_free - take:num_free]
+    in_variable = new_rows + self.base
     with tf.control_dependencies([new_rows]):
       updates = [
           self.num_free.assign_sub(take), self.admitted.assign_add(take),
           self.fallbacks.assign_add(wanted - take), self.map.insert(keys, new_rows),
           self.row_keys.scatter_update(tf.IndexedSlices(keys, new_rows)),
           rows_variable.scatter_update(tf.IndexedSlices(
-              initializer([tf.cast(take, tf.int32), rows_variable.shape[1]], rows_variable.dtype), new_rows)),
+              initializer([tf.cast(take, tf.int32), rows_variable.shape[1]], rows_variable.dtype), in_variable)),
       ]
       updates += [slot.scatter_update(tf.IndexedSlices(
-          tf.fill([take, rows_variable.shape[1]], tf.constant(initial, slot.dtype)), new_rows))
+          tf.fill([take, rows_variable.shape[1]], tf.constant(initial, slot.dtype)), in_variable))
                   for slot, initial in slots]
       if remove_counts:
         updates.append(self.counts.remove(keys))
@@ -138,18 +146,24 @@ class DynamicEmbedding(tf_keras.layers.Layer):
     min_count: training calls an id must be seen in before it gets a row; until then it reads zeros.
     steps_to_live: free the row of an id not seen in this many training calls of its shard (None: never).
     init_scale: rows start uniform in [-init_scale, init_scale], drawn again whenever a row is given to a new id.
+    num_shards: the shards the strategy's partitioner makes of the table (checked when built under it); needed to
+      rebuild the layer outside any strategy from a sharded checkpoint (`tfps.export_saved_model`). None: whatever
+      the partitioner makes, and one shard outside a strategy.
 
   `call(ids, training)` returns `ids.shape + [dim]`. `table_metrics()` reads occupancy, admitted, evicted and
   fallbacks from the ps (summed over shards).
   """
 
   def __init__(self, capacity: int, dim: int, *, key_dtype=tf.int64, min_count: int = 1,
-               steps_to_live: Optional[int] = None, init_scale: float = 0.05, **kwargs):
+               steps_to_live: Optional[int] = None, init_scale: float = 0.05, num_shards: Optional[int] = None,
+               **kwargs):
     super().__init__(**kwargs)
     _check_positive("capacity", capacity)
     _check_positive("dim", dim)
     _check_positive("min_count", min_count)
     _check_positive("steps_to_live", steps_to_live, allow_none=True)
+    _check_positive("num_shards", num_shards, allow_none=True)
+    self.num_shards = num_shards
     key_dtype = tf.as_dtype(key_dtype)
     if key_dtype not in (tf.int64, tf.string):
       raise TypeError(f"`key_dtype` ({key_dtype.name}) must be int64 or string")
@@ -165,16 +179,21 @@ class DynamicEmbedding(tf_keras.layers.Layer):
                                                                                       self.init_scale),
                                       trainable=True)
     strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
-    shard_vars = (list(self.embeddings.variables)
-                  if isinstance(self.embeddings, tf.__internal__.distribute.ShardedVariable) else [self.embeddings])
-    self._row_shards = shard_vars
-    self._offsets = []
-    offset = 0
-    for variable in shard_vars:
-      self._offsets.append(offset)
-      offset += variable.shape[0]
-    self.shards = [_Shard(variable.shape[0], self.key_dtype, variable.device or "/cpu:0", strategy, variable, index)
-                   for index, variable in enumerate(shard_vars)]
+    sharded = isinstance(self.embeddings, tf.__internal__.distribute.ShardedVariable)
+    if sharded:
+      variables = list(self.embeddings.variables)
+      sizes = [variable.shape[0] for variable in variables]
+    else:  # whole: `num_shards` maps over parts of it, laid out as a partitioner would (a serving copy)
+      sizes = _split(self.capacity, self.num_shards or 1)
+      variables = [self.embeddings] * len(sizes)
+    if self.num_shards is not None and len(sizes) != self.num_shards:
+      raise ValueError(f"{self.name}: `num_shards` ({self.num_shards}) differs from the {len(sizes)} shard(s) the "
+                       f"strategy's partitioner made of the {self.capacity}-row table")
+    self._row_shards = variables
+    self._offsets = [sum(sizes[:index]) for index in range(len(sizes))]
+    self.shards = [_Shard(size, 0 if sharded else offset, self.key_dtype, variable.device or "/cpu:0", strategy,
+                          variable, index)
+                   for index, (size, offset, variable) in enumerate(zip(sizes, self._offsets, variables))]
     super().build(input_shape)
 
   def bind_optimizer(self, optimizer) -> None:
@@ -257,7 +276,7 @@ class DynamicEmbedding(tf_keras.layers.Layer):
     config = super().get_config()
     config.update(capacity=self.capacity, dim=self.dim, key_dtype=self.key_dtype.name, min_count=self.min_count,
                   steps_to_live=self.steps_to_live,
-                  init_scale=self.init_scale)
+                  init_scale=self.init_scale, num_shards=self.num_shards)
     return config
 
 
