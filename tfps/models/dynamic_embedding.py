@@ -13,6 +13,7 @@ Eviction: with `steps_to_live`, a row whose id was not seen in the last `steps_t
 freed; the next id admitted to it starts from a fresh initializer value. Inference (`training=False`) only looks up.
 """
 
+import contextlib
 from typing import Dict, Optional
 
 import tensorflow as tf
@@ -49,12 +50,14 @@ class _Shard(tf.Module):
     self.base = base  # where the shard's rows start in the variable holding them
     self.device = device
     empty_key = "" if key_dtype == tf.string else 0
-    with tf.device(device):
+    with self._placed():
       self.map = tf.lookup.experimental.MutableHashTable(key_dtype, tf.int64, default_value=-1, name=f"map_{index}")
       self.counts = tf.lookup.experimental.MutableHashTable(key_dtype, tf.int64, default_value=0,
                                                             name=f"counts_{index}")
-      self.lock = tf.CriticalSection(name=f"lock_{index}")
-    scope = strategy.extended.colocate_vars_with(colocate_with) if strategy else tf.device(device)
+      # Concurrent steps of several workers take turns; a copy outside a strategy (serving) runs one at a time, and a
+      # mutex, not being trackable, could not be saved in its SavedModel.
+      self.lock = tf.CriticalSection(name=f"lock_{index}") if strategy else None
+    scope = strategy.extended.colocate_vars_with(colocate_with) if strategy else contextlib.nullcontext()
     with scope:
       def variable(name, value, dtype=tf.int64):
         return tf.Variable(value, dtype=dtype, trainable=False, name=name)
@@ -67,8 +70,12 @@ class _Shard(tf.Module):
       self.evicted = variable("evicted", 0)
       self.fallbacks = variable("fallbacks", 0)
 
+  def _placed(self):
+    """On the shard's ps; unplaced outside a strategy (a serving copy must not name the devices it was saved on)."""
+    return tf.device(self.device) if self.device else contextlib.nullcontext()
+
   def lookup(self, keys):
-    with tf.device(self.device):
+    with self._placed():
       return _lookup(self.map, keys)
 
   def lookup_or_admit(self, keys, rows_variable, initializer, slots, min_count: int, steps_to_live: Optional[int]):
@@ -94,9 +101,8 @@ class _Shard(tf.Module):
       with tf.control_dependencies([seen_now]):
         return tf.identity(rows)
 
-    with tf.device(self.device):
-      # (not exclusive: the shards of a whole table, as in a serving copy, share its variable)
-      return self.lock.execute(body, exclusive_resource_access=False)
+    with self._placed():
+      return self.lock.execute(body) if self.lock is not None else body()
 
   def _admit(self, ready, rows_variable, initializer, slots, remove_counts: bool):
     """Gives free rows to `ready` ids: fresh row values, optimizer slot rows back to their initial values."""
@@ -191,7 +197,7 @@ class DynamicEmbedding(tf_keras.layers.Layer):
                        f"strategy's partitioner made of the {self.capacity}-row table")
     self._row_shards = variables
     self._offsets = [sum(sizes[:index]) for index in range(len(sizes))]
-    self.shards = [_Shard(size, 0 if sharded else offset, self.key_dtype, variable.device or "/cpu:0", strategy,
+    self.shards = [_Shard(size, 0 if sharded else offset, self.key_dtype, variable.device if strategy else "", strategy,
                           variable, index)
                    for index, (size, offset, variable) in enumerate(zip(sizes, self._offsets, variables))]
     super().build(input_shape)
