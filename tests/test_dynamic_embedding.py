@@ -222,3 +222,9 @@ print(json.dumps(list(loaded.signatures["serving_default"](ids=ids).values())[0]
   served = json.loads(result.stdout.strip().splitlines()[-1])
   np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
   assert len(set(np.round(served, 6))) > 10  # the rows differ per id: not one default answer
+
+
+def test_num_shards_other_than_the_partitioners_is_an_error(strategy):
+  with pytest.raises(ValueError, match=r"`num_shards` \(3\) differs from the 2 shard\(s\) the strategy's partitioner "
+                                       r"made of the 8192-row table"):
+    make_layer(strategy[0], num_shards=3)
