@@ -5,7 +5,8 @@ table gets them hashed into its rows, the dynamic one raw), same in-process clus
 with 20 steps per execution; the two are interleaved `--repeats` times and each run's first epoch (tracing, warm-up)
 is left out. Prints the examples/s of each and the ratio of their step times; writes `--json_out`.
 
-  .venv/bin/python bench/dynamic_embedding.py      # about 1 minute here; the results file: --steps_per_epoch=300 --epochs=4 --repeats=3
+  .venv/bin/python bench/dynamic_embedding.py      # about 1 minute here
+  .venv/bin/python bench/dynamic_embedding.py --steps_per_epoch=300 --epochs=4 --repeats=3    # the results file
 """
 
 import json
@@ -65,8 +66,10 @@ def dataset_fn(dynamic):
 def build_model_fn(dynamic):
   def build():
     ids = tf_keras.Input((NUM_FEATURES,), dtype="int64", name="ids")
-    table = (tfps.layers.DynamicEmbedding(_CAPACITY.value, DIM, steps_to_live=_STEPS_TO_LIVE.value, name="table") if dynamic
-             else tf_keras.layers.Embedding(_CAPACITY.value, DIM, name="table"))
+    if dynamic:
+      table = tfps.layers.DynamicEmbedding(_CAPACITY.value, DIM, steps_to_live=_STEPS_TO_LIVE.value, name="table")
+    else:
+      table = tf_keras.layers.Embedding(_CAPACITY.value, DIM, name="table")
     hidden = tf_keras.layers.Dense(64, activation="relu")(tf_keras.layers.Flatten()(table(ids)))
     model = tf_keras.Model({"ids": ids}, tf_keras.layers.Dense(1, activation="sigmoid")(hidden))
     model.compile(tf_keras.optimizers.legacy.Adagrad(0.05), "binary_crossentropy")
@@ -88,8 +91,8 @@ def main(argv):
       rates[kind].append(len(measured) * _STEPS.value * _BATCH.value / sum(measured))
   fixed, dynamic = float(np.median(rates["fixed"])), float(np.median(rates["dynamic"]))
   result = {"capacity": _CAPACITY.value, "distinct_ids": _DISTINCT.value, "batch_size": _BATCH.value,
-            "features": NUM_FEATURES, "dim": DIM,
-            "steps_to_live": _STEPS_TO_LIVE.value, "steps_per_epoch": _STEPS.value, "epochs": _EPOCHS.value, "examples_per_sec": rates,
+            "features": NUM_FEATURES, "dim": DIM, "steps_to_live": _STEPS_TO_LIVE.value,
+            "steps_per_epoch": _STEPS.value, "epochs": _EPOCHS.value, "examples_per_sec": rates,
             "median_examples_per_sec": {"fixed": fixed, "dynamic": dynamic},
             "step_time_dynamic_vs_fixed": fixed / dynamic, "load_average": os.getloadavg()}
   print(json.dumps(result, indent=2))
