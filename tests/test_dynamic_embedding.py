@@ -228,3 +228,15 @@ def test_num_shards_other_than_the_partitioners_is_an_error(strategy):
   with pytest.raises(ValueError, match=r"`num_shards` \(3\) differs from the 2 shard\(s\) the strategy's partitioner "
                                        r"made of the 8192-row table"):
     make_layer(strategy[0], num_shards=3)
+
+
+def test_an_unseen_id_goes_between_steps_to_live_and_one_tenth_more_calls():
+  layer = tfps.layers.DynamicEmbedding(8, 2, steps_to_live=20)  # outside a strategy: scans every 2 calls
+  layer(tf.constant([1, 2], tf.int64), training=True)  # clock 1
+  gone_at = None
+  for clock in range(2, 30):
+    layer(tf.constant([2], tf.int64), training=True)
+    if gone_at is None and layer.rows_of(tf.constant([1], tf.int64)).numpy()[0] == -1:
+      gone_at = clock
+  assert 21 <= gone_at <= 23  # last seen at 1: stale from clock 22 on, found at the next even clock
+  assert layer.table_metrics() == {"occupancy": 1, "admitted": 2, "evicted": 1, "fallbacks": 0}

@@ -10,7 +10,9 @@ because rows are rows of an ordinary sharded variable.
 Admission: an id gets a row once it has been seen `min_count` times (counted per training call). Until then, and
 when its shard has no free row (counted in `fallbacks`), it reads the default: a zero vector, which gets no gradient.
 Eviction: with `steps_to_live`, a row whose id was not seen in the last `steps_to_live` training calls of its shard is
-freed; the next id admitted to it starts from a fresh initializer value. Inference (`training=False`) only looks up.
+freed (the rows are scanned every `steps_to_live // 10` calls, so an id goes between `steps_to_live` and 1.1x that
+many calls after it was last seen); the next id given the row starts from a fresh value and fresh optimizer slots.
+Inference (`training=False`) only looks up.
 """
 
 import contextlib
@@ -21,6 +23,7 @@ import tf_keras
 
 from tfps import _tf_private
 
+EVICTION_SCANS_PER_LIFETIME = 10  # an id is freed between `steps_to_live` and 1.1x that many calls after last seen
 _KEY_DTYPES = {tf.int64: tf.int64, tf.int32: tf.int64, tf.string: tf.string}
 
 
@@ -82,7 +85,11 @@ class _Shard(tf.Module):
     """Rows of `keys` (distinct), admitting ids seen `min_count` times and evicting stale ones; -1: the default."""
     def body():
       clock = self.clock.assign_add(1)
-      evicted = self._evict(clock - steps_to_live) if steps_to_live is not None else tf.no_op()
+      evicted = tf.no_op()
+      if steps_to_live is not None:  # a scan of the shard's rows every `steps_to_live // 10` calls, not every call
+        every = max(1, steps_to_live // EVICTION_SCANS_PER_LIFETIME)
+        evicted = tf.cond(tf.equal(clock % every, 0), lambda: self._evict(clock - steps_to_live),
+                          lambda: tf.constant(0, tf.int64))
       with tf.control_dependencies([evicted]):
         rows = _lookup(self.map, keys)
       missing = tf.boolean_mask(keys, rows < 0)
@@ -128,18 +135,21 @@ class _Shard(tf.Module):
     return tf.group(updates)
 
   def _evict(self, stale_before):
+    """Frees the rows of ids last seen before clock `stale_before`; returns how many."""
     last_seen = self.last_seen.read_value()
     stale = tf.reshape(tf.where((last_seen >= 0) & (last_seen < stale_before)), [-1])
     count = tf.size(stale, out_type=tf.int64)
     num_free = self.num_free.read_value()
     stale_keys = tf.gather(self.row_keys.read_value(), stale)
     with tf.control_dependencies([stale_keys, num_free]):
-      return tf.group([
+      done = tf.group([
           self.map.remove(stale_keys),
           self.last_seen.scatter_update(
               tf.IndexedSlices(tf.fill(tf.shape(stale), tf.constant(-1, tf.int64)), stale)),
           self.free.scatter_update(tf.IndexedSlices(stale, num_free + tf.range(count))),
           self.num_free.assign_add(count), self.evicted.assign_add(count)])
+    with tf.control_dependencies([done]):
+      return tf.identity(count)  # the rows freed
 
 
 class DynamicEmbedding(tf_keras.layers.Layer):
