@@ -16,12 +16,14 @@ malformed rows (a column count other than 40, or a label or integer field that i
 import os
 from typing import Dict, Optional, Sequence, Tuple, Union
 
+from tfps import checks
 from tfps.data import delimited
 from tfps.data import pipeline
 from tfps.data.schema import CATEGORICAL_COLUMNS, COLUMNS, DENSE, FORMATS, INTEGER_COLUMNS, LABEL
 from tfps.data.schema import check_format
 from tfps.data.spec import Categorical, FeatureSpec, Numeric
 from tfps.data.spec import row_pattern as spec_row_pattern
+from tfps.errors import UsageError
 
 MalformedRowError = delimited.MalformedRowError
 ScanSummary = delimited.ScanSummary
@@ -52,9 +54,8 @@ def guess_format(files: Sequence[str]) -> str:
 def bucket_sizes(num_buckets: Union[int, Sequence[int]]) -> Tuple[int, ...]:
   """The bucket count of each of the 26 categorical features from one int or 26 ints."""
   sizes = (num_buckets,) * len(CATEGORICAL_COLUMNS) if isinstance(num_buckets, int) else tuple(num_buckets)
-  if len(sizes) != len(CATEGORICAL_COLUMNS) or any(isinstance(s, bool) or not isinstance(s, int) or s < 1
-                                                   for s in sizes):
-    raise ValueError(f"`num_buckets` ({num_buckets!r}) must be a positive int or {len(CATEGORICAL_COLUMNS)} of them")
+  if len(sizes) != len(CATEGORICAL_COLUMNS) or any(not checks.is_int(s) or s < 1 for s in sizes):
+    raise UsageError(f"`num_buckets` ({num_buckets!r}) must be a positive int or {len(CATEGORICAL_COLUMNS)} of them")
   return sizes
 
 

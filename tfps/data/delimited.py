@@ -24,6 +24,7 @@ from typing import Callable, List, Optional, Tuple
 from absl import logging
 import tensorflow as tf
 
+from tfps import checks
 from tfps.data import pipeline
 from tfps.data.spec import FeatureSpec, row_pattern
 from tfps.errors import TfpsError
@@ -114,7 +115,7 @@ def delimited_dataset_fn(file_pattern: pipeline.FilePattern, spec: FeatureSpec, 
     MalformedRowError: `strict` and `scan` and a file has a malformed row.
   """
   files = pipeline.list_files(file_pattern)
-  pipeline.check_positive("batch_size", batch_size)
+  checks.positive_int("batch_size", batch_size)
   if scan:
     scan_files(files, spec, strict=strict).log()
 

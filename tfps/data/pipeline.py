@@ -30,6 +30,7 @@ from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 from absl import logging
 import tensorflow as tf
 
+from tfps import checks
 from tfps.training import strategy as strategy_lib
 
 FilePattern = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
@@ -86,10 +87,8 @@ def shard_plan(num_files: int, input_context: Optional[tf.distribute.InputContex
       logging.info("Each of the %d workers reads its own share of the training data (%s)", shard.num_shards,
                    "whole files" if shard.by_file else f"one line in {shard.num_shards} of each file")
       return shard
-  if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
-    raise ValueError(f"`num_shards` ({num_shards!r}) must be a positive integer")
-  if isinstance(shard_index, bool) or not isinstance(shard_index, int) or not 0 <= shard_index < num_shards:
-    raise ValueError(f"`shard_index` ({shard_index!r}) must be an integer in 0-{num_shards - 1}")
+  checks.positive_int("num_shards", num_shards)
+  checks.int_in_range("shard_index", shard_index, 0, num_shards - 1)
   if num_shards == 1:
     return None
   return Shard(num_shards, shard_index, by_file=num_files >= num_shards)
@@ -139,19 +138,12 @@ def read_lines(files: Sequence[str], *, skip_header: bool, repeat: bool, shuffle
 def shuffle_and_batch(dataset: tf.data.Dataset, *, batch_size: int, shuffle_buffer: int, seed: Optional[int],
                       drop_remainder: bool) -> tf.data.Dataset:
   """Shuffles (where `shuffle_buffer` > 1) and batches `dataset`."""
-  check_positive("batch_size", batch_size)
-  if isinstance(shuffle_buffer, bool) or not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
-    raise ValueError(f"`shuffle_buffer` ({shuffle_buffer!r}) must be a non-negative integer")
+  checks.positive_int("batch_size", batch_size)
+  checks.non_negative_int("shuffle_buffer", shuffle_buffer)
   if shuffle_buffer > 1:
     dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
   return dataset.batch(batch_size, drop_remainder=drop_remainder, num_parallel_calls=tf.data.AUTOTUNE,
                        deterministic=True)
-
-
-def check_positive(name: str, value) -> None:
-  """Raises ValueError quoting `name` and `value` unless `value` is a positive int."""
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    raise ValueError(f"`{name}` ({value!r}) must be a positive integer")
 
 
 DatasetFn = Callable[[Optional[tf.distribute.InputContext]], tf.data.Dataset]

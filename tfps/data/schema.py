@@ -1,5 +1,7 @@
 """The Criteo column schema, shared by the reader and the generator; imports no TensorFlow."""
 
+from tfps import checks
+
 LABEL = "label"
 DENSE = "dense"
 INTEGER_COLUMNS = tuple(f"I{i}" for i in range(1, 14))
@@ -10,6 +12,4 @@ FORMATS = {"csv": ",", "tsv": "\t"}
 
 def check_format(file_format: str) -> str:
   """Returns `file_format` if it is "csv" or "tsv", else raises ValueError."""
-  if file_format not in FORMATS:
-    raise ValueError(f"`file_format` ({file_format!r}) must be one of {', '.join(FORMATS)}")
-  return file_format
+  return checks.one_of("file_format", file_format, FORMATS)

@@ -22,6 +22,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
+from tfps import checks
 from tfps.data import schema as criteo
 
 SIGNAL_DENSE = 4  # I1..I4 carry signal
@@ -57,11 +58,8 @@ class SyntheticSpec:
 
   def __post_init__(self):
     for name in ("rows", "num_files", "vocab_size"):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{name}` ({value!r}) must be a positive integer")
-    if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-      raise ValueError(f"`seed` ({self.seed!r}) must be a non-negative integer")
+      checks.positive_int(name, getattr(self, name))
+    checks.non_negative_int("seed", self.seed)
     if not self.zipf_exponent > 0:
       raise ValueError(f"`zipf_exponent` ({self.zipf_exponent!r}) must be positive")
     if not 0 <= self.missing_rate < 1:

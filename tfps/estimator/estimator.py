@@ -3,6 +3,7 @@
 import os
 from typing import Callable, Iterator, Mapping, Optional
 
+from tfps import checks
 from absl import flags
 
 from tfps.cluster import config as cluster_lib
@@ -91,8 +92,8 @@ class Estimator:
     """
     if steps is not None and max_steps is not None:
       raise ValueError(f"give `steps` ({steps}) or `max_steps` ({max_steps}), not both")
-    spec.check_positive("steps", steps)
-    spec.check_positive("max_steps", max_steps)
+    checks.positive_int("steps", steps, allow_none=True)
+    checks.positive_int("max_steps", max_steps, allow_none=True)
     self.distributed_model().train(input_fn, max_steps=max_steps, steps=steps)
     return self
 

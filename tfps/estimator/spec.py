@@ -8,6 +8,7 @@ Estimators allowed) instead of `(value_op, update_op)` pairs. This module import
 import dataclasses
 from typing import Any, Callable, Mapping, Optional
 
+from tfps import checks
 from tfps.training import modes
 from tfps.errors import TfpsError
 
@@ -110,15 +111,6 @@ def validate_spec(spec: Any, mode: str) -> EstimatorSpec:
   return spec
 
 
-def check_positive(name: str, value: Optional[int], allow_none: bool = True) -> None:
-  """Raises `ValueError` quoting `name` and `value` unless it is a positive integer (or None, if allowed)."""
-  if value is None and allow_none:
-    return
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    allowed = "a positive integer or None" if allow_none else "a positive integer"
-    raise ValueError(f"`{name}` ({value!r}) must be {allowed}")
-
-
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
   """How training runs: checkpoints, logging, and the tfps loop settings.
@@ -157,11 +149,11 @@ class RunConfig:
 
   def __post_init__(self):
     _ = self.training_mode  # raises on a mode that makes no sense
-    check_positive("save_checkpoints_steps", self.save_checkpoints_steps)
-    check_positive("keep_checkpoint_max", self.keep_checkpoint_max, allow_none=False)
-    check_positive("log_step_count_steps", self.log_step_count_steps, allow_none=False)
-    check_positive("steps_per_execution", self.steps_per_execution, allow_none=False)
-    check_positive("eval_shards", self.eval_shards)
+    checks.positive_int("save_checkpoints_steps", self.save_checkpoints_steps, allow_none=True)
+    checks.positive_int("keep_checkpoint_max", self.keep_checkpoint_max)
+    checks.positive_int("log_step_count_steps", self.log_step_count_steps)
+    checks.positive_int("steps_per_execution", self.steps_per_execution)
+    checks.positive_int("eval_shards", self.eval_shards, allow_none=True)
     if self.save_checkpoints_steps is None:
       object.__setattr__(self, "save_checkpoints_steps", 1000)
 
@@ -186,7 +178,7 @@ class TrainSpec:
   def __post_init__(self):
     if not callable(self.input_fn):
       raise TypeError(f"TrainSpec `input_fn` must be callable, got {type(self.input_fn).__name__}")
-    check_positive("max_steps", self.max_steps)
+    checks.positive_int("max_steps", self.max_steps, allow_none=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,11 +206,9 @@ class EvalSpec:
   def __post_init__(self):
     if not callable(self.input_fn):
       raise TypeError(f"EvalSpec `input_fn` must be callable, got {type(self.input_fn).__name__}")
-    check_positive("steps", self.steps)
+    checks.positive_int("steps", self.steps, allow_none=True)
     for name in ("start_delay_secs", "throttle_secs"):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ValueError(f"`{name}` ({value!r}) must be a non-negative number of seconds")
+      checks.non_negative_number(name, getattr(self, name), "number of seconds")
 
   @property
   def eval_dir_name(self) -> str:

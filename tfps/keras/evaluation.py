@@ -17,6 +17,7 @@ import tensorflow as tf
 import tf_keras
 
 from tfps import _tf_private
+from tfps import checks
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.training import dataset_fns
 from tfps.errors import UsageError
@@ -85,8 +86,7 @@ def evaluate_on_cluster(model: tf_keras.Model, dataset_fn: Callable, num_workers
 
 def is_better(metric: str, value: float, best: Optional[float], mode: str = "auto") -> bool:
   """Whether `value` of `metric` beats `best` (mode "min", "max", or "auto": min for losses and errors)."""
-  if mode not in ("auto", "min", "max"):
-    raise ValueError(f"`best_mode` ({mode!r}) must be one of auto, min, max")
+  checks.one_of("best_mode", mode, ("auto", "min", "max"))
   if best is None:
     return True
   if mode == "auto":

@@ -13,6 +13,7 @@ import tensorflow as tf
 import tf_keras
 
 from tfps import _tf_private
+from tfps import checks
 from tfps.keras import callbacks as callbacks_lib
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.cluster import config as cluster_lib
@@ -98,23 +99,18 @@ def _check_fit_args(build_model, train_dataset_fn, epochs, steps_per_epoch, vali
   dataset_fns.check_dataset_fn(train_dataset_fn, "train_dataset_fn")
   if validation_dataset_fn is not None:
     dataset_fns.check_dataset_fn(validation_dataset_fn, "validation_dataset_fn")
-  _check_positive("epochs", epochs)
+  checks.positive_int("epochs", epochs)
   if steps_per_epoch is None:
     raise ValueError("`steps_per_epoch` is required: under ParameterServerStrategy a training dataset repeats "
                      "forever, so tfps cannot tell where an epoch ends")
-  _check_positive("steps_per_epoch", steps_per_epoch)
+  checks.positive_int("steps_per_epoch", steps_per_epoch)
   if steps_per_execution is not None:
-    _check_positive("steps_per_execution", steps_per_execution)
+    checks.positive_int("steps_per_execution", steps_per_execution)
   if validation_dataset_fn is not None and not exact_evaluation:
     if validation_steps is None:
       raise ValueError("`validation_steps` is required with `validation_dataset_fn` unless exact_evaluation=True "
                        "(which evaluates a finite dataset exactly once)")
-    _check_positive("validation_steps", validation_steps)
-
-
-def _check_positive(name, value):
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    raise ValueError(f"`{name}` ({value!r}) must be a positive integer")
+    checks.positive_int("validation_steps", validation_steps)
 
 
 def build_model_in_scope(build_model: Callable, strategy) -> tf_keras.Model:

@@ -20,13 +20,15 @@ from typing import Dict, List, Mapping, Sequence
 import tensorflow as tf
 import tf_keras
 
+from tfps import checks
+from tfps.errors import UsageError
 
 def check_spec(categorical: Mapping[str, int], dense: Mapping[str, int]) -> None:
   """Raises ValueError, quoting the entry, unless every vocabulary size and dense width is a positive int."""
   for kind, spec in (("categorical", categorical), ("dense", dense)):
     for name, size in spec.items():
-      if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"`{kind}` feature {name!r} has size {size!r}; sizes must be positive integers")
+      if not checks.is_int(size) or size < 1:
+        raise UsageError(f"`{kind}` feature {name!r} has size {size!r}; sizes must be positive integers")
   if not categorical and not dense:
     raise ValueError("no features: give at least one categorical or dense feature")
 
@@ -75,8 +77,7 @@ class FeatureEmbeddings(tf_keras.layers.Layer):
                name: str = "features", stack_tables: bool = False, **kwargs):
     super().__init__(name=name, **kwargs)
     check_spec(categorical, dense)
-    if isinstance(embedding_dim, bool) or not isinstance(embedding_dim, int) or embedding_dim < 1:
-      raise ValueError(f"`embedding_dim` ({embedding_dim!r}) must be a positive integer")
+    checks.positive_int("embedding_dim", embedding_dim)
     self.categorical = dict(categorical)
     self.dense = dict(dense)
     self.embedding_dim = embedding_dim
@@ -102,8 +103,7 @@ class FeatureEmbeddings(tf_keras.layers.Layer):
 
 def mlp(layer_sizes: Sequence[int], name: str, final_activation: str = "relu") -> tf_keras.Sequential:
   """Dense layers of `layer_sizes`, ReLU between them and `final_activation` after the last."""
-  if any(isinstance(size, bool) or not isinstance(size, int) or size < 1 for size in layer_sizes):
-    raise ValueError(f"`layer_sizes` ({list(layer_sizes)!r}) must be positive integers")
+  checks.positive_ints("layer_sizes", layer_sizes)
   layers = [tf_keras.layers.Dense(size, activation="relu" if i < len(layer_sizes) - 1 else final_activation)
             for i, size in enumerate(layer_sizes)]
   return tf_keras.Sequential(layers, name=name)

@@ -13,6 +13,7 @@ from typing import Callable, Mapping
 import tensorflow as tf
 import tf_keras
 
+from tfps import checks
 from tfps.models import OPTIMIZERS, build_model
 from tfps.models.ranking import RankingModel
 
@@ -20,8 +21,7 @@ from tfps.models.ranking import RankingModel
 def build_model_fn(name: str, categorical: Mapping[str, int], dense: Mapping[str, int], *,
                    optimizer: str = "adagrad", learning_rate: float = 0.05, **options) -> Callable:
   """A `model_fn` training model `name` (see `tfps.models.build_model` for `options`) with a named optimizer."""
-  if optimizer not in OPTIMIZERS:
-    raise ValueError(f"`optimizer` ({optimizer!r}) must be one of {', '.join(OPTIMIZERS)}")
+  checks.one_of("optimizer", optimizer, OPTIMIZERS)
   build_model(name, categorical, dense, **options)  # fail here, not inside the first trace, on bad options
 
   def model_fn(features, labels, mode):

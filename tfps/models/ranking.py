@@ -14,6 +14,8 @@ import tensorflow as tf
 import tensorflow_recommenders as tfrs
 import tf_keras
 
+from tfps import checks
+from tfps.errors import UsageError
 from tfps.models.layers import FeatureEmbeddings, StackedEmbedding, check_spec, mlp
 
 
@@ -77,10 +79,9 @@ class DCN(RankingModel):
                num_cross_layers: int = 3, projection_dim: Optional[int] = None,
                deep_layers: Sequence[int] = (256, 128), stack_tables: bool = False, name: str = "dcn"):
     super().__init__(name=name)
-    if isinstance(num_cross_layers, bool) or not isinstance(num_cross_layers, int) or num_cross_layers < 1:
-      raise ValueError(f"`num_cross_layers` ({num_cross_layers!r}) must be a positive integer")
-    if projection_dim is not None and (not isinstance(projection_dim, int) or projection_dim < 1):
-      raise ValueError(f"`projection_dim` ({projection_dim!r}) must be None (full-rank) or a positive integer")
+    checks.positive_int("num_cross_layers", num_cross_layers)
+    if projection_dim is not None and (not checks.is_int(projection_dim) or projection_dim < 1):
+      raise UsageError(f"`projection_dim` ({projection_dim!r}) must be None (full-rank) or a positive integer")
     self.inputs_layer = FeatureEmbeddings(categorical, dense, embedding_dim, name="features",
                                           stack_tables=stack_tables)
     self.cross = [tfrs.layers.dcn.Cross(projection_dim=projection_dim, kernel_initializer="glorot_uniform",

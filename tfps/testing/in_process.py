@@ -10,6 +10,7 @@ from typing import List, Optional
 import portpicker
 import tensorflow as tf
 
+from tfps import checks
 from tfps.cluster import config as cluster_lib
 
 IN_PROCESS_THREADS_PER_TASK = 4
@@ -23,9 +24,8 @@ def local_cluster(num_workers: int = 2, num_ps: int = 1) -> cluster_lib.ClusterC
   Returns the `ClusterConfig` of the chief (this process), usable wherever tfps takes `cluster=`.
   """
   global _CLUSTER
-  for name, value in (("num_workers", num_workers), ("num_ps", num_ps)):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise ValueError(f"`{name}` ({value!r}) must be a positive integer")
+  checks.positive_int("num_workers", num_workers)
+  checks.positive_int("num_ps", num_ps)
   if _CLUSTER is not None:
     if (_CLUSTER.num_workers, _CLUSTER.num_ps) != (num_workers, num_ps):
       raise RuntimeError(f"this process already runs an in-process cluster with {_CLUSTER.num_workers} worker(s) "

@@ -14,6 +14,7 @@ from typing import Callable, List, Optional
 from absl import logging
 import tensorflow as tf
 
+from tfps import checks
 from tfps.training import run_records
 from tfps.training import steps as steps_lib
 from tfps.formatting import format_duration, format_rate
@@ -41,9 +42,7 @@ class LoopConfig:
 
   def __post_init__(self):
     for field in dataclasses.fields(self):
-      value = getattr(self, field.name)
-      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{field.name}` ({value!r}) must be a positive integer")
+      checks.positive_int(field.name, getattr(self, field.name))
 
 
 def _next_multiple(step: int, every: int) -> int:

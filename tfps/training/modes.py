@@ -12,6 +12,7 @@ from typing import Optional
 
 from absl import flags
 
+from tfps import checks
 from tfps import flags as flags_lib
 from tfps.errors import UsageError
 
@@ -34,10 +35,9 @@ class TrainingMode:
   replicas_to_aggregate: Optional[int] = None
 
   def __post_init__(self):
-    if self.sync_mode not in MODES:
-      raise UsageError(f"`sync_mode` ({self.sync_mode!r}) must be one of {', '.join(MODES)}")
-    _check_positive_or_none("geo_steps", self.geo_steps)
-    _check_positive_or_none("replicas_to_aggregate", self.replicas_to_aggregate)
+    checks.one_of("sync_mode", self.sync_mode, MODES)
+    checks.positive_int("geo_steps", self.geo_steps, allow_none=True)
+    checks.positive_int("replicas_to_aggregate", self.replicas_to_aggregate, allow_none=True)
     if self.geo_steps is not None and self.sync_mode != "geo":
       raise UsageError(f"`geo_steps` ({self.geo_steps}) applies only to sync_mode=geo, not {self.sync_mode}")
     if self.replicas_to_aggregate is not None and self.sync_mode != "sync":
@@ -61,11 +61,6 @@ class TrainingMode:
     if self.sync_mode == "sync":
       return f"sync, {self.replicas(num_workers)} worker batches per step"
     return "async"
-
-
-def _check_positive_or_none(name, value):
-  if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-    raise UsageError(f"`{name}` ({value!r}) must be a positive integer")
 
 
 def as_mode(mode) -> TrainingMode:

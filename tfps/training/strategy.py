@@ -9,6 +9,7 @@ from typing import List, Optional, Sequence, Tuple
 from absl import logging
 import tensorflow as tf
 
+from tfps import checks
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import isolation
 from tfps.cluster import ports
@@ -29,12 +30,8 @@ class ShardLargeVariables(tf.distribute.experimental.partitioners.Partitioner):
   """
 
   def __init__(self, num_shards: int, min_shard_bytes: int = DEFAULT_MIN_SHARD_BYTES):
-    if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
-      raise ValueError(f"`num_shards` ({num_shards!r}) must be a positive integer")
-    if isinstance(min_shard_bytes, bool) or not isinstance(min_shard_bytes, int) or min_shard_bytes < 0:
-      raise ValueError(f"`min_shard_bytes` ({min_shard_bytes!r}) must be a non-negative integer")
-    self.num_shards = num_shards
-    self.min_shard_bytes = min_shard_bytes
+    self.num_shards = checks.positive_int("num_shards", num_shards)
+    self.min_shard_bytes = checks.non_negative_int("min_shard_bytes", min_shard_bytes)
 
   def __call__(self, shape, dtype, axis=0):
     shape = tf.TensorShape(shape)
