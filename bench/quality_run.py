@@ -115,7 +115,8 @@ def train_tfps(build: Callable, tables: movielens.MovieLensTables, seed: int, st
                epochs: int) -> tf_keras.Model:
   """`tfps.fit` on this task's cluster (this process is the chief)."""
   history = tfps.fit(build, train_dataset_fn(tables, seed), epochs=epochs, steps_per_epoch=steps,
-                     batch_size=_BATCH_SIZE.value)
+                     batch_size=_BATCH_SIZE.value, cluster=tfps.config_from_flags(),
+                     **tfps.strategy_options_from_flags())
   return history.model
 
 
@@ -149,7 +150,7 @@ def run_one(name: str, seed: int, tables: movielens.MovieLensTables, steps: int)
 def main(argv):
   del argv
   if _MODE.value == "tfps":  # ps and worker tasks serve here until the launcher stops them
-    tfps.run_task(lambda config: None)
+    tfps.run_task(lambda config: None, cluster=tfps.config_from_flags())
   unknown = [name for name in _MODELS.value if name not in MODEL_OPTIONS]
   if unknown:
     raise ValueError(f"--models names {unknown[0]!r}; allowed: {', '.join(MODEL_OPTIONS)}")

@@ -140,15 +140,15 @@ def run_fit(config) -> dict:
   """`tfps.fit`, timed per epoch; the chief's time in `schedule` and its CPU time per measured epoch."""
   from bench import workload as workload_lib  # pylint: disable=g-import-not-at-top
   from tfps.keras import fitting  # pylint: disable=g-import-not-at-top
-  from tfps.training import modes  # pylint: disable=g-import-not-at-top
   workload = _workload()
   _time_schedule_calls()
   timer = _EpochTimer()
   tfps.fit(lambda: workload_lib.build_model(workload), workload_lib.dataset_fn(workload), epochs=1 + _MEASURE.value,
            steps_per_epoch=_STEPS.value, callbacks=[timer.callback], steps_per_execution=_SPE.value,
-           batch_size=workload.batch_size, cluster=config)
+           batch_size=workload.batch_size, cluster=config, sync_mode=tfps.mode_from_flags(),
+           **tfps.strategy_options_from_flags())
   wall = sum(timer.seconds)
-  mode = modes.mode_from_flags()
+  mode = tfps.mode_from_flags()
   batches_per_step = mode.replicas(config.num_workers) if mode.sync_mode == "sync" else 1  # a sync step averages
   return dict(_rates(timer.seconds, batches_per_step), sync_mode=mode.sync_mode,
               examples_per_step=batches_per_step * workload.batch_size,
@@ -167,7 +167,7 @@ def run_estimator(config) -> dict:
     run_config = tfps.RunConfig(save_checkpoints_steps=10 * total, log_step_count_steps=_STEPS.value,
                                 steps_per_execution=spe)
     estimator = tfps.Estimator(workload_lib.build_model_fn(workload), model_dir=model_dir, config=run_config,
-                               cluster=config)
+                               cluster=config, strategy_options=tfps.strategy_options_from_flags())
 
     def input_fn(input_context):
       del input_context
@@ -260,7 +260,7 @@ def main(argv):
   else:
     paths = {"fit": run_fit, "estimator": run_estimator, "tutorial": run_tutorial, "trivial": run_trivial,
              "idle": run_idle}
-    result = tfps.run_task(paths[_PATH.value])
+    result = tfps.run_task(paths[_PATH.value], cluster=tfps.config_from_flags())
   result = dict(result, path=_PATH.value, batch_size=_BATCH.value, vocab_size=_VOCAB.value,
                 big_table_rows=_BIG_TABLE.value, stack_tables=_STACK.value, steps=_STEPS.value)
   logging.info("Benchmark result: %s", json.dumps(result))

@@ -53,8 +53,12 @@ def train_dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Datas
 
 def main(argv):
   del argv
+  tfps.run_task(train)  # the cluster: tfps-launch's TF_CONFIG
+
+
+def train(cluster):
   history = tfps.fit(build_model, train_dataset_fn, epochs=_EPOCHS.value, steps_per_epoch=_STEPS.value,
-                     model_dir=_MODEL_DIR.value)
+                     model_dir=_MODEL_DIR.value, cluster=cluster)
   model = history.model
   applied = {}
   for name in ("applied", "applied_b"):

@@ -29,10 +29,15 @@ _IDLE_TIMEOUT_SECS = flags.DEFINE_float("idle_timeout_secs", 3600.0, "Give up wh
 def main(argv):
   del argv
   data = model_flags.data_from_flags()
-  results = tfps.run_sidecar_evaluator(
-      lambda: model_flags.model_from_flags(data), data.eval_dataset_fn, _MODEL_DIR.value,
-      best_metric=_BEST_METRIC.value, best_mode=_BEST_MODE.value, evaluate_every_checkpoint=_EVERY.value,
-      poll_secs=_POLL_SECS.value, idle_timeout_secs=_IDLE_TIMEOUT_SECS.value)
+
+  def evaluate(cluster):
+    del cluster  # None here: a standalone sidecar reads checkpoints and never connects to a cluster
+    return tfps.run_sidecar_evaluator(
+        lambda: model_flags.model_from_flags(data), data.eval_dataset_fn, _MODEL_DIR.value,
+        best_metric=_BEST_METRIC.value, best_mode=_BEST_MODE.value, evaluate_every_checkpoint=_EVERY.value,
+        poll_secs=_POLL_SECS.value, idle_timeout_secs=_IDLE_TIMEOUT_SECS.value)
+
+  results = tfps.run_task(evaluator_fn=evaluate)
   logging.info("Evaluated %d checkpoint(s) of %s", len(results), _MODEL_DIR.value)
 
 

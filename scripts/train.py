@@ -29,16 +29,22 @@ def main(argv):
   def build_model():
     return model_flags.model_from_flags(data)
 
-  history = tfps.fit(build_model, data.train_dataset_fn, epochs=_EPOCHS.value, steps_per_epoch=_STEPS.value,
-                     validation_dataset_fn=data.eval_dataset_fn, exact_evaluation=True, model_dir=_MODEL_DIR.value,
-                     batch_size=flags.FLAGS.batch_size)
-  if not hasattr(history, "history"):  # the evaluator task returns its evaluations instead
-    return
-  final = {name: values[-1] for name, values in history.history.items()}
-  logging.info("Final: %s", " | ".join(f"{name} {float(value):.4f}" for name, value in sorted(final.items())))
-  if _EXPORT_DIR.value:
-    tfps.export_saved_model(build_model, _EXPORT_DIR.value, model=history.model)
-    run_records.update_summary(_MODEL_DIR.value, export_dir=_EXPORT_DIR.value)
+  def train(cluster):
+    history = tfps.fit(build_model, data.train_dataset_fn, epochs=_EPOCHS.value, steps_per_epoch=_STEPS.value,
+                       validation_dataset_fn=data.eval_dataset_fn, exact_evaluation=True, model_dir=_MODEL_DIR.value,
+                       batch_size=data.batch_size, cluster=cluster,
+                       sync_mode=tfps.mode_from_flags(), **tfps.strategy_options_from_flags())
+    final = {name: values[-1] for name, values in history.history.items()}
+    logging.info("Final: %s", " | ".join(f"{name} {float(value):.4f}" for name, value in sorted(final.items())))
+    if _EXPORT_DIR.value:
+      tfps.export_saved_model(build_model, _EXPORT_DIR.value, model=history.model)
+      run_records.update_summary(_MODEL_DIR.value, export_dir=_EXPORT_DIR.value)
+
+  def evaluate(cluster):
+    del cluster  # the sidecar reads checkpoints; it never connects to the cluster
+    tfps.run_sidecar_evaluator(build_model, data.eval_dataset_fn, _MODEL_DIR.value)
+
+  tfps.run_task(train, evaluate, cluster=tfps.config_from_flags())
 
 
 if __name__ == "__main__":

@@ -37,11 +37,12 @@ _INLINE_EVAL = flags.DEFINE_boolean("inline_eval", True, "The chief evaluates on
 
 def build_estimator(cluster=None) -> tfps.Estimator:
   params = {"batch_size": _BATCH.value, "learning_rate": _LEARNING_RATE.value, "eval_examples": _EVAL_EXAMPLES.value}
+  mode = tfps.mode_from_flags()
   config = tfps.RunConfig(save_checkpoints_steps=_CHECKPOINT_STEPS.value, log_step_count_steps=_LOG_STEPS.value,
-                          steps_per_execution=_STEPS_PER_EXECUTION.value, sync_mode=flags.FLAGS.sync_mode,
-                          geo_steps=flags.FLAGS.geo_steps, replicas_to_aggregate=flags.FLAGS.replicas_to_aggregate)
+                          steps_per_execution=_STEPS_PER_EXECUTION.value, sync_mode=mode.sync_mode,
+                          geo_steps=mode.geo_steps, replicas_to_aggregate=mode.replicas_to_aggregate)
   return tfps.Estimator(synthetic.model_fn, model_dir=_MODEL_DIR.value, params=params, config=config,
-                        cluster=cluster)
+                        cluster=cluster, strategy_options=tfps.strategy_options_from_flags())
 
 
 def eval_spec() -> tfps.EvalSpec:
@@ -61,7 +62,7 @@ def run_evaluator(cluster):
 
 def main(argv):
   del argv
-  tfps.run_task(run_chief, run_evaluator)
+  tfps.run_task(run_chief, run_evaluator, cluster=tfps.config_from_flags())
 
 
 if __name__ == "__main__":

@@ -63,11 +63,22 @@ def eval_dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Datase
   return dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id).batch(500)
 
 
+def train(cluster):
+  return tfps.fit(build_model, train_dataset_fn, epochs=_EPOCHS.value, steps_per_epoch=_STEPS.value,
+                  validation_dataset_fn=eval_dataset_fn, validation_steps=None if _EXACT.value else 4,
+                  exact_evaluation=_EXACT.value, model_dir=_MODEL_DIR.value, cluster=cluster,
+                  sync_mode=tfps.mode_from_flags(), **tfps.strategy_options_from_flags())
+
+
+def evaluate(cluster):
+  del cluster  # the sidecar reads checkpoints; it never connects to the cluster
+  return tfps.run_sidecar_evaluator(build_model, eval_dataset_fn, _MODEL_DIR.value,
+                                    steps=None if _EXACT.value else 4, evaluate_every_checkpoint=_EVERY.value)
+
+
 def main(argv):
   del argv
-  tfps.fit(build_model, train_dataset_fn, epochs=_EPOCHS.value, steps_per_epoch=_STEPS.value,
-           validation_dataset_fn=eval_dataset_fn, validation_steps=None if _EXACT.value else 4,
-           exact_evaluation=_EXACT.value, model_dir=_MODEL_DIR.value, evaluate_every_checkpoint=_EVERY.value)
+  tfps.run_task(train, evaluate, cluster=tfps.config_from_flags())
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ _env.prepare()
 
 from tfps.cluster.config import ClusterConfig  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tfps.errors import CheckpointMismatchError, ClusterConfigError, KerasVersionError, TfpsError, UnreachableTaskError, UsageError  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tfps.flags import config_from_flags, define_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tfps.training.modes import TrainingMode, define_mode_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tfps.flags import config_from_flags, define_flags, define_mode_flags, mode_from_flags, strategy_options_from_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tfps.training.modes import TrainingMode  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 __version__ = "0.1.0"
 

@@ -26,3 +26,12 @@ def prepare() -> None:
       raise KerasVersionError(
           f"TensorFlow was imported with Keras 3 ({keras_module}) active before tfps; Keras 3 has no ParameterServerStrategy "
           "support. Import tfps before tensorflow, or set TF_USE_LEGACY_KERAS=1 before starting Python")
+
+
+def command_line_parsed() -> bool:
+  """Whether absl parsed a command line in this process (a script under `absl.app`, not a notebook).
+
+  Only whether, never a flag's value: library code takes its settings as arguments (`tfps.flags` reads flags).
+  """
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  return flags.FLAGS.is_parsed()

@@ -1,8 +1,16 @@
-"""The only module that defines absl flags: `define_flags(flag_values)` and `config_from_flags(...)`.
+"""The flags layer: the only tfps module that defines or reads absl flags (the models' own flags are in
+`tfps.models.flags`, the models' flags layer).
 
-Flags are defined by calling `define_flags()` (a user's script does it once at module level), never as a side effect
-of importing tfps. A flag's way: absl parses it, `config_from_flags` builds a `ClusterConfig`, `tfps.cluster.config` checks
-the cross-field rules, and the config gives the TF_CONFIG.
+Flags are defined by calling `define_flags()` / `define_mode_flags()` (a user's script does it once at module level),
+never as a side effect of importing tfps. Library functions never read flags: a script builds its settings here and
+passes them on, e.g.
+
+  tfps.run_task(chief, evaluator, cluster=tfps.config_from_flags())
+  tfps.fit(..., cluster=cluster, sync_mode=tfps.mode_from_flags(), **tfps.strategy_options_from_flags())
+
+A flag's way: absl parses it, `config_from_flags` builds a `ClusterConfig` (`tfps.cluster.config` checks the
+cross-field rules), `mode_from_flags` a `TrainingMode`, `strategy_options_from_flags` the keyword arguments of
+`build_strategy`.
 """
 
 import os
@@ -13,6 +21,7 @@ from absl import flags
 
 from tfps.cluster import config as cluster_lib
 from tfps.errors import ClusterConfigError
+from tfps.training import modes
 
 _HOST_FLAGS = ("ps_hosts", "worker_hosts", "chief_hosts", "evaluator_hosts")
 
@@ -108,12 +117,38 @@ def _check_agrees(name: str, flag_value, from_env: cluster_lib.ClusterConfig) ->
 
 
 def strategy_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> dict:
-  """Keyword arguments for `tfps.training.strategy.build_strategy` from the strategy flags (empty where undefined)."""
+  """`num_shards`, `min_shard_bytes` and `connect_timeout_secs` from the strategy flags (empty where undefined), for
+  `tfps.fit(**options)`, `tfps.Estimator(strategy_options=options)` or `build_strategy(config, **options)`."""
   if "num_shards" not in flag_values:
     return {}
   return {"num_shards": flag_values["num_shards"].value, "min_shard_bytes": flag_values["min_shard_bytes"].value,
           "connect_timeout_secs": flag_values["connect_timeout_secs"].value,
           "lost_task_timeout_secs": flag_values["lost_task_timeout_secs"].value}
+
+
+def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """--sync_mode, --geo_steps and --replicas_to_aggregate (`tfps.training.modes`); calling it again is harmless."""
+  if "sync_mode" in flag_values:
+    return
+  flags.DEFINE_string("sync_mode", "async", f"How the ps applies the workers' work: {', '.join(modes.MODES)}.",
+                      flag_values=flag_values)
+  flags.DEFINE_integer("geo_steps", None, f"geo: local steps per push (default {modes.DEFAULT_GEO_STEPS}).",
+                       flag_values=flag_values)
+  flags.DEFINE_integer("replicas_to_aggregate", None, "sync: worker batches per step (default: every worker's).",
+                       flag_values=flag_values)
+  declare_program_flags(flag_values, __name__)
+
+
+def mode_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> modes.TrainingMode:
+  """The `TrainingMode` the mode flags give (async where they are not defined).
+
+  Raises:
+    UsageError: a mode flag is not allowed with the mode (one line naming it).
+  """
+  if "sync_mode" not in flag_values:
+    return modes.TrainingMode()
+  return modes.TrainingMode(flag_values["sync_mode"].value, flag_values["geo_steps"].value,
+                            flag_values["replicas_to_aggregate"].value)
 
 
 def define_launch_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:

@@ -1,16 +1,19 @@
-"""Dispatches a process to its role: ps and worker serve, the chief trains, the evaluator evaluates."""
+"""Dispatches a process to its role: ps and worker serve, the chief trains, the evaluator evaluates.
+
+`run_task` is the one way a script serves every role; `run_main` runs a script's `main` so that a tfps error (a bad
+argument, a bad cluster, an unreachable task) ends it with one line on stderr instead of a traceback. Neither reads
+flags: a script builds the cluster with `tfps.config_from_flags()` and passes it on.
+"""
 
 import os
 import sys
 from typing import Callable, Optional, Sequence, TypeVar
 
 from absl import app
-from absl import flags
 from absl import logging
 
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import failures
-from tfps import flags as flags_lib
 from tfps.errors import ClusterConfigError
 from tfps.errors import TfpsError
 from tfps.errors import UnreachableTaskError
@@ -18,45 +21,55 @@ from tfps.errors import UnreachableTaskError
 T = TypeVar("T")
 
 
-def resolve_cluster(cluster: Optional[cluster_lib.ClusterConfig] = None,
-                    flag_values: flags.FlagValues = flags.FLAGS) -> cluster_lib.ClusterConfig:
-  """`cluster` if given, else the cluster from tfps flags and/or TF_CONFIG.
+def resolve_cluster(cluster: Optional[cluster_lib.ClusterConfig] = None) -> cluster_lib.ClusterConfig:
+  """`cluster` if given, else the cluster of the TF_CONFIG an orchestrator (or tfps-launch) set.
 
   Raises:
-    ClusterConfigError: no cluster is described anywhere, or the description breaks a rule.
+    ClusterConfigError: no cluster is described, or the description breaks a rule.
   """
   if cluster is not None:
     if not isinstance(cluster, cluster_lib.ClusterConfig):
       raise TypeError(f"`cluster` must be a tfps ClusterConfig (e.g. tfps.testing.local_cluster()), got "
                       f"{type(cluster).__name__}")
     return cluster
-  if flag_values.is_parsed():
-    config = flags_lib.config_from_flags(flag_values)
-  else:
-    config = cluster_lib.from_environ(os.environ)
+  config = cluster_lib.from_environ(os.environ)
   if config is None:
-    raise ClusterConfigError("no cluster given: pass cluster= (e.g. tfps.testing.local_cluster()), set TF_CONFIG, "
-                             "or run under tfps-launch / with --ps_hosts, --worker_hosts and --job_name")
+    raise ClusterConfigError("no cluster given: pass cluster= (tfps.config_from_flags() in a script with "
+                             "--ps_hosts, --worker_hosts and --job_name, or tfps.testing.local_cluster()), set "
+                             "TF_CONFIG, or run under tfps-launch")
   return config
 
 
-def run_task(chief_fn: Callable[[cluster_lib.ClusterConfig], T],
-             evaluator_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None,
-             cluster: Optional[cluster_lib.ClusterConfig] = None,
-             flag_values: flags.FlagValues = flags.FLAGS) -> Optional[T]:
+def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None,
+             evaluator_fn: Optional[Callable[[Optional[cluster_lib.ClusterConfig]], T]] = None,
+             cluster: Optional[cluster_lib.ClusterConfig] = None) -> Optional[T]:
   """Runs this process's role; one call serves every role of a user's script.
 
   ps and worker tasks serve until stopped and never return; the chief returns `chief_fn(cluster)`; the evaluator
-  returns `evaluator_fn(cluster)`.
+  returns `evaluator_fn(cluster)`. A script that only evaluates (no `chief_fn`) and is given no cluster anywhere runs
+  `evaluator_fn(None)`: a standalone sidecar evaluator needs no cluster.
+
+  Args:
+    chief_fn: trains (e.g. calls `tfps.fit(..., cluster=cluster)`); called on the chief.
+    evaluator_fn: evaluates (e.g. `tfps.run_sidecar_evaluator`); called on the evaluator task.
+    cluster: the cluster (e.g. `tfps.config_from_flags()`); default: TF_CONFIG.
   """
-  config = resolve_cluster(cluster, flag_values)
+  if chief_fn is None and evaluator_fn is None:
+    raise TypeError("run_task needs `chief_fn`, `evaluator_fn` or both")
+  if cluster is None and chief_fn is None and cluster_lib.from_environ(os.environ) is None:
+    return evaluator_fn(None)
+  config = resolve_cluster(cluster)
   if config.task_type in ("ps", "worker"):
     from tfps.cluster import server  # pylint: disable=g-import-not-at-top
     server.run_server(config)
   if config.task_type == "evaluator":
     if evaluator_fn is None:
-      raise ClusterConfigError("this task is an evaluator but the script gives no evaluation to run")
+      raise ClusterConfigError("this task is an evaluator but the script gives no evaluation to run; pass "
+                               "evaluator_fn= to tfps.run_task")
     return evaluator_fn(config)
+  if chief_fn is None:
+    raise ClusterConfigError("this task is the chief but the script gives no training to run; pass chief_fn= to "
+                             "tfps.run_task")
   try:
     return chief_fn(config)
   except Exception as e:  # pylint: disable=broad-except
@@ -67,8 +80,8 @@ def run_task(chief_fn: Callable[[cluster_lib.ClusterConfig], T],
 
 
 def run_main(main: Callable[[Sequence[str]], Optional[int]], argv: Optional[Sequence[str]] = None) -> None:
-  """`absl.app.run(main)` for tfps scripts: a tfps error (bad cluster, unreachable task) ends the process with one
-  line on stderr and exit status 2 instead of a traceback."""
+  """`absl.app.run(main)` for tfps scripts: a tfps error (bad argument, bad cluster, unreachable task) ends the process
+  with one line on stderr and exit status 2 instead of a traceback, as a bad flag does."""
   def guarded(args):
     try:
       return main(args)

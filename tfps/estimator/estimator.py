@@ -4,10 +4,7 @@ import os
 from typing import Callable, Iterator, Mapping, Optional
 
 from tfps import checks
-from absl import flags
-
 from tfps.cluster import config as cluster_lib
-from tfps import flags as flags_lib
 from tfps.cluster import roles
 from tfps.estimator import calls, evaluation, local, spec
 from tfps.estimator.distributed import DistributedModel
@@ -28,8 +25,10 @@ class Estimator:
     model_dir: where checkpoints, `loss.log` and evaluation results go (else `config.model_dir`).
     config: a `RunConfig`.
     params: passed to `model_fn` and `input_fn`s that take `params`.
-    cluster: the cluster to train on (e.g. `tfps.testing.local_cluster()`); default: from flags / TF_CONFIG.
-    strategy_options: keyword arguments for `tfps.training.strategy.build_strategy` (default: from the tfps flags).
+    cluster: the cluster to train on (e.g. `tfps.testing.local_cluster()`, or in a script the cluster
+      `tfps.run_task` gives); default: TF_CONFIG.
+    strategy_options: keyword arguments for `tfps.training.strategy.build_strategy` (`num_shards`,
+      `min_shard_bytes`, `connect_timeout_secs`; a script passes `tfps.strategy_options_from_flags()`).
   """
 
   def __init__(self, model_fn: Callable, model_dir: Optional[str] = None, config: Optional[RunConfig] = None,
@@ -73,9 +72,7 @@ class Estimator:
     """The model on the cluster (built on first use: connects to the ps and workers)."""
     if self._distributed is None:
       cluster = roles.resolve_cluster(self._cluster)
-      options = self._strategy_options
-      if options is None:
-        options = flags_lib.strategy_options_from_flags() if flags.FLAGS.is_parsed() else {}
+      options = self._strategy_options or {}
       os.makedirs(self.model_dir, exist_ok=True)
       self._distributed = DistributedModel(self._model_fn, self._params, self._config, cluster, dict(options))
     return self._distributed

@@ -1,17 +1,18 @@
 """The Keras path: `tfps.fit` runs tf-keras `Model.fit` under ParameterServerStrategy with the defaults users need.
 
-The same call serves every role: on a ps or worker task it serves until stopped, on the evaluator it runs the
-sidecar evaluator over `model_dir`, and on the chief it trains.
+`tfps.fit` trains, on the chief. A script that serves every role calls `tfps.run_task(chief_fn, evaluator_fn=...)`:
+ps and workers serve there, the chief's `chief_fn` calls `tfps.fit`, the evaluator's `evaluator_fn` calls
+`tfps.run_sidecar_evaluator`. Every setting is an argument; nothing is read from flags.
 """
 
 import os
 from typing import Callable, List, Optional, Sequence
 
-from absl import flags
 from absl import logging
 import tensorflow as tf
 import tf_keras
 
+from tfps import _env
 from tfps import _tf_private
 from tfps import checks
 from tfps.keras import callbacks as callbacks_lib
@@ -21,7 +22,6 @@ from tfps.training import dataset_fns
 from tfps.models import dynamic_embedding
 from tfps.keras import evaluation
 from tfps.training import exactly_once
-from tfps import flags as flags_lib
 from tfps.keras import steps as keras_steps
 from tfps.training import modes
 from tfps.training import run_records
@@ -29,6 +29,7 @@ from tfps.training import resharding
 from tfps.cluster import roles
 from tfps.training import runners
 from tfps.training import strategy as strategy_lib
+from tfps.errors import UsageError
 
 DEFAULT_STEPS_PER_EXECUTION = 20
 BACKUP_SUBDIR = "backup"
@@ -39,9 +40,13 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
         exact_evaluation: bool = False, model_dir: Optional[str] = None,
         callbacks: Sequence[tf_keras.callbacks.Callback] = (), steps_per_execution: Optional[int] = None,
         log_every_secs: float = 10.0, batch_size: Optional[int] = None, keep_checkpoint_max: Optional[int] = 5,
-        best_metric: Optional[str] = None, evaluate_every_checkpoint: bool = False,
-        sync_mode=None, cluster: Optional[cluster_lib.ClusterConfig] = None, verbose: int = 0):
-  """Trains `build_model()` on the parameter-server cluster; returns the `History` (on the chief).
+        sync_mode=None, cluster: Optional[cluster_lib.ClusterConfig] = None, num_shards: Optional[int] = None,
+        min_shard_bytes: int = strategy_lib.DEFAULT_MIN_SHARD_BYTES, connect_timeout_secs: float = 60.0,
+        verbose: int = 0) -> tf_keras.callbacks.History:
+  """Trains `build_model()` on the parameter-server cluster from its chief; returns the `History`.
+
+  Call it on the chief only: on a ps, worker or evaluator task it raises a `UsageError` saying to dispatch the roles
+  with `tfps.run_task` (ps and workers serve there; the evaluator runs `tfps.run_sidecar_evaluator`).
 
   Args:
     build_model: returns a compiled tf-keras model; called under the strategy scope, so its large variables
@@ -59,37 +64,34 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
     batch_size: examples per step, for the examples/s of the progress line (default: the dataset's static batch
       size; without either the line shows steps/s).
     keep_checkpoint_max: checkpoints kept in `model_dir/checkpoints` (None keeps all).
-    best_metric: on the evaluator task, the metric that picks the best checkpoint (default: auc, else loss).
-    evaluate_every_checkpoint: on the evaluator task, evaluate every checkpoint, not only the newest.
     sync_mode: "async" (default), "sync" or "geo", or a `tfps.TrainingMode` (to set `geo_steps` or
-      `replicas_to_aggregate`); default: the --sync_mode/--geo_steps/--replicas_to_aggregate flags where defined.
-    cluster: the cluster; default: from tfps flags and/or TF_CONFIG.
+      `replicas_to_aggregate`); a script passes `tfps.mode_from_flags()`.
+    cluster: the cluster, seen from the chief; default: TF_CONFIG. A script passes the `cluster` `tfps.run_task`
+      gives its `chief_fn`.
+    num_shards: shards of each large variable (default: the number of ps).
+    min_shard_bytes: variables smaller than this are not sharded (0 shards every variable with >= 2 rows).
+    connect_timeout_secs: seconds to wait for every ps and worker to answer.
     verbose: tf-keras's verbosity (0: only tfps's progress lines).
   """
   _check_fit_args(build_model, train_dataset_fn, epochs, steps_per_epoch, validation_dataset_fn, validation_steps,
                   exact_evaluation, steps_per_execution)
   mode = modes.as_mode(sync_mode)
+  strategy_options = {"num_shards": checks.positive_int("num_shards", num_shards, allow_none=True),
+                      "min_shard_bytes": checks.non_negative_int("min_shard_bytes", min_shard_bytes),
+                      "connect_timeout_secs": checks.non_negative_number("connect_timeout_secs", connect_timeout_secs,
+                                                                         "number of seconds")}
   config = roles.resolve_cluster(cluster)
-  if config.task_type == "chief":
-    mode.replicas(config.num_workers)  # fails early on more replicas than workers
+  if config.task_type != "chief":
+    raise UsageError(f"tfps.fit trains on the chief, and this task is {config.task_type}:{config.task_index}; "
+                     "dispatch the roles with tfps.run_task(chief_fn, evaluator_fn=..., cluster=...): ps and workers "
+                     "serve there, chief_fn calls tfps.fit, evaluator_fn calls tfps.run_sidecar_evaluator")
+  mode.replicas(config.num_workers)  # fails early on more replicas than workers
   runners.check_settings(mode, steps_per_execution)
-  if not flags.FLAGS.is_parsed() and logging.get_verbosity() < logging.INFO:
+  if not _env.command_line_parsed() and logging.get_verbosity() < logging.INFO:
     logging.set_verbosity(logging.INFO)  # outside absl.app (a notebook), absl would hide the progress lines
-
-  def evaluator(config):
-    del config
-    if validation_dataset_fn is None or model_dir is None:
-      raise ValueError("the evaluator task needs `validation_dataset_fn` and `model_dir` in tfps.fit")
-    return evaluation.run_sidecar_evaluator(build_model, validation_dataset_fn, model_dir, steps=validation_steps,
-                                            best_metric=best_metric,
-                                            evaluate_every_checkpoint=evaluate_every_checkpoint)
-
-  def chief(config):
-    return _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, validation_dataset_fn,
-                  validation_steps, exact_evaluation, model_dir, list(callbacks), steps_per_execution,
-                  log_every_secs, batch_size, keep_checkpoint_max, verbose, mode)
-
-  return roles.run_task(chief, evaluator, cluster=config)
+  return _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, validation_dataset_fn,
+                validation_steps, exact_evaluation, model_dir, list(callbacks), steps_per_execution, log_every_secs,
+                batch_size, keep_checkpoint_max, verbose, mode, strategy_options)
 
 
 def _check_fit_args(build_model, train_dataset_fn, epochs, steps_per_epoch, validation_dataset_fn, validation_steps,
@@ -101,14 +103,14 @@ def _check_fit_args(build_model, train_dataset_fn, epochs, steps_per_epoch, vali
     dataset_fns.check_dataset_fn(validation_dataset_fn, "validation_dataset_fn")
   checks.positive_int("epochs", epochs)
   if steps_per_epoch is None:
-    raise ValueError("`steps_per_epoch` is required: under ParameterServerStrategy a training dataset repeats "
+    raise UsageError("`steps_per_epoch` is required: under ParameterServerStrategy a training dataset repeats "
                      "forever, so tfps cannot tell where an epoch ends")
   checks.positive_int("steps_per_epoch", steps_per_epoch)
   if steps_per_execution is not None:
     checks.positive_int("steps_per_execution", steps_per_execution)
   if validation_dataset_fn is not None and not exact_evaluation:
     if validation_steps is None:
-      raise ValueError("`validation_steps` is required with `validation_dataset_fn` unless exact_evaluation=True "
+      raise UsageError("`validation_steps` is required with `validation_dataset_fn` unless exact_evaluation=True "
                        "(which evaluates a finite dataset exactly once)")
     checks.positive_int("validation_steps", validation_steps)
 
@@ -143,8 +145,8 @@ def _default_callbacks(model_dir, steps_per_epoch, epochs, batch_size, log_every
 
 def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, validation_dataset_fn, validation_steps,
            exact_evaluation, model_dir, user_callbacks, steps_per_execution, log_every_secs, batch_size,
-           keep_checkpoint_max, verbose, mode):
-  strategy, coordinator = strategy_lib.build_strategy(config, **_strategy_options())
+           keep_checkpoint_max, verbose, mode, strategy_options):
+  strategy, coordinator = strategy_lib.build_strategy(config, **strategy_options)
   model = build_model_in_scope(build_model, strategy)
   sample = dataset_fns.make_dataset(train_dataset_fn, "train_dataset_fn")  # on the chief: its spec, maybe a batch
   with strategy.scope():  # restoring needs every variable: the model's and the optimizer's
@@ -243,10 +245,6 @@ def _newest_backup(model_dir: str) -> Optional[str]:
     if tf.io.gfile.isdir(folder) and tf.train.latest_checkpoint(folder):
       return tf.train.latest_checkpoint(folder)
   return None
-
-
-def _strategy_options() -> dict:
-  return flags_lib.strategy_options_from_flags(flags.FLAGS) if flags.FLAGS.is_parsed() else {}
 
 
 def evaluate(model: tf_keras.Model, dataset_fn: Callable, steps: Optional[int] = None, exact: bool = False) -> dict:

@@ -116,6 +116,7 @@ class Data:
     categorical: vocabulary size of each categorical feature.
     dense: width of each dense feature.
     candidates: for retrieval, a function returning a Dataset of every candidate (None otherwise).
+    batch_size: examples per training batch (per worker).
   """
 
   train_dataset_fn: Callable
@@ -123,6 +124,7 @@ class Data:
   categorical: Dict[str, int]
   dense: Dict[str, int]
   candidates: Optional[Callable] = None
+  batch_size: Optional[int] = None
 
 
 def data_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> Data:
@@ -139,7 +141,8 @@ def data_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> Data:
     categorical, dense = tables.feature_spec()
     return Data(movielens.movielens_dataset_fn(fv.data_dir, fv.train_split, tables=tables, **common),
                 movielens.movielens_dataset_fn(fv.data_dir, fv.eval_split, tables=tables, **once),
-                categorical, dense, candidates=lambda: movielens.candidates_dataset(tables))
+                categorical, dense, candidates=lambda: movielens.candidates_dataset(tables),
+                batch_size=fv.batch_size)
   if fv.data == "csv":
     from tfps.data import delimited  # pylint: disable=g-import-not-at-top
     from tfps.data import spec  # pylint: disable=g-import-not-at-top
@@ -159,7 +162,7 @@ def data_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> Data:
     return generated[:-1] if train else generated[-1:]
 
   return Data(_deferred(lambda: make(files(True), **common)), _deferred(lambda: make(files(False), scan=False, **once)),
-              categorical, dense)
+              categorical, dense, batch_size=fv.batch_size)
 
 
 def _synthetic_files(fv: flags.FlagValues):

@@ -10,10 +10,7 @@
 import dataclasses
 from typing import Optional
 
-from absl import flags
-
 from tfps import checks
-from tfps import flags as flags_lib
 from tfps.errors import UsageError
 
 MODES = ("async", "sync", "geo")
@@ -64,26 +61,11 @@ class TrainingMode:
 
 
 def as_mode(mode) -> TrainingMode:
-  """A TrainingMode from a TrainingMode, a mode name, or None (the flags where parsed, else async)."""
+  """A TrainingMode from a TrainingMode, a mode name, or None (async); flags are read by `tfps.flags` only."""
   if isinstance(mode, TrainingMode):
     return mode
   if mode is None:
-    return mode_from_flags() if flags.FLAGS.is_parsed() and "sync_mode" in flags.FLAGS else TrainingMode()
+    return TrainingMode()
   if isinstance(mode, str):
     return TrainingMode(mode)
   raise TypeError(f"`sync_mode` ({mode!r}) must be one of {', '.join(MODES)} or a tfps.TrainingMode")
-
-
-def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """--sync_mode, --geo_steps and --replicas_to_aggregate."""
-  flags.DEFINE_string("sync_mode", "async", f"How the ps applies the workers' work: {', '.join(MODES)}.",
-                      flag_values=flag_values)
-  flags.DEFINE_integer("geo_steps", None, f"geo: local steps per push (default {DEFAULT_GEO_STEPS}).",
-                       flag_values=flag_values)
-  flags.DEFINE_integer("replicas_to_aggregate", None, "sync: worker batches per step (default: every worker's).",
-                       flag_values=flag_values)
-  flags_lib.declare_program_flags(flag_values, __name__)
-
-
-def mode_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> TrainingMode:
-  return TrainingMode(flag_values.sync_mode, flag_values.geo_steps, flag_values.replicas_to_aggregate)
