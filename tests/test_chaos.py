@@ -115,7 +115,7 @@ def test_workers_killed_several_times_every_step_is_applied_and_counted_once(run
   assert job.output().count("restarting worker:") == 3
   # The function that was running on the killed worker is run again elsewhere, skipping the steps it had recorded
   # (9 steps too many without the record), and the step its worker was sending is applied by the re-run alone.
-  assert final["iterations"] == EPOCHS * STEPS
+  assert final["step"] == EPOCHS * STEPS
   counted = json.loads(counts.read_text())
   assert (counted["iterations"], counted["applied_steps"]) == (EPOCHS * STEPS, EPOCHS * STEPS), counted
 
@@ -133,7 +133,7 @@ def test_sync_and_geo_modes_survive_worker_kills(run, mode):
   # sync: an update applies only while the step counter equals its step, and a worker's slot is filled once per
   # step; geo: a round is recorded like an async function. The bound allows for the one step (sync) or round (geo)
   # that could be on its way to the ps when a re-run starts.
-  assert EPOCHS * STEPS <= final["iterations"] <= EPOCHS * STEPS + (2 if mode == "sync" else 10)  # 400 in 2 of 2
+  assert EPOCHS * STEPS <= final["step"] <= EPOCHS * STEPS + (2 if mode == "sync" else 10)  # 400 in 2 of 2
 
 
 @pytest.mark.parametrize("victim", ["ps:0", "chief:0"])
@@ -148,7 +148,7 @@ def test_ps_or_chief_killed_resumes_from_the_backup(run, victim):
   assert f"restart 1/3: {victim} failed; restarting the training cluster" in output
   resumed = [line for line in output.splitlines() if "Resumed from the backup at epoch" in line]
   assert len(resumed) == 1 and ("epoch 3/4 (step 200)" in resumed[0] or "epoch 4/4 (step 300)" in resumed[0])
-  assert final["iterations"] == EPOCHS * STEPS  # at most one epoch was run again, none twice in the count
+  assert final["step"] == EPOCHS * STEPS  # at most one epoch was run again, none twice in the count
 
 
 def test_ps_killed_after_training_ended_does_not_train_again(run):
@@ -165,7 +165,7 @@ def test_ps_killed_after_training_ended_does_not_train_again(run):
   assert "restart 1/3: ps:0 failed" in output
   assert "Training already finished in" in output
   assert "epoch 1/4" not in output.split("restart 1/3")[1]  # no epoch trained again
-  assert final["iterations"] == EPOCHS * STEPS
+  assert final["step"] == EPOCHS * STEPS
 
 
 def test_sigterm_to_the_launcher_mid_training_leaves_nothing(run):
@@ -193,7 +193,7 @@ def test_chief_killed_while_writing_a_checkpoint_restores_the_last_complete_one(
   assert code == 0, output[-3000:]
   assert "restart 1/3: chief:0 failed" in output
   assert "Resumed from the backup at epoch" in output
-  assert final["iterations"] == EPOCHS * STEPS, writing
+  assert final["step"] == EPOCHS * STEPS, writing
 
 
 def test_estimator_path_workers_and_ps_killed_ends_at_exactly_max_steps(run):
@@ -209,4 +209,4 @@ def test_estimator_path_workers_and_ps_killed_ends_at_exactly_max_steps(run):
   assert "restart 3/5: ps:0 failed; restarting the training cluster" in output
   resumed = [line for line in output.splitlines() if "; resuming at step" in line]
   assert len(resumed) == 1 and resumed[0].endswith("resuming at step 1500"), resumed
-  assert final["global_step"] == ESTIMATOR_STEPS  # exact: after the worker kills and after the ps restart
+  assert final["step"] == ESTIMATOR_STEPS  # exact: after the worker kills and after the ps restart

@@ -41,6 +41,7 @@ def test_learns_the_synthetic_task(trained):
   assert results["auc"] >= 0.95, results
   assert results["examples"] == EVAL_EXAMPLES and results["examples_counted"] == EVAL_EXAMPLES
   assert [r["step"] for r in records] == [100, 200, 300]
+  assert [r["checkpoint_number"] for r in records] == [100, 200, 300]
   assert all(r["metrics"]["examples_counted"] == EVAL_EXAMPLES for r in records)
   assert records[0]["metrics"]["loss"] > records[-1]["metrics"]["loss"]
   assert records[-1]["checkpoint"].endswith("checkpoints/ckpt-300")
@@ -76,7 +77,7 @@ def test_step_log_and_checkpoints(trained):
   paths = checkpoints_lib.list_checkpoints(estimator.model_dir)
   assert [checkpoints_lib.checkpoint_number(p) for p in paths] == [200, 300]  # keep_checkpoint_max=2
   marker = checkpoints_lib.read_final_marker(estimator.model_dir)
-  assert marker == {"last_checkpoint": paths[-1], "global_step": MAX_STEPS}
+  assert marker == {"last_checkpoint": paths[-1], "step": MAX_STEPS}
 
 
 def test_variables_created_once_embedding_sharded(trained):
@@ -207,7 +208,7 @@ def test_training_without_max_steps_ends_with_the_input(cluster, tmp_path):
   estimator.train(synthetic.eval_input_fn)
   step = int(estimator.distributed_model().global_step.numpy())
   assert 20 <= step <= 40
-  assert checkpoints_lib.read_final_marker(str(tmp_path))["global_step"] == step
+  assert checkpoints_lib.read_final_marker(str(tmp_path))["step"] == step
   assert estimator.latest_checkpoint().endswith(f"ckpt-{step}")
 
 

@@ -115,7 +115,7 @@ def test_chief_restart_resumes_and_sidecar_follows(tmp_path, subprocess_env):
     assert second_chief.wait(timeout=180) == 0, processes.log("chief-2")[-3000:]
     log = processes.log("chief-2")
     assert f"resuming at step {saved}" in log
-    assert json.loads((model_dir / "checkpoints" / "FINAL").read_text())["global_step"] == MAX_STEPS
+    assert json.loads((model_dir / "checkpoints" / "FINAL").read_text())["step"] == MAX_STEPS
     assert _latest_checkpoint_step(model_dir) == MAX_STEPS
     logged = [int(s) for s in re.findall(r"step (\d+) \| loss", log)]
     assert logged == list(range(saved + 50, MAX_STEPS + 1, 50))
@@ -145,7 +145,7 @@ def test_train_estimator_under_tfps_launch(tmp_path, subprocess_env):
     assert launcher.returncode == 0, output[-4000:]
   finally:
     kill_tree(launcher)
-  assert json.loads((model_dir / "checkpoints" / "FINAL").read_text())["global_step"] == 400
+  assert json.loads((model_dir / "checkpoints" / "FINAL").read_text())["step"] == 400
   assert "step 400 | loss" in (model_dir / "loss.log").read_text()
   records = [json.loads(line) for line in (model_dir / "eval" / "metrics.jsonl").read_text().splitlines()]
   assert records[-1]["step"] == 400 and records[-1]["metrics"]["examples_counted"] == EVAL_EXAMPLES

@@ -91,7 +91,7 @@ def test_fit_writes_checkpoints_tensorboard_and_final_marker(trained):
   assert list(pathlib.Path(model_dir, "logs", "train").glob("events.out.tfevents.*"))
   assert list(pathlib.Path(model_dir, "logs", "validation").glob("events.out.tfevents.*"))
   final = checkpoints_lib.read_final_marker(model_dir)
-  assert final["iterations"] == EPOCHS * STEPS
+  assert final["step"] == EPOCHS * STEPS
   assert final["last_checkpoint"].endswith("ckpt-3")
 
 
@@ -105,7 +105,7 @@ def test_fit_again_in_a_finished_model_dir_restores_instead_of_training(trained,
   assert int(again.model.optimizer.iterations.numpy()) == EPOCHS * STEPS
   features, _ = examples(50, seed=9)
   np.testing.assert_allclose(again.model(features).numpy(), history.model(features).numpy(), atol=1e-6)
-  assert checkpoints_lib.read_final_marker(model_dir)["iterations"] == EPOCHS * STEPS
+  assert checkpoints_lib.read_final_marker(model_dir)["step"] == EPOCHS * STEPS
 
 
 def test_inline_exact_evaluation_counts_every_example_once(trained):
@@ -155,7 +155,8 @@ def copy_run(model_dir, tmp_path):
   state = copy / "checkpoints" / "checkpoint"
   state.write_text(state.read_text().replace(str(model_dir), str(copy)))
   final = checkpoints_lib.read_final_marker(str(copy))
-  checkpoints_lib.write_final_marker(str(copy), final["last_checkpoint"].replace(str(model_dir), str(copy)))
+  checkpoints_lib.write_final_marker(str(copy), final["last_checkpoint"].replace(str(model_dir), str(copy)),
+                                     step=final["step"])
   return copy
 
 
@@ -163,11 +164,12 @@ def test_sidecar_evaluates_every_checkpoint_and_keeps_the_best(trained, tmp_path
   copy = copy_run(trained[1], tmp_path)
   results = tfps.run_sidecar_evaluator(build_model, eval_fn_of(2_000), str(copy), evaluate_every_checkpoint=True,
                                        poll_secs=0.1, idle_timeout_secs=30)
-  assert [r["step"] for r in results] == [STEPS, 2 * STEPS, 3 * STEPS]  # the optimizer step of each checkpoint
+  assert [r["checkpoint_number"] for r in results] == [1, 2, 3]
+  assert [r["step"] for r in results] == [STEPS, 2 * STEPS, 3 * STEPS]  # the optimizer step, as on the Estimator path
   assert all(r["metrics"]["count"] == 2_000 for r in results)
   lines = [json.loads(line) for line in (copy / "eval" / "metrics.jsonl").read_text().splitlines()]
-  assert [line["step"] for line in lines] == [STEPS, 2 * STEPS, 3 * STEPS]
-  assert [line["checkpoint_number"] for line in lines] == [1, 2, 3]
+  assert lines == results
+  assert set(lines[0]) == {"checkpoint", "checkpoint_number", "step", "metrics", "time"}
   best = json.loads((copy / "best" / "best.json").read_text())
   assert best["metric"] == "auc"
   assert best["value"] == max(r["metrics"]["auc"] for r in results)
@@ -278,3 +280,23 @@ def test_progress_lines_show_step_loss_and_examples_per_second(cluster, caplog):
   assert lines[-1].startswith("epoch 1/1 | step 60/60 | loss 0.")
   assert all(" ex/s | eta " in line for line in lines)  # 64 examples a step: the dataset's static batch size
   assert any(r.getMessage().startswith("epoch 1/1 done | loss ") for r in caplog.records)
+
+
+FIT_SCRIPT = pathlib.Path(__file__).parent / "fixtures" / "fit_script.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args,task,message", [
+    (["--epochs=0"], "chief", "fit_script.py: `epochs` (0) must be a positive integer"),
+    (["--epochs=1"], "worker", "fit_script.py: tfps.fit trains on the chief, and this task is worker:0; dispatch the "
+                               "roles with tfps.run_task(chief_fn, evaluator_fn=..., cluster=...)"),
+])
+def test_a_script_prints_a_bad_fit_call_as_one_line(args, task, message, tmp_path):
+  tf_config = {"cluster": {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}, "task": {"type": task, "index": 0}}
+  env = dict(os.environ, TF_CONFIG=json.dumps(tf_config), TF_CPP_MIN_LOG_LEVEL="3")
+  result = subprocess.run([sys.executable, str(FIT_SCRIPT), *args], capture_output=True, text=True, timeout=180,
+                          env=env, cwd=tmp_path)
+  assert result.returncode == 2, result.stderr[-2000:]
+  lines = [line for line in result.stderr.splitlines() if line.startswith("fit_script.py:")]
+  assert len(lines) == 1 and lines[0].startswith(message), result.stderr[-2000:]
+  assert "Traceback" not in result.stderr

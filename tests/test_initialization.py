@@ -98,7 +98,7 @@ def test_an_estimator_whose_table_is_created_in_place_trains(cluster, tmp_path):
                              config=tfps.RunConfig(save_checkpoints_steps=20, steps_per_execution=5),
                              params={"batch_size": 32, "embedding_dim": dim})
   estimator.train(synthetic.train_input_fn, max_steps=20)
-  assert checkpoints_lib.read_final_marker(str(tmp_path / "run"))["global_step"] == 20
+  assert checkpoints_lib.read_final_marker(str(tmp_path / "run"))["step"] == 20
   reader = tf.train.load_checkpoint(str(tmp_path / "run" / "checkpoints"))
   tables = [shape for shape in reader.get_variable_to_shape_map().values() if len(shape) == 2 and shape[1] == dim]
   assert sum(rows for rows, _ in tables) == 2 * (synthetic.NUM_USERS + synthetic.NUM_ITEMS)  # with accumulators

@@ -79,7 +79,7 @@ def test_killed_chief_resumes_at_the_next_epoch(tmp_path, subprocess_env, launch
   resumed = [line for line in output.splitlines() if "Resumed from the backup" in line]
   assert resumed and "at epoch 3/4 (step 80)" in resumed[0], resumed
   final = json.loads((model_dir / "checkpoints" / "FINAL").read_text())
-  assert final["iterations"] == 4 * 40  # not 6 x 40: epochs 1-2 were not run again
+  assert final["step"] == 4 * 40  # not 6 x 40: epochs 1-2 were not run again
   assert final["last_checkpoint"].endswith("ckpt-4")
 
 

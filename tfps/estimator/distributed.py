@@ -63,7 +63,7 @@ class DistributedModel:
 
     self.coordinator.schedule(no_step, args=(iterator,))
     self.coordinator.join()
-    checkpoint = self.model.checkpoint(global_step=self.global_step)
+    checkpoint = self.model.checkpoint(**{checkpoints_lib.STEP_KEY: self.global_step})
     self._manager = tf.train.CheckpointManager(checkpoint, checkpoints_lib.checkpoint_dir(self._config.model_dir),
                                                max_to_keep=self._config.keep_checkpoint_max)
     restored = self._manager.latest_checkpoint
@@ -102,8 +102,7 @@ class DistributedModel:
                                 config=loop_config, model_dir=self._config.model_dir)
     final_step = train_loop.run(max_steps, after_checkpoint)
     if max_steps is None or final_step >= max_steps:
-      checkpoints_lib.write_final_marker(self._config.model_dir, self._manager.latest_checkpoint,
-                                         global_step=final_step)
+      checkpoints_lib.write_final_marker(self._config.model_dir, self._manager.latest_checkpoint, step=final_step)
     return final_step
 
   def evaluate(self, input_fn: Callable, steps: Optional[int], num_shards: Optional[int] = None) -> Dict[str, object]:

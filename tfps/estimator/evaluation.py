@@ -7,19 +7,19 @@ once. The coordinator (or this process) adds the partial sums and computes each 
 """
 
 import dataclasses
-import json
 import os
 from typing import Dict, List, Optional
 
 import numpy as np
 import tensorflow as tf
 
-from tfps.keras import evaluation as keras_evaluation
+from tfps.training import dataset_fns
+from tfps.training import sidecar
 from tfps.estimator import calls
 from tfps.estimator.model import ModelFnModel
 from tfps.estimator.spec import ModeKeys, ModelFnError
 
-METRICS_FILE = keras_evaluation.METRICS_FILE
+METRICS_FILE = sidecar.METRICS_FILE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +48,7 @@ class ShardedEvaluation:
   def concrete_function(self):
     """The traced shard function `f(shard_index) -> partial sums`; the model's variables must exist already."""
     if self._function is None:
-      keras_evaluation.check_finite(self._dataset(), "input_fn (with steps=None)")
+      dataset_fns.check_finite(self._dataset(), "input_fn (with steps=None)")
       function = tf.function(self._evaluate_shard, autograph=False)  # a model_fn's errors surface unwrapped
       self._function = function.get_concrete_function(tf.TensorSpec([], tf.int64))
     return self._function
@@ -117,16 +117,13 @@ class ShardedEvaluation:
 
 
 def write_results(model_dir: str, eval_dir_name: str, results: Dict[str, object], global_step: int,
-                  checkpoint_path: Optional[str] = None) -> None:
-  """Appends `results` to `model_dir/<eval_dir_name>/metrics.jsonl` and writes them as TensorBoard scalars there."""
+                  checkpoint_path: Optional[str] = None) -> dict:
+  """Appends `results` to `model_dir/<eval_dir_name>/metrics.jsonl` and writes them as TensorBoard scalars there
+  (the records of `tfps.training.sidecar`, shared with the Keras path); returns the record."""
   metrics = {name: value for name, value in results.items() if name != "global_step"}
-  keras_evaluation.write_evaluation(os.path.join(model_dir, eval_dir_name), checkpoint_path, global_step, metrics)
+  return sidecar.write_evaluation(os.path.join(model_dir, eval_dir_name), checkpoint_path, global_step, metrics)
 
 
 def read_results(model_dir: str, eval_dir_name: str = "eval") -> List[dict]:
   """The evaluation records written so far under `model_dir`, oldest first."""
-  path = os.path.join(model_dir, eval_dir_name, METRICS_FILE)
-  if not os.path.exists(path):
-    return []
-  with open(path, encoding="utf-8") as records:
-    return [json.loads(line) for line in records if line.strip()]
+  return sidecar.read_evaluations(model_dir, eval_dir_name)

@@ -51,7 +51,8 @@ class LocalModel:
   def restore(self, checkpoint_path: str) -> int:
     """Loads `checkpoint_path` into the (already created) variables; returns its global step."""
     if self._checkpoint is None:
-      self._checkpoint = tf.train.Checkpoint(model=self.model.variables, global_step=self._global_step)
+      self._checkpoint = tf.train.Checkpoint(model=self.model.variables,
+                                             **{checkpoints_lib.STEP_KEY: self._global_step})
     self._checkpoint.restore(checkpoint_path).expect_partial().assert_existing_objects_matched()
     return int(self._global_step.numpy())
 

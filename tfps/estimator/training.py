@@ -4,10 +4,9 @@ import time
 from typing import Dict, List, Optional
 
 from absl import logging
-import tensorflow as tf
 
-from tfps.training import checkpoints as checkpoints_lib
 from tfps.training import run_records
+from tfps.training import sidecar
 from tfps.estimator import evaluation
 from tfps.estimator.estimator import Estimator
 from tfps.estimator.spec import EvalSpec, TrainSpec
@@ -69,46 +68,27 @@ def _format(results: dict) -> str:
   return ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in sorted(results.items()))
 
 
-def _final_step(model_dir: str) -> Optional[int]:
-  marker = checkpoints_lib.read_final_marker(model_dir)
-  return None if marker is None else int(marker["global_step"])
-
-
 def run_evaluator(estimator: Estimator, eval_spec: EvalSpec, poll_secs: float = 2.0,
-                  timeout_secs: Optional[float] = None) -> List[Dict[str, object]]:
-  """Evaluates each new checkpoint in `model_dir` until the final one (a plain process; no cluster needed).
+                  timeout_secs: float = sidecar.DEFAULT_IDLE_TIMEOUT_SECS) -> List[Dict[str, object]]:
+  """Evaluates the newest checkpoint in `model_dir` as they appear, until the final one (a plain process; no cluster).
 
   Each checkpoint is restored into unsharded variables and evaluated with the model_fn in EVAL mode, every batch
-  exactly once; results go to `model_dir/eval[_<name>]/metrics.jsonl` and TensorBoard. Returns after evaluating the
-  checkpoint of the final step (the chief then has written the final marker of `tfps.training.checkpoints`), or when no new
-  checkpoint came for `timeout_secs`.
+  exactly once. The loop and the records (`model_dir/eval[_<name>]/metrics.jsonl`: checkpoint, checkpoint_number,
+  step, metrics, time; and TensorBoard) are `tfps.training.sidecar`'s, shared with the Keras path. Returns the records
+  after evaluating the checkpoint the chief's final marker names; raises `TimeoutError` when no new checkpoint came
+  for `timeout_secs`.
   """
   if not isinstance(eval_spec, EvalSpec):
     raise TypeError(f"`eval_spec` must be a tfps.EvalSpec, got {type(eval_spec).__name__}")
   time.sleep(eval_spec.start_delay_secs)
   model = estimator.local_model()
-  run = None
-  results = []
-  waited = [0.0]
+  runs = []
 
-  def stop() -> bool:
-    waited[0] += poll_secs
-    final = _final_step(estimator.model_dir)
-    if final is not None and results and results[-1]["global_step"] >= final:
-      return True
-    return timeout_secs is not None and waited[0] >= timeout_secs
+  def evaluate(path: str) -> dict:
+    if not runs:
+      runs.append(model.evaluation(eval_spec.input_fn, eval_spec.steps))
+    model.restore(path)
+    return runs[0].run_locally()
 
-  checkpoint_dir = checkpoints_lib.checkpoint_dir(estimator.model_dir)
-  for path in tf.train.checkpoints_iterator(checkpoint_dir, timeout=poll_secs, timeout_fn=stop):
-    waited[0] = 0.0
-    if run is None:
-      run = model.evaluation(eval_spec.input_fn, eval_spec.steps)
-    step = model.restore(path)
-    result = dict(run.run_locally(), global_step=step)
-    evaluation.write_results(estimator.model_dir, eval_spec.eval_dir_name, result, step, path)
-    logging.info("Sidecar evaluation of %s: %s", path, _format(result))
-    results.append(result)
-    final = _final_step(estimator.model_dir)
-    if final is not None and step >= final:
-      break
-  return results
+  return sidecar.follow_checkpoints(estimator.model_dir, evaluate, eval_dir_name=eval_spec.eval_dir_name,
+                                    poll_secs=poll_secs, idle_timeout_secs=timeout_secs)

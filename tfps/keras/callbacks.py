@@ -128,11 +128,12 @@ def _fetch_scalar(value) -> Optional[float]:
 
 
 class EpochCheckpoint(tf_keras.callbacks.Callback):
-  """Saves `tf.train.Checkpoint(model=...)` at the end of every epoch into `model_dir/checkpoints/ckpt-<epoch>`.
+  """Saves the model at the end of every epoch into `model_dir/checkpoints/ckpt-<epoch>`.
 
-  Sharded variables are saved whole, so the checkpoints restore into an unsharded model (sidecar evaluator, export).
-  At the end of the last epoch (or of training, where it stops earlier) it writes the FINAL marker naming the last
-  checkpoint.
+  Each checkpoint holds `model` and, under `checkpoints.STEP_KEY`, the optimizer's step (the convention of
+  `tfps.training.checkpoints`, shared with the Estimator path). Sharded variables are saved whole, so the checkpoints
+  restore into an unsharded model (sidecar evaluator, export). At the end of the last epoch (or of training, where it
+  stops earlier) it writes the FINAL marker naming the last checkpoint and the step.
   """
 
   def __init__(self, model_dir: str, max_to_keep: Optional[int] = 5):
@@ -143,7 +144,7 @@ class EpochCheckpoint(tf_keras.callbacks.Callback):
 
   def on_train_begin(self, logs=None):
     checkpoints_lib.clear_final_marker(self.model_dir)
-    checkpoint = tf.train.Checkpoint(model=self.model)
+    checkpoint = tf.train.Checkpoint(model=self.model, **{checkpoints_lib.STEP_KEY: self.model.optimizer.iterations})
     self._manager = tf.train.CheckpointManager(checkpoint, checkpoints_lib.checkpoint_dir(self.model_dir),
                                                max_to_keep=self.max_to_keep, checkpoint_name="ckpt")
 
@@ -160,5 +161,5 @@ class EpochCheckpoint(tf_keras.callbacks.Callback):
       self._write_final_marker()
 
   def _write_final_marker(self):
-    iterations = int(self.model.optimizer.iterations.numpy())
-    checkpoints_lib.write_final_marker(self.model_dir, self._manager.latest_checkpoint, iterations=iterations)
+    checkpoints_lib.write_final_marker(self.model_dir, self._manager.latest_checkpoint,
+                                       step=int(self.model.optimizer.iterations.numpy()))

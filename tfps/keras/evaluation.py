@@ -1,37 +1,29 @@
 """Evaluation of Keras models: on the cluster's workers (optionally exactly once), and by a sidecar evaluator.
 
-The sidecar evaluator is a plain process (no cluster connection): it follows the checkpoints in `model_dir`,
-evaluates each into an unsharded copy of the model, writes metrics to TensorBoard and to
-`model_dir/eval/metrics.jsonl`, keeps a copy of the best checkpoint in `model_dir/best/`, and returns after the
-checkpoint the chief marked as final.
+The sidecar evaluator is a plain process (no cluster connection): the loop of `tfps.training.sidecar` follows the
+checkpoints in `model_dir` and records each evaluation; here each checkpoint is read into an unsharded copy of the
+model, and a copy of the best checkpoint is kept in `model_dir/best/`.
 """
 
 import json
 import os
-import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 from absl import logging
-import numpy as np
 import tensorflow as tf
 import tf_keras
 
 from tfps import _tf_private
 from tfps import checks
-from tfps.training import checkpoints as checkpoints_lib
+from tfps.training import sidecar
 from tfps.training import dataset_fns
 from tfps.errors import UsageError
 
-METRICS_FILE = "metrics.jsonl"
 EXACT_SHARDS_PER_WORKER = 5  # tf-keras's own heuristic for pss_evaluation_shards="auto"
 _MINIMIZED = ("loss", "error", "mse", "mae", "crossentropy")
 
 
-def check_finite(dataset: tf.data.Dataset, name: str) -> None:
-  """Raises unless `dataset` is finite (exactly-once evaluation of a repeated dataset never ends)."""
-  if dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
-    raise ValueError(f"exact evaluation needs a finite dataset, but `{name}` returns a repeated (infinite) one; "
-                     "remove .repeat() from it")
+check_finite = dataset_fns.check_finite  # one check, shared with the Estimator path
 
 
 def plan_exact_evaluation(dataset_fn: Callable, name: str, num_workers: int) -> Tuple[Callable, int]:
@@ -94,30 +86,11 @@ def is_better(metric: str, value: float, best: Optional[float], mode: str = "aut
   return value < best if mode == "min" else value > best
 
 
-def write_evaluation(eval_dir: str, checkpoint: Optional[str], step: int, metrics: Dict) -> dict:
-  """Appends `{"checkpoint", "checkpoint_number", "step", "metrics", "time"}` to `eval_dir/metrics.jsonl` and writes
-  the scalar metrics to TensorBoard there; both training paths record their evaluations so. `step` is the optimizer
-  step the checkpoint holds. Returns the record."""
-  tf.io.gfile.makedirs(eval_dir)
-  number = checkpoints_lib.checkpoint_number(checkpoint) if checkpoint else None
-  entry = {"checkpoint": checkpoint, "checkpoint_number": number, "step": step, "metrics": metrics,
-           "time": time.time()}
-  with tf.io.gfile.GFile(os.path.join(eval_dir, METRICS_FILE), "a") as f:
-    f.write(json.dumps(entry) + "\n")
-  writer = tf.summary.create_file_writer(eval_dir)
-  with writer.as_default(step=step):
-    for name, value in metrics.items():
-      if np.ndim(value) == 0:
-        tf.summary.scalar(name, float(value))
-  writer.flush()
-  return entry
-
-
-class _Recorder:
-  """Writes an evaluation to metrics.jsonl and TensorBoard, and keeps a copy of the best checkpoint."""
+class _BestCheckpoint:
+  """Keeps a copy of the best checkpoint so far (by `best_metric`) in `model_dir/best/`, with `best.json`."""
 
   def __init__(self, model_dir: str, best_metric: Optional[str], best_mode: str):
-    self.eval_dir = os.path.join(model_dir, "eval")
+    checks.one_of("best_mode", best_mode, ("auto", "min", "max"))
     self.best_dir = os.path.join(model_dir, "best")
     self.best_metric = best_metric
     self.best_mode = best_mode
@@ -130,16 +103,13 @@ class _Recorder:
     with tf.io.gfile.GFile(path) as f:
       return json.load(f)
 
-  def record(self, path: str, metrics: Dict[str, float]) -> dict:
-    step = checkpoints_lib.optimizer_step(path)
-    entry = write_evaluation(self.eval_dir, path, checkpoints_lib.checkpoint_number(path) if step is None else step,
-                             metrics)
+  def __call__(self, record: dict) -> None:
+    path, metrics = record["checkpoint"], record["metrics"]
     metric = self.best_metric or ("auc" if "auc" in metrics else "loss")
     if metric not in metrics:
       raise UsageError(f"`best_metric` {metric!r} is not one of the model's metrics: {', '.join(sorted(metrics))}")
     if is_better(metric, metrics[metric], self.best and self.best["value"], self.best_mode):
-      self._keep_best(path, metric, metrics[metric], entry["step"])
-    return entry
+      self._keep_best(path, metric, metrics[metric], record["step"])
 
   def _keep_best(self, path: str, metric: str, value: float, step: int) -> None:
     if tf.io.gfile.exists(self.best_dir):
@@ -161,16 +131,15 @@ def ensure_built(model: tf_keras.Model, dataset: tf.data.Dataset) -> None:
     model(features[0] if isinstance(features, tuple) else features)
 
 
-def _evaluate_checkpoint(model, path, dataset, steps) -> Dict[str, float]:
-  tf.train.Checkpoint(model=model).read(path).expect_partial()
-  return to_floats(model.evaluate(dataset, steps=steps, return_dict=True, verbose=0))
-
-
 def run_sidecar_evaluator(build_model: Callable[[], tf_keras.Model], dataset_fn: Callable, model_dir: str, *,
                           steps: Optional[int] = None, best_metric: Optional[str] = None, best_mode: str = "auto",
                           evaluate_every_checkpoint: bool = False, poll_secs: float = 1.0,
-                          idle_timeout_secs: float = 3600.0) -> List[dict]:
-  """Evaluates the checkpoints of `model_dir` as they appear until the final one; returns one entry per evaluation.
+                          idle_timeout_secs: float = sidecar.DEFAULT_IDLE_TIMEOUT_SECS) -> List[dict]:
+  """Evaluates the checkpoints of `model_dir` as they appear until the final one; returns one record per evaluation.
+
+  The loop and the records (`metrics.jsonl`: checkpoint, checkpoint_number, step, metrics, time) are
+  `tfps.training.sidecar`'s, shared with the Estimator path; this adds a copy of the best checkpoint in
+  `model_dir/best/`.
 
   Args:
     build_model: returns the compiled tf-keras model (built here without any strategy).
@@ -181,33 +150,19 @@ def run_sidecar_evaluator(build_model: Callable[[], tf_keras.Model], dataset_fn:
     best_mode: "min", "max", or "auto" (min for losses and errors).
     evaluate_every_checkpoint: evaluate every checkpoint in order, not only the newest.
     poll_secs: seconds between looks at `model_dir`.
-    idle_timeout_secs: give up when no new checkpoint appears for this long.
+    idle_timeout_secs: raise `TimeoutError` when no new checkpoint appears for this long.
   """
   dataset_fns.check_dataset_fn(dataset_fn, "dataset_fn")
   dataset = dataset_fns.make_dataset(dataset_fn, "dataset_fn")
   if steps is None:
     check_finite(dataset, "dataset_fn")
+  best = _BestCheckpoint(model_dir, best_metric, best_mode)
   model = build_model()
   ensure_built(model, dataset)
-  recorder = _Recorder(model_dir, best_metric, best_mode)
-  seen, results, last_new = set(), [], time.monotonic()
-  while True:
-    final = checkpoints_lib.read_final_marker(model_dir)  # read first: a checkpoint listed later is not missed
-    pending = [path for path in checkpoints_lib.list_checkpoints(model_dir) if path not in seen]
-    if pending:
-      last_new = time.monotonic()
-      seen.update(pending)
-      for path in pending if evaluate_every_checkpoint else pending[-1:]:
-        try:
-          metrics = _evaluate_checkpoint(model, path, dataset, steps)
-        except (tf.errors.OpError, ValueError) as e:
-          logging.warning("Skipping checkpoint %s: %s", path, str(e).splitlines()[0])
-          continue
-        results.append(recorder.record(path, metrics))
-        logging.info("Evaluated %s: %s", path, " | ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-    if final is not None and (final.get("last_checkpoint") is None or final["last_checkpoint"] in seen):
-      logging.info("Training finished; the sidecar evaluator evaluated %d checkpoint(s)", len(results))
-      return results
-    if time.monotonic() - last_new > idle_timeout_secs:
-      raise TimeoutError(f"no new checkpoint in {model_dir} for {idle_timeout_secs:g}s; is training running?")
-    time.sleep(poll_secs)
+
+  def evaluate(path: str) -> Dict[str, float]:
+    tf.train.Checkpoint(model=model).read(path).expect_partial()
+    return to_floats(model.evaluate(dataset, steps=steps, return_dict=True, verbose=0))
+
+  return sidecar.follow_checkpoints(model_dir, evaluate, evaluate_every_checkpoint=evaluate_every_checkpoint,
+                                    poll_secs=poll_secs, idle_timeout_secs=idle_timeout_secs, after_record=best)

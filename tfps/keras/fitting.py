@@ -199,14 +199,14 @@ def _finished_run(model_dir: Optional[str], total_steps: int) -> Optional[dict]:
   if not model_dir:
     return None
   marker = checkpoints_lib.read_final_marker(model_dir)
-  if marker is None or marker.get("iterations", -1) < total_steps or not marker.get("last_checkpoint"):
+  if marker is None or marker.get("step", -1) < total_steps or not marker.get("last_checkpoint"):
     return None
   return marker
 
 
 def _restore_finished(model, marker: dict, strategy, model_dir: str) -> tf_keras.callbacks.History:
   logging.info("Training already finished in %s (%d steps, %s): restored, not trained again. To train anew, use "
-               "another model_dir or delete %s", model_dir, marker["iterations"], marker["last_checkpoint"],
+               "another model_dir or delete %s", model_dir, marker["step"], marker["last_checkpoint"],
                checkpoints_lib.final_marker_path(model_dir))
   with strategy.scope():
     resharding.restore(marker["last_checkpoint"], tf.train.Checkpoint(model=model))

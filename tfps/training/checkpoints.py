@@ -1,8 +1,12 @@
-"""Checkpoint layout of a model_dir, shared by the training paths and the sidecar evaluator.
+"""Checkpoint convention of a model_dir, one for both training paths and the sidecar evaluator.
 
-`model_dir/checkpoints/ckpt-N` (TensorFlow checkpoints with a `checkpoint` state file, written last and atomically,
-so a reader never sees a half-written checkpoint as the newest), and `model_dir/checkpoints/FINAL`, a JSON marker the
-chief writes when training ends, naming the last checkpoint.
+* `model_dir/checkpoints/ckpt-N`: TensorFlow checkpoints with a `checkpoint` state file (written last and atomically,
+  so a reader never sees a half-written checkpoint as the newest). N is the checkpoint number: the epoch on the Keras
+  path, the global step on the Estimator path.
+* Every checkpoint holds the step under `STEP_KEY` (`global_step`): the number of optimizer steps applied (the
+  optimizer's `iterations` on the Keras path, the global step on the Estimator path); `checkpoint_step` reads it.
+* `model_dir/checkpoints/FINAL`: a JSON marker `{"last_checkpoint": path, "step": step}` the chief writes when
+  training ends; the sidecar evaluator exits after `last_checkpoint`.
 """
 
 import json
@@ -13,6 +17,7 @@ import tensorflow as tf
 
 CHECKPOINT_SUBDIR = "checkpoints"
 FINAL_MARKER = "FINAL"
+STEP_KEY = "global_step"  # the name of the step variable in every checkpoint: tf.train.Checkpoint(global_step=...)
 
 
 def checkpoint_dir(model_dir: str) -> str:
@@ -30,28 +35,21 @@ def checkpoint_number(path: str) -> int:
   return int(path.rsplit("-", 1)[1])
 
 
-def optimizer_step(path: str) -> Optional[int]:
-  """The optimizer's step counter saved in checkpoint `path` (a Keras model's `optimizer.iterations`), or None."""
-  reader = tf.train.load_checkpoint(path)
-  for key in reader.get_variable_to_shape_map():
-    if key.endswith(_OPTIMIZER_STEP_KEYS):
-      return int(reader.get_tensor(key))
-  return None
-
-
-_OPTIMIZER_STEP_KEYS = ("optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE", "optimizer/iterations/.ATTRIBUTES/VARIABLE_VALUE")
+def checkpoint_step(path: str) -> int:
+  """The step (optimizer steps applied) a checkpoint holds under `STEP_KEY`."""
+  return int(tf.train.load_variable(path, f"{STEP_KEY}/.ATTRIBUTES/VARIABLE_VALUE"))
 
 
 def final_marker_path(model_dir: str) -> str:
   return os.path.join(checkpoint_dir(model_dir), FINAL_MARKER)
 
 
-def write_final_marker(model_dir: str, last_checkpoint: Optional[str], **info) -> None:
-  """Says that training in `model_dir` ended with `last_checkpoint`; the sidecar evaluator exits after it."""
+def write_final_marker(model_dir: str, last_checkpoint: Optional[str], step: int) -> None:
+  """Says that training in `model_dir` ended at `step` with `last_checkpoint`; the sidecar evaluator exits after it."""
   path = final_marker_path(model_dir)
   tf.io.gfile.makedirs(checkpoint_dir(model_dir))
   with tf.io.gfile.GFile(path + ".tmp", "w") as f:
-    json.dump({"last_checkpoint": last_checkpoint, **info}, f)
+    json.dump({"last_checkpoint": last_checkpoint, "step": int(step)}, f)
   tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
 
 

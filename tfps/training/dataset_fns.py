@@ -5,6 +5,8 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
+from tfps.errors import UsageError
+
 
 def check_dataset_fn(fn: Callable, name: str) -> None:
   """Raises a clear error unless `fn` is a function that can take an input context."""
@@ -30,6 +32,13 @@ def make_dataset(fn: Callable, name: str, input_context: Optional[tf.distribute.
   if not isinstance(dataset, tf.data.Dataset):
     raise TypeError(f"`{name}` returned {type(dataset).__name__}, not a tf.data.Dataset")
   return dataset
+
+
+def check_finite(dataset: tf.data.Dataset, name: str) -> None:
+  """Raises unless `dataset` is finite (exactly-once evaluation of a repeated dataset never ends)."""
+  if dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
+    raise UsageError(f"exact evaluation needs a finite dataset, but `{name}` returns a repeated (infinite) one; "
+                     "remove .repeat() from it")
 
 
 def batch_size_of(dataset: tf.data.Dataset) -> Optional[int]:
