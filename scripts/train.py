@@ -24,6 +24,7 @@ _EXPORT_DIR = flags.DEFINE_string("export_dir", None, "Where the chief writes a 
 
 def main(argv):
   del argv
+  mode, strategy_options = tfps.mode_from_flags(), tfps.strategy_options_from_flags()  # bad settings fail on any task
   data = model_flags.data_from_flags()
 
   def build_model():
@@ -33,7 +34,7 @@ def main(argv):
     history = tfps.fit(build_model, data.train_dataset_fn, epochs=_EPOCHS.value, steps_per_epoch=_STEPS.value,
                        validation_dataset_fn=data.eval_dataset_fn, exact_evaluation=True, model_dir=_MODEL_DIR.value,
                        batch_size=data.batch_size, cluster=cluster,
-                       sync_mode=tfps.mode_from_flags(), **tfps.strategy_options_from_flags())
+                       sync_mode=mode, **strategy_options)
     final = {name: values[-1] for name, values in history.history.items()}
     logging.info("Final: %s", " | ".join(f"{name} {float(value):.4f}" for name, value in sorted(final.items())))
     if _EXPORT_DIR.value:

@@ -23,8 +23,6 @@ _STEPS = flags.DEFINE_integer("steps_per_epoch", 100, "Steps per epoch.", lower_
 _BATCH = flags.DEFINE_integer("batch_size", 128, "Batch size per worker.", lower_bound=1)
 _VOCAB = flags.DEFINE_integer("vocab_size", 100_000, "Rows of the embedding table.", lower_bound=2)
 _EXACT = flags.DEFINE_boolean("exact_evaluation", True, "Evaluate the finite eval set exactly once per epoch.")
-_EVERY = flags.DEFINE_boolean("evaluate_every_checkpoint", False, "On the evaluator task: evaluate every checkpoint "
-                              "in order, not only the newest.")
 
 NUM_IDS, NUM_DENSE = 8, 4
 
@@ -63,21 +61,21 @@ def eval_dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Datase
   return dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id).batch(500)
 
 
-def train(cluster):
-  return tfps.fit(build_model, train_dataset_fn, epochs=_EPOCHS.value, steps_per_epoch=_STEPS.value,
-                  validation_dataset_fn=eval_dataset_fn, validation_steps=None if _EXACT.value else 4,
-                  exact_evaluation=_EXACT.value, model_dir=_MODEL_DIR.value, cluster=cluster,
-                  sync_mode=tfps.mode_from_flags(), **tfps.strategy_options_from_flags())
-
-
-def evaluate(cluster):
-  del cluster  # the sidecar reads checkpoints; it never connects to the cluster
-  return tfps.run_sidecar_evaluator(build_model, eval_dataset_fn, _MODEL_DIR.value,
-                                    steps=None if _EXACT.value else 4, evaluate_every_checkpoint=_EVERY.value)
-
-
 def main(argv):
   del argv
+  mode, strategy_options = tfps.mode_from_flags(), tfps.strategy_options_from_flags()  # bad settings fail on any task
+
+  def train(cluster):
+    return tfps.fit(build_model, train_dataset_fn, epochs=_EPOCHS.value, steps_per_epoch=_STEPS.value,
+                    validation_dataset_fn=eval_dataset_fn, validation_steps=None if _EXACT.value else 4,
+                    exact_evaluation=_EXACT.value, model_dir=_MODEL_DIR.value, cluster=cluster, sync_mode=mode,
+                    **strategy_options)
+
+  def evaluate(cluster):
+    del cluster  # the sidecar reads checkpoints; it never connects to the cluster
+    return tfps.run_sidecar_evaluator(build_model, eval_dataset_fn, _MODEL_DIR.value,
+                                      steps=None if _EXACT.value else 4, evaluate_every_checkpoint=_EVERY.value)
+
   tfps.run_task(train, evaluate, cluster=tfps.config_from_flags())
 
 

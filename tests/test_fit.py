@@ -12,6 +12,7 @@ import pytest
 
 import tfps
 from tfps.training import checkpoints as checkpoints_lib
+from tfps.training import strategy as strategy_lib
 import tensorflow as tf
 import tf_keras
 
@@ -83,6 +84,15 @@ def test_fit_shards_the_table_over_both_ps(trained):
   history, _ = trained
   table = history.model.get_layer("table").embeddings
   assert sorted(tf.DeviceSpec.from_string(v.device).task for v in table.variables) == [0, 1]
+
+
+def test_fit_takes_the_strategy_options(cluster):
+  """What a notebook sets without flags: one shard, and every variable of two rows or more sharded."""
+  history = tfps.fit(build_model, train_fn, epochs=1, steps_per_epoch=2, cluster=cluster, num_shards=1)
+  assert len(strategy_lib.shards_of(history.model.get_layer("table").embeddings)) == 1
+  history = tfps.fit(build_model, train_fn, epochs=1, steps_per_epoch=2, cluster=cluster, min_shard_bytes=0)
+  hidden = [layer for layer in history.model.layers if isinstance(layer, tf_keras.layers.Dense)][0]
+  assert len(strategy_lib.shards_of(hidden.kernel)) == 2  # a 49 x 16 kernel, 3 KB: sharded too
 
 
 def test_fit_writes_checkpoints_tensorboard_and_final_marker(trained):
@@ -244,6 +254,8 @@ def keras3_model():
     (dict(validation_dataset_fn=lambda ctx: eval_fn_of(100)(ctx).repeat(), exact_evaluation=True), ValueError,
      "exact evaluation needs a finite dataset"),
     (dict(steps_per_execution=-2), ValueError, "`steps_per_execution` (-2) must be a positive integer"),
+    (dict(num_shards=0), ValueError, "`num_shards` (0) must be a positive integer or None"),
+    (dict(min_shard_bytes=-1), ValueError, "`min_shard_bytes` (-1) must be a non-negative integer"),
 ])
 def test_bad_fit_arguments_get_clear_errors(cluster, kwargs, error, message):
   args = dict(build_model=build_model, train_dataset_fn=train_fn, epochs=1, steps_per_epoch=2, cluster=cluster)

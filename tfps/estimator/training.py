@@ -69,14 +69,14 @@ def _format(results: dict) -> str:
 
 
 def run_evaluator(estimator: Estimator, eval_spec: EvalSpec, poll_secs: float = 2.0,
-                  timeout_secs: float = sidecar.DEFAULT_IDLE_TIMEOUT_SECS) -> List[Dict[str, object]]:
+                  timeout_secs: Optional[float] = sidecar.DEFAULT_IDLE_TIMEOUT_SECS) -> List[Dict[str, object]]:
   """Evaluates the newest checkpoint in `model_dir` as they appear, until the final one (a plain process; no cluster).
 
   Each checkpoint is restored into unsharded variables and evaluated with the model_fn in EVAL mode, every batch
   exactly once. The loop and the records (`model_dir/eval[_<name>]/metrics.jsonl`: checkpoint, checkpoint_number,
   step, metrics, time; and TensorBoard) are `tfps.training.sidecar`'s, shared with the Keras path. Returns the records
   after evaluating the checkpoint the chief's final marker names; raises `TimeoutError` when no new checkpoint came
-  for `timeout_secs`.
+  for `timeout_secs` (None: waits forever).
   """
   if not isinstance(eval_spec, EvalSpec):
     raise TypeError(f"`eval_spec` must be a tfps.EvalSpec, got {type(eval_spec).__name__}")

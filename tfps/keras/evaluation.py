@@ -134,7 +134,7 @@ def ensure_built(model: tf_keras.Model, dataset: tf.data.Dataset) -> None:
 def run_sidecar_evaluator(build_model: Callable[[], tf_keras.Model], dataset_fn: Callable, model_dir: str, *,
                           steps: Optional[int] = None, best_metric: Optional[str] = None, best_mode: str = "auto",
                           evaluate_every_checkpoint: bool = False, poll_secs: float = 1.0,
-                          idle_timeout_secs: float = sidecar.DEFAULT_IDLE_TIMEOUT_SECS) -> List[dict]:
+                          idle_timeout_secs: Optional[float] = sidecar.DEFAULT_IDLE_TIMEOUT_SECS) -> List[dict]:
   """Evaluates the checkpoints of `model_dir` as they appear until the final one; returns one record per evaluation.
 
   The loop and the records (`metrics.jsonl`: checkpoint, checkpoint_number, step, metrics, time) are
@@ -150,7 +150,7 @@ def run_sidecar_evaluator(build_model: Callable[[], tf_keras.Model], dataset_fn:
     best_mode: "min", "max", or "auto" (min for losses and errors).
     evaluate_every_checkpoint: evaluate every checkpoint in order, not only the newest.
     poll_secs: seconds between looks at `model_dir`.
-    idle_timeout_secs: raise `TimeoutError` when no new checkpoint appears for this long.
+    idle_timeout_secs: raise `TimeoutError` when no new checkpoint appears for this long (None: wait forever).
   """
   dataset_fns.check_dataset_fn(dataset_fn, "dataset_fn")
   dataset = dataset_fns.make_dataset(dataset_fn, "dataset_fn")

@@ -7,7 +7,8 @@ evaluation to `model_dir/<eval_dir_name>/metrics.jsonl`:
   {"checkpoint": path, "checkpoint_number": N, "step": optimizer steps, "metrics": {...}, "time": unix seconds}
 
 It returns after the checkpoint the chief's FINAL marker names (`tfps.training.checkpoints`); when no new checkpoint
-appears for `idle_timeout_secs` it raises `TimeoutError` (the one timeout convention of both paths).
+appears for `idle_timeout_secs` (default one hour; None waits forever) it raises `TimeoutError`: the one timeout
+convention of both paths.
 """
 
 import json
@@ -59,7 +60,7 @@ def _gone(path: str) -> bool:
 
 def follow_checkpoints(model_dir: str, evaluate: Callable[[str], Dict], *, eval_dir_name: str = "eval",
                        evaluate_every_checkpoint: bool = False, poll_secs: float = 1.0,
-                       idle_timeout_secs: float = DEFAULT_IDLE_TIMEOUT_SECS,
+                       idle_timeout_secs: Optional[float] = DEFAULT_IDLE_TIMEOUT_SECS,
                        after_record: Optional[Callable[[dict], None]] = None) -> List[dict]:
   """Evaluates the checkpoints of `model_dir` as they appear until the final one; returns the records written.
 
@@ -69,13 +70,14 @@ def follow_checkpoints(model_dir: str, evaluate: Callable[[str], Dict], *, eval_
     eval_dir_name: the folder under `model_dir` that receives `metrics.jsonl` and the TensorBoard scalars.
     evaluate_every_checkpoint: evaluate every checkpoint in order, not only the newest.
     poll_secs: seconds between looks at `model_dir`.
-    idle_timeout_secs: raise `TimeoutError` when no new checkpoint appears for this long.
+    idle_timeout_secs: raise `TimeoutError` when no new checkpoint appears for this long (None: wait forever).
     after_record: called with each record (e.g. to keep the best checkpoint).
 
   A checkpoint deleted before it was read (the chief keeps only its newest few) is skipped with a warning.
   """
   checks.non_negative_number("poll_secs", poll_secs, "number of seconds")
-  checks.non_negative_number("idle_timeout_secs", idle_timeout_secs, "number of seconds")
+  if idle_timeout_secs is not None:
+    checks.non_negative_number("idle_timeout_secs", idle_timeout_secs, "number of seconds")
   eval_dir = os.path.join(model_dir, eval_dir_name)
   seen, records, last_new = set(), [], time.monotonic()
   while True:
@@ -101,7 +103,7 @@ def follow_checkpoints(model_dir: str, evaluate: Callable[[str], Dict], *, eval_
     if final is not None and (final.get("last_checkpoint") is None or final["last_checkpoint"] in seen):
       logging.info("Training finished; the sidecar evaluator evaluated %d checkpoint(s)", len(records))
       return records
-    if time.monotonic() - last_new > idle_timeout_secs:
+    if idle_timeout_secs is not None and time.monotonic() - last_new > idle_timeout_secs:
       raise TimeoutError(f"no new checkpoint in {model_dir} for {idle_timeout_secs:g}s; is training running?")
     time.sleep(poll_secs)
 
