@@ -11,8 +11,10 @@ from tfps import _env
 _env.prepare()
 
 from tfps.cluster.config import ClusterConfig  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tfps.errors import CheckpointMismatchError, ClusterConfigError, KerasVersionError, TfpsError, UnreachableTaskError, UsageError  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tfps.flags import config_from_flags, define_flags, define_mode_flags, mode_from_flags, strategy_options_from_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tfps.errors import (ArgumentTypeError, CheckpointMismatchError, ClusterConfigError, KerasVersionError, TfpsError,  # pylint: disable=g-import-not-at-top,wrong-import-position
+                         UnreachableTaskError, UsageError)
+from tfps.flags import (config_from_flags, define_flags, define_mode_flags, mode_from_flags,  # pylint: disable=g-import-not-at-top,wrong-import-position
+                        strategy_options_from_flags)
 from tfps.training.modes import TrainingMode  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 __version__ = "0.1.0"

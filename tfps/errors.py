@@ -31,3 +31,7 @@ class UsageError(TfpsError, ValueError):
 class CheckpointMismatchError(TfpsError, ValueError):
   """A checkpoint does not fit the model it should restore into (a variable's shape, a missing or extra variable, other
   optimizer slots); the message is one line naming what differs. Raised before any training step."""
+
+
+class ArgumentTypeError(TfpsError, TypeError):
+  """An argument a user gave has the wrong type (e.g. a Dataset where a function is needed); one line naming it."""

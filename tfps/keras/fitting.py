@@ -29,7 +29,7 @@ from tfps.training import resharding
 from tfps.cluster import roles
 from tfps.training import runners
 from tfps.training import strategy as strategy_lib
-from tfps.errors import UsageError
+from tfps.errors import ArgumentTypeError, UsageError
 
 DEFAULT_STEPS_PER_EXECUTION = 20
 BACKUP_SUBDIR = "backup"
@@ -97,7 +97,8 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
 def _check_fit_args(build_model, train_dataset_fn, epochs, steps_per_epoch, validation_dataset_fn, validation_steps,
                     exact_evaluation, steps_per_execution):
   if not callable(build_model):
-    raise TypeError(f"`build_model` must be a function returning a compiled tf-keras model, got {build_model!r}")
+    raise ArgumentTypeError(f"`build_model` must be a function returning a compiled tf-keras model, got "
+                            f"{build_model!r}")
   dataset_fns.check_dataset_fn(train_dataset_fn, "train_dataset_fn")
   if validation_dataset_fn is not None:
     dataset_fns.check_dataset_fn(validation_dataset_fn, "validation_dataset_fn")
@@ -123,7 +124,8 @@ def build_model_in_scope(build_model: Callable, strategy) -> tf_keras.Model:
     module = type(model).__module__
     hint = (" It is a Keras 3 model: Keras 3 has no ParameterServerStrategy support; build it with `import tf_keras`."
             if module.startswith("keras") else "")
-    raise TypeError(f"`build_model` must return a tf-keras Model, got {type(model).__name__} from {module}.{hint}")
+    raise ArgumentTypeError(f"`build_model` must return a tf-keras Model, got {type(model).__name__} from "
+                            f"{module}.{hint}")
   if not model.compiled_loss and not getattr(model, "_is_compiled", False):
     raise ValueError("`build_model` returned a model that is not compiled; call model.compile(...) in build_model")
   return model

@@ -5,22 +5,22 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from tfps.errors import UsageError
+from tfps.errors import ArgumentTypeError, UsageError
 
 
 def check_dataset_fn(fn: Callable, name: str) -> None:
   """Raises a clear error unless `fn` is a function that can take an input context."""
   if isinstance(fn, tf.data.Dataset):
-    raise TypeError(f"`{name}` must be a function (input_context) -> tf.data.Dataset that builds the dataset, since "
-                    "it runs on every worker; got a Dataset built on the chief. Move the code that builds it into "
-                    "a function")
+    raise ArgumentTypeError(f"`{name}` must be a function (input_context) -> tf.data.Dataset that builds the "
+                            "dataset, since it runs on every worker; got a Dataset built on the chief. Move the code "
+                            "that builds it into a function")
   if not callable(fn):
-    raise TypeError(f"`{name}` must be a function (input_context) -> tf.data.Dataset, got {fn!r}")
+    raise ArgumentTypeError(f"`{name}` must be a function (input_context) -> tf.data.Dataset, got {fn!r}")
   try:
     inspect.signature(fn).bind(tf.distribute.InputContext())
   except TypeError:
-    raise TypeError(f"`{name}` must take one argument, a tf.distribute.InputContext (e.g. `def {name}"
-                    "(input_context):`)") from None
+    raise ArgumentTypeError(f"`{name}` must take one argument, a tf.distribute.InputContext (e.g. `def {name}"
+                            "(input_context):`)") from None
   except ValueError:  # builtins without a signature: let TensorFlow decide
     pass
 
@@ -30,7 +30,7 @@ def make_dataset(fn: Callable, name: str, input_context: Optional[tf.distribute.
   """`fn(input_context)` (a one-pipeline context by default), checked to be a Dataset."""
   dataset = fn(input_context or tf.distribute.InputContext())
   if not isinstance(dataset, tf.data.Dataset):
-    raise TypeError(f"`{name}` returned {type(dataset).__name__}, not a tf.data.Dataset")
+    raise ArgumentTypeError(f"`{name}` returned {type(dataset).__name__}, not a tf.data.Dataset")
   return dataset
 
 

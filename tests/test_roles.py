@@ -1,0 +1,41 @@
+"""tfps.run_task: the one role dispatch of scripts; it reads no flags (the cluster is an argument, else TF_CONFIG)."""
+
+import json
+
+import pytest
+
+from tfps import ClusterConfig
+from tfps.cluster import roles
+from tfps.errors import ClusterConfigError
+
+CLUSTER = ClusterConfig(ps_hosts=("127.0.0.1:1",), worker_hosts=("127.0.0.1:2",), evaluator_hosts=("127.0.0.1:3",))
+
+
+def test_the_chief_and_the_evaluator_get_their_function(monkeypatch):
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  assert roles.run_task(lambda c: ("chief", c), lambda c: ("eval", c), cluster=CLUSTER) == ("chief", CLUSTER)
+  evaluator = CLUSTER.for_task("evaluator")
+  assert roles.run_task(lambda c: "chief", lambda c: ("eval", c), cluster=evaluator) == ("eval", evaluator)
+
+
+def test_the_cluster_defaults_to_tf_config_never_to_flags(monkeypatch):
+  monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]},
+                                              "task": {"type": "evaluator", "index": 0}}))
+  assert roles.run_task(lambda c: "chief", lambda c: c.task_type) == "evaluator"
+  monkeypatch.delenv("TF_CONFIG")
+  with pytest.raises(ClusterConfigError, match="no cluster given: pass cluster="):
+    roles.run_task(lambda c: "chief")
+
+
+def test_an_evaluation_only_script_runs_without_a_cluster(monkeypatch):
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  assert roles.run_task(evaluator_fn=lambda c: ("standalone", c)) == ("standalone", None)
+
+
+@pytest.mark.parametrize("task,kwargs,message", [
+    ("evaluator", {"chief_fn": lambda c: 0}, "this task is an evaluator but the script gives no evaluation to run"),
+    ("chief", {"evaluator_fn": lambda c: 0}, "this task is the chief but the script gives no training to run"),
+])
+def test_a_missing_role_function_is_named(task, kwargs, message):
+  with pytest.raises(ClusterConfigError, match=message):
+    roles.run_task(cluster=CLUSTER.for_task(task), **kwargs)
