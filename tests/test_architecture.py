@@ -23,9 +23,9 @@ LAYERS = {
     "tfps.models": ("models", 4),  # recommender models for both paths: `model_fns` builds Estimator model_fns
     "tfps.testing": ("testing", 4),
     # The flags layer: reads absl flags and builds the settings the layers below take. The console scripts of
-    # setup.cfg (tfps-launch, tfps-config) are command lines, so they belong here too.
+    # setup.cfg (tfps-launch, tfps-config, tfps-k8s) are command lines, so they belong here too.
     "tfps.flags": ("flags", 5), "tfps.models.flags": ("flags", 5), "tfps.cluster.launch": ("flags", 5),
-    "tfps.cluster.config_cli": ("flags", 5),
+    "tfps.cluster.config_cli": ("flags", 5), "tfps.cluster.k8s_cli": ("flags", 5),
     "tfps": ("facade", 6),  # tfps/__init__.py: the public names, imported lazily
 }
 SHIM = "tfps._tf_private"
