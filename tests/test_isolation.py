@@ -157,7 +157,7 @@ def test_other_hosts_reach_task_ports_only_with_expose_ports(tmp_path, marked_en
   assert launcher.poll() is None, "training ended before the probes ran"
 
   assert launcher.wait(timeout=300) == 0, read(out_path)[-3000:]
-  assert json.loads((model_dir / "checkpoints" / "FINAL").read_text())["iterations"] == 4 * 40
+  assert json.loads((model_dir / "checkpoints" / "FINAL").read_text())["step"] == 4 * 40
   assert set(from_inside.values()) == {"connected"}, from_inside  # the servers were listening all along
   if expose:
     assert set(from_other_host.values()) == {"connected"}, from_other_host

@@ -80,7 +80,7 @@ def test_keras_path_with_packet_loss_and_a_ps_cut_off(make_cluster, tmp_path):
     cluster.restart(task)
   assert cluster.wait(CHIEF, timeout_secs=300) == 0, cluster.log(CHIEF)[-3000:]
   final = json.loads((model_dir / "checkpoints" / "FINAL").read_text())
-  assert final["iterations"] == epochs * steps
+  assert final["step"] == epochs * steps
   resumed = re.findall(r"Resumed from the backup at epoch (\d+)/", cluster.log(CHIEF))
   assert len(resumed) == 1 and int(resumed[0]) >= 3, resumed
 
@@ -124,7 +124,7 @@ def test_estimator_path_tfjob_with_a_worker_and_the_chief_cut_off(make_cluster, 
   assert cluster.wait(CHIEF, timeout_secs=300) == 0, cluster.log(CHIEF)[-3000:]
   resumed = [int(s) for s in re.findall(r"resuming at step (\d+)", cluster.log(CHIEF))]
   assert resumed and resumed[-1] >= saved, (resumed, saved)
-  assert json.loads((model_dir / "checkpoints" / "FINAL").read_text())["global_step"] == max_steps
+  assert json.loads((model_dir / "checkpoints" / "FINAL").read_text())["step"] == max_steps
   assert cluster.wait(EVALUATOR, timeout_secs=180) == 0, cluster.log(EVALUATOR)[-3000:]
   records = [json.loads(line) for line in (model_dir / "eval" / "metrics.jsonl").read_text().splitlines()]
   assert records[-1]["step"] == max_steps
