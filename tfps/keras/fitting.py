@@ -27,6 +27,7 @@ from tfps.training import modes
 from tfps.training import run_records
 from tfps.training import resharding
 from tfps.cluster import roles
+from tfps.cluster import watchdog
 from tfps.training import runners
 from tfps.training import strategy as strategy_lib
 from tfps.errors import ArgumentTypeError, UsageError
@@ -42,7 +43,7 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
         log_every_secs: float = 10.0, batch_size: Optional[int] = None, keep_checkpoint_max: Optional[int] = 5,
         sync_mode=None, cluster: Optional[cluster_lib.ClusterConfig] = None, num_shards: Optional[int] = None,
         min_shard_bytes: int = strategy_lib.DEFAULT_MIN_SHARD_BYTES, connect_timeout_secs: float = 60.0,
-        verbose: int = 0) -> tf_keras.callbacks.History:
+        lost_task_timeout_secs: float = watchdog.DEFAULT_TIMEOUT_SECS, verbose: int = 0) -> tf_keras.callbacks.History:
   """Trains `build_model()` on the parameter-server cluster from its chief; returns the `History`.
 
   Call it on the chief only: on a ps, worker or evaluator task it raises a `UsageError` saying to dispatch the roles
@@ -71,6 +72,7 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
     num_shards: shards of each large variable (default: the number of ps).
     min_shard_bytes: variables smaller than this are not sharded (0 shards every variable with >= 2 rows).
     connect_timeout_secs: seconds to wait for every ps and worker to answer.
+    lost_task_timeout_secs: seconds a ps may stay silent mid-run before training stops with an error naming it.
     verbose: tf-keras's verbosity (0: only tfps's progress lines).
   """
   _check_fit_args(build_model, train_dataset_fn, epochs, steps_per_epoch, validation_dataset_fn, validation_steps,
@@ -79,7 +81,9 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
   strategy_options = {"num_shards": checks.positive_int("num_shards", num_shards, allow_none=True),
                       "min_shard_bytes": checks.non_negative_int("min_shard_bytes", min_shard_bytes),
                       "connect_timeout_secs": checks.non_negative_number("connect_timeout_secs", connect_timeout_secs,
-                                                                         "number of seconds")}
+                                                                         "number of seconds"),
+                      "lost_task_timeout_secs": checks.non_negative_number(
+                          "lost_task_timeout_secs", lost_task_timeout_secs, "number of seconds")}
   config = roles.resolve_cluster(cluster)
   if config.task_type != "chief":
     raise UsageError(f"tfps.fit trains on the chief, and this task is {config.task_type}:{config.task_index}; "
