@@ -118,7 +118,8 @@ def _check_agrees(name: str, flag_value, from_env: cluster_lib.ClusterConfig) ->
 
 def strategy_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> dict:
   """`num_shards`, `min_shard_bytes`, `connect_timeout_secs` and `lost_task_timeout_secs` from the strategy flags
-  (empty where undefined), for `tfps.fit(**options)`, `tfps.Estimator(strategy_options=options)` or `build_strategy(config, **options)`."""
+  (empty where undefined), for `tfps.fit(**options)`, `tfps.Estimator(strategy_options=options)` or
+  `build_strategy(config, **options)`."""
   if "num_shards" not in flag_values:
     return {}
   return {"num_shards": flag_values["num_shards"].value, "min_shard_bytes": flag_values["min_shard_bytes"].value,
