@@ -136,7 +136,7 @@ def test_fit_goes_on_from_the_newest_checkpoint_and_refuses_another_model(cluste
   assert not list(tmp_path.glob("backup/**/*.index"))  # finished: no backup to resume from, only checkpoints
   history = _fit(cluster, tmp_path, epochs=2)
   assert history.epoch == [1]  # resumed after the first epoch, not trained from fresh values
-  assert checkpoints_lib.read_final_marker(str(tmp_path))["iterations"] == 8  # every step counted once
+  assert checkpoints_lib.read_final_marker(str(tmp_path))["step"] == 8  # every step counted once
   kept = checkpoints_lib.list_checkpoints(str(tmp_path))
 
   with pytest.raises(CheckpointMismatchError, match=r"ckpt-2 does not fit this model: .*\[800, 4\] in the checkpoint "

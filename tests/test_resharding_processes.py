@@ -93,7 +93,7 @@ def _assert_resumed_where_saved(firsts, saved_losses):
 def test_keras_run_moves_between_ps_counts(servers, tmp_path):
   model_dir, firsts = _run_plan(servers, tmp_path, "keras", "--optimizer=adam")
   marker = checkpoints_lib.read_final_marker(str(model_dir))
-  assert marker["iterations"] == 4  # every step applied and counted once over the four runs
+  assert marker["step"] == 4  # every step applied and counted once over the four runs
 
   def build():
     return reshard_model.build_model("adam")
