@@ -11,8 +11,8 @@ gathers only the rows a batch needs from each shard (never the whole table).
 `stack_tables=True` (`StackedEmbedding`) keeps one table for all features instead, each feature's ids offset by the
 rows of the features before it, so features still never collide. Under ParameterServerStrategy every table-shard
 costs a gather and a sparse update crossing the network per step, a fixed cost that weighs most at small batches: on
-Wide&Deep over the 26 Criteo features stacking cuts 104 such remote operations per ps and step to 4 (measured in the
-README's Performance section).
+Wide&Deep over the 26 Criteo features stacking cuts 104 such remote operations per ps and step to 4 (measured in
+docs/performance.md).
 """
 
 from typing import Dict, List, Mapping, Sequence
