@@ -38,7 +38,8 @@ def main(argv):
     final = {name: values[-1] for name, values in history.history.items()}
     logging.info("Final: %s", " | ".join(f"{name} {float(value):.4f}" for name, value in sorted(final.items())))
     if _EXPORT_DIR.value:
-      tfps.export_saved_model(build_model, _EXPORT_DIR.value, model=history.model)
+      tfps.export_saved_model(build_model, _EXPORT_DIR.value, model=history.model,
+                             dataset_fn=data.eval_dataset_fn)
       run_records.update_summary(_MODEL_DIR.value, export_dir=_EXPORT_DIR.value)
 
   def evaluate(cluster):
