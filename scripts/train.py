@@ -11,7 +11,7 @@ from absl import logging
 
 import tfps
 from tfps.models import flags as model_flags
-from tfps.training import run_records
+from tfps import run_records
 
 tfps.define_flags()
 tfps.define_mode_flags()

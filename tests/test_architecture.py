@@ -15,7 +15,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "tfps"
 
 # Layer of each module (longest prefix wins), lowest first. A module may import its own layer and lower ranks only.
 LAYERS = {
-    "tfps.errors": ("base", 0), "tfps.checks": ("base", 0), "tfps.formatting": ("base", 0), "tfps._env": ("base", 0),
+    "tfps.errors": ("base", 0), "tfps.run_records": ("base", 0), "tfps.checks": ("base", 0), "tfps.formatting": ("base", 0), "tfps._env": ("base", 0),
     "tfps._tf_private": ("base", 0),
     "tfps.cluster": ("cluster", 1),
     "tfps.training": ("training", 2),
@@ -29,13 +29,6 @@ LAYERS = {
     "tfps.report": ("flags", 5),  # tfps-report, a console script
     "tfps": ("facade", 6),  # tfps/__init__.py: the public names, imported lazily
     "tfps.layers": ("facade", 6),  # public re-export of tfps.models.dynamic_embedding
-}
-# Imports that break the rule today, each with its reason; each is work left (move the module down a layer).
-KNOWN_EXCEPTIONS = {
-    # the launcher reads the run records training writes; run_records imports no TensorFlow and belongs lower
-    ("tfps.cluster.summary", "tfps.training.run_records"), ("tfps.cluster.tasks", "tfps.training.run_records"),
-    # the Keras path logs each DynamicEmbedding's statistics; the layer's hooks belong in the training layer
-    ("tfps.keras.callbacks", "tfps.models.dynamic_embedding"), ("tfps.keras.fitting", "tfps.models.dynamic_embedding"),
 }
 SHIM = "tfps._tf_private"
 PRIVATE_PREFIXES = ("tensorflow.python", "tf_keras.src", "keras.src", "tensorflow.core")
@@ -100,8 +93,6 @@ def test_no_module_imports_a_higher_layer_or_another_path():
       if imported != "tfps" and not imported.startswith("tfps."):
         continue
       other, other_rank = layer_of(imported)
-      if (name, imported) in KNOWN_EXCEPTIONS:
-        continue
       if other_rank > rank or (other_rank == rank and other != layer):
         broken.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({layer}) imports {imported} ({other})")
   assert not broken, "\n".join(broken)

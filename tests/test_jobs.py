@@ -13,7 +13,7 @@ import pytest
 
 from tfps.cluster import console
 from tfps.report import series
-from tfps.training import run_records
+from tfps import run_records
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH = [sys.executable, "-m", "tfps.cluster.launch"]

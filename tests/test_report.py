@@ -11,7 +11,7 @@ import pytest
 from tfps.cluster import summary as summary_lib
 from tfps.report import cli
 from tfps.report import series as series_lib
-from tfps.training import run_records
+from tfps import run_records
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -1,6 +1,6 @@
 """The launcher's end-of-run summary, from the run records the chief and the sidecar evaluator wrote.
 
-The chief tells the launcher its model_dir through `log_dir/model_dir.json` (see `tfps.training.run_records`;
+The chief tells the launcher its model_dir through `log_dir/model_dir.json` (see `tfps.run_records`;
 removed after the summary); the launcher adds its restarts to `model_dir/run/restarts.jsonl` and prints what the run
 did and where its files are.
 Imports no TensorFlow.
@@ -10,7 +10,7 @@ import os
 from typing import List, Optional, Sequence
 
 from tfps.formatting import format_duration, format_rate
-from tfps.training import run_records
+from tfps import run_records
 
 
 def model_dir_of_launch(log_dir: str) -> Optional[str]:

@@ -19,7 +19,7 @@ import psutil
 from tfps import _env
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import console
-from tfps.training import run_records
+from tfps import run_records
 
 TaskName = Tuple[str, int]
 TAIL_LINES = 20

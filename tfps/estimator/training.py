@@ -5,7 +5,7 @@ from typing import Dict, List, Optional
 
 from absl import logging
 
-from tfps.training import run_records
+from tfps import run_records
 from tfps.training import sidecar
 from tfps.estimator import evaluation
 from tfps.estimator.estimator import Estimator

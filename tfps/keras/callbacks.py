@@ -10,9 +10,9 @@ import tensorflow as tf
 import tf_keras
 
 from tfps import _tf_private
-from tfps.models import dynamic_embedding
 from tfps.training import checkpoints as checkpoints_lib
-from tfps.training import run_records
+from tfps import run_records
+from tfps.training import tables
 from tfps.formatting import format_duration, format_rate
 
 
@@ -101,15 +101,13 @@ class ProgressLogger(tf_keras.callbacks.Callback):
 
 
 class DynamicTableMetrics(tf_keras.callbacks.Callback):
-  """Adds each `DynamicEmbedding`'s occupancy, admitted, evicted and fallbacks (`<layer>/<metric>`, read from the ps)
+  """Adds each table layer's (`tfps.training.tables`, e.g. `DynamicEmbedding`) occupancy, admitted, evicted and fallbacks (`<layer>/<metric>`, read from the ps)
   to the epoch's logs, so the epoch line, the History and TensorBoard show them. Place it before those callbacks."""
 
   def on_epoch_end(self, epoch, logs=None):
     if logs is None:
       return
-    for layer in self.model.submodules:
-      if isinstance(layer, dynamic_embedding.DynamicEmbedding):
-        logs.update({f"{layer.name}/{name}": value for name, value in layer.table_metrics().items()})
+    logs.update(tables.table_metrics(self.model))
 
 
 def _fetch(value):

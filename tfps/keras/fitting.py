@@ -19,17 +19,17 @@ from tfps.keras import callbacks as callbacks_lib
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.cluster import config as cluster_lib
 from tfps.training import dataset_fns
-from tfps.models import dynamic_embedding
 from tfps.keras import evaluation
 from tfps.training import exactly_once
 from tfps.keras import steps as keras_steps
 from tfps.training import modes
-from tfps.training import run_records
+from tfps import run_records
 from tfps.training import resharding
 from tfps.cluster import roles
 from tfps.cluster import watchdog
 from tfps.training import runners
 from tfps.training import strategy as strategy_lib
+from tfps.training import tables
 from tfps.errors import ArgumentTypeError, UsageError
 
 DEFAULT_STEPS_PER_EXECUTION = 20
@@ -158,7 +158,7 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
   with strategy.scope():  # restoring needs every variable: the model's and the optimizer's
     evaluation.ensure_built(model, sample)
     resharding.create_optimizer_variables(model.optimizer, model.trainable_variables)
-    dynamic_embedding.bind_optimizers(model)  # admissions reset the slot rows of the rows they give out
+    tables.bind_optimizers(model)  # admissions reset the slot rows of the rows they give out
   finished = _finished_run(model_dir, epochs * steps_per_epoch)
   if finished is not None:
     return _restore_finished(model, finished, strategy, model_dir)

@@ -294,10 +294,3 @@ class DynamicEmbedding(tf_keras.layers.Layer):
                   steps_to_live=self.steps_to_live,
                   init_scale=self.init_scale, num_shards=self.num_shards)
     return config
-
-
-def bind_optimizers(model: tf_keras.Model) -> None:
-  """`bind_optimizer(model.optimizer)` on every `DynamicEmbedding` of a built, compiled `model`."""
-  for layer in model.submodules:
-    if isinstance(layer, DynamicEmbedding):
-      layer.bind_optimizer(model.optimizer)

@@ -11,7 +11,7 @@ from tfps import flags as flags_lib
 from tfps.errors import UsageError
 from tfps.report import plot
 from tfps.report import series as series_lib
-from tfps.training import run_records
+from tfps import run_records
 
 REPORT_FILE = "report.png"
 

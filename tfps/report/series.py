@@ -1,4 +1,4 @@
-"""The series a report plots, taken from a run's records (`tfps.training.run_records.read_run`). No plotting here."""
+"""The series a report plots, taken from a run's records (`tfps.run_records.read_run`). No plotting here."""
 
 import bisect
 import dataclasses

@@ -15,7 +15,7 @@ from absl import logging
 import tensorflow as tf
 
 from tfps import checks
-from tfps.training import run_records
+from tfps import run_records
 from tfps.training import steps as steps_lib
 from tfps.formatting import format_duration, format_rate
 
