@@ -116,6 +116,7 @@ def test_fit_again_in_a_finished_model_dir_restores_instead_of_training(trained,
   features, _ = examples(50, seed=9)
   np.testing.assert_allclose(again.model(features).numpy(), history.model(features).numpy(), atol=1e-6)
   assert checkpoints_lib.read_final_marker(model_dir)["step"] == EPOCHS * STEPS
+  assert tfps.evaluate(again.model, eval_fn_of(35, 10), exact=True)["count"] == 35  # the restored model evaluates
 
 
 def test_inline_exact_evaluation_counts_every_example_once(trained):
