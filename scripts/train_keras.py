@@ -23,6 +23,8 @@ _STEPS = flags.DEFINE_integer("steps_per_epoch", 100, "Steps per epoch.", lower_
 _BATCH = flags.DEFINE_integer("batch_size", 128, "Batch size per worker.", lower_bound=1)
 _VOCAB = flags.DEFINE_integer("vocab_size", 100_000, "Rows of the embedding table.", lower_bound=2)
 _EXACT = flags.DEFINE_boolean("exact_evaluation", True, "Evaluate the finite eval set exactly once per epoch.")
+_EVERY = flags.DEFINE_boolean("evaluate_every_checkpoint", False, "On the evaluator task: evaluate every checkpoint "
+                              "in order, not only the newest.")
 
 NUM_IDS, NUM_DENSE = 8, 4
 

@@ -157,7 +157,9 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
   sample = dataset_fns.make_dataset(train_dataset_fn, "train_dataset_fn")  # on the chief: its spec, maybe a batch
   with strategy.scope():  # restoring needs every variable: the model's and the optimizer's
     evaluation.ensure_built(model, sample)
-    resharding.create_optimizer_variables(model.optimizer, model.trainable_variables)
+    variables = resharding.variables_so_far(model)
+    if variables:  # else the first step makes them (a checkpoint restores them as they are made)
+      resharding.create_optimizer_variables(model.optimizer, variables)
     tables.bind_optimizers(model)  # admissions reset the slot rows of the rows they give out
   finished = _finished_run(model_dir, epochs * steps_per_epoch)
   if finished is not None:

@@ -38,6 +38,18 @@ def create_optimizer_variables(optimizer, variables) -> None:
   _ = optimizer.iterations
 
 
+def variables_so_far(model) -> list:
+  """The model's trainable variables, or none if a sub-model has not made its own yet.
+
+  A sub-model that the model's own call never reaches (a retrieval model's candidate tower) has no variables until
+  the first step, and tf-keras raises when asked for them; the optimizer's variables are then left to that step.
+  """
+  try:
+    return model.trainable_variables
+  except ValueError:
+    return []
+
+
 def _is_variable(value) -> bool:
   return isinstance(value, (tf.Variable, tf.__internal__.distribute.ShardedVariable))
 
