@@ -7,7 +7,10 @@ _NAMES = {"single": "single process (tf-keras, no strategy)",
           "fit_1x1+per_feature": "tfps.fit, 1 ps + 1 worker, one table per feature",
           "fit_2x2": "tfps.fit, 2 ps + 2 workers", "estimator_1x1": "Estimator path, 1 ps + 1 worker",
           "estimator_2x2": "Estimator path, 2 ps + 2 workers",
-          "tutorial_1x1": "tutorial loop (1 step/schedule, fetch loss), 1 ps + 1 worker"}
+          "tutorial_1x1": "tutorial loop (1 step/schedule, fetch loss), 1 ps + 1 worker",
+          "keras_pss_1x1": "plain PSS Model.fit (no tfps), 1 ps + 1 worker",
+          "keras_pss_2x2": "plain PSS Model.fit (no tfps), 2 ps + 2 workers",
+          "keras_pss_4x2": "plain PSS Model.fit (no tfps), 4 ps + 2 workers"}
 
 
 def _load(runs: dict) -> str:
@@ -16,20 +19,24 @@ def _load(runs: dict) -> str:
 
 
 def throughput_table(summary: dict, runs: dict) -> str:
-  lines = ["| variant | batch | examples/s (median) | x best single | step ms |", "| --- | --- | --- | --- | --- |"]
+  lines = ["| variant | batch | examples/s (median) | x best single | vs keras_pss | step ms |",
+           "| --- | --- | --- | --- | --- | --- |"]
   for row in summary["rows"]:
     ratio = "-" if row["vs_single"] is None else f"{row['vs_single']:.2f}"
+    peer = "-" if row.get("vs_keras_pss") is None else f"{row['vs_keras_pss']:.2f}"
     lines.append(f"| {_NAMES.get(row['variant'], row['variant'])} | {row['batch_size']} | "
-                 f"{row['examples_per_sec']:,.0f} | {ratio} | {1000 * row['step_secs']:.1f} |")
+                 f"{row['examples_per_sec']:,.0f} | {ratio} | {peer} | {1000 * row['step_secs']:.1f} |")
   lines.append("")
   if summary.get("trivial_functions_per_sec"):
     lines.append(f"Trivial scheduled function: {summary['trivial_functions_per_sec']:,.0f} per second.")
   for row in summary["rows"]:
+    cores = ", ".join(f"{task} {value:.2f}" for task, value in row.get("cores", {}).items())
     if "chief_schedule_share" in row:
-      cores = ", ".join(f"{task} {value:.2f}" for task, value in row.get("cores", {}).items())
       lines.append(f"{row['variant']} batch {row['batch_size']}: chief inside schedule "
                    f"{100 * row['chief_schedule_share']:.2f}% of wall time, chief CPU "
                    f"{100 * row['chief_cpu_share']:.2f}%; cores used: {cores}")
+    elif cores:
+      lines.append(f"{row['variant']} batch {row['batch_size']}: cores used: {cores}")
   lines.append("")
   lines.append("| target | measured | holds |")
   lines.append("| --- | --- | --- |")

@@ -21,6 +21,7 @@ import psutil
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "bench", "train_bench.py")
+PLAIN_SCRIPT = os.path.join(ROOT, "bench", "plain_pss_train.py")  # starts its own cluster, no tfps
 LAUNCHER = os.path.join(os.path.dirname(sys.executable), "tfps-launch")
 LOG_ROOT = os.environ.get("TFPS_BENCH_LOGS", os.path.join(tempfile.gettempdir(), "tfps_bench_logs"))
 
@@ -117,8 +118,9 @@ def _tail(path: str, lines: int = 15) -> str:
 
 
 def run(args: Sequence[str], *, num_ps: int = 0, num_workers: int = 0, log_dir: str,
-        timeout_secs: float = 600.0, sample_secs: float = 0.25) -> dict:
-  """Runs `train_bench.py ARGS`: alone when `num_ps` is 0, else under `tfps-launch` with that cluster.
+        timeout_secs: float = 600.0, sample_secs: float = 0.25, plain: bool = False) -> dict:
+  """Runs `train_bench.py ARGS`: alone when `num_ps` is 0, else under `tfps-launch` with that cluster; with `plain`,
+  `plain_pss_train.py ARGS` instead, which starts that cluster itself (no tfps code).
 
   Returns the chief's JSON, with `tasks: {task: {"peak_rss_bytes", "cores"}}` for a cluster.
 
@@ -129,7 +131,10 @@ def run(args: Sequence[str], *, num_ps: int = 0, num_workers: int = 0, log_dir: 
   fd, json_path = tempfile.mkstemp(suffix=".json", prefix="tfps_bench_")
   os.close(fd)
   command: List[str] = [sys.executable, SCRIPT]
-  if num_ps:
+  if plain:
+    command = [sys.executable, PLAIN_SCRIPT, f"--num_ps={num_ps}", f"--num_workers={num_workers}",
+               f"--task_log_dir={log_dir}"]
+  elif num_ps:
     command = [LAUNCHER, f"--num_ps={num_ps}", f"--num_workers={num_workers}", f"--log_dir={log_dir}", SCRIPT, "--"]
   command += list(args) + [f"--benchmark_json={json_path}"]
   log_path = os.path.join(log_dir, "run.log")

@@ -5,8 +5,10 @@
 
 Variants, each on Wide&Deep over in-memory Criteo-schema batches (`bench/workload.py`) with legacy Adagrad: `single`
 (tf-keras fit, no strategy; with stacked and with per-feature tables, the faster is the ceiling), `fit` and
-`estimator` with 1 ps + 1 worker and 2 ps + 2 workers (real processes under `tfps-launch`), `tutorial` (one step
-per `schedule`, loss fetched every step; 1 ps + 1 worker), and a trivial scheduled function. Variants run in a
+`estimator` with 1 ps + 1 worker and 2 ps + 2 workers (real processes under `tfps-launch`), `keras_pss` (the peer:
+plain tf-keras `Model.fit` under ParameterServerStrategy as TensorFlow's tutorial writes it, no tfps code,
+`bench/plain_pss_train.py`; each fit/estimator row gets its ratio to the peer of the same cluster shape and batch),
+`tutorial` (one step per `schedule`, loss fetched every step; 1 ps + 1 worker), and a trivial scheduled function. Variants run in a
 shuffled order within each repetition; each run measures `--measure` windows after a warm-up; the table shows the
 median over repetitions of each run's median window. Writes `--out/throughput.json` and `--out/throughput.png`
 (with matplotlib, the `bench` extra).
@@ -36,8 +38,8 @@ _VOCAB = flags.DEFINE_integer("vocab_size", 100_000, "Rows of each feature's tab
 _STACK = flags.DEFINE_boolean("stack_tables", True, "One deep and one wide table for all features.")
 _VARIANTS = flags.DEFINE_list(
     "variants", ["single", "single+per_feature", "fit_1x1", "fit_2x2", "estimator_1x1", "estimator_2x2",
-                 "tutorial_1x1"],
-    "Variants to run: PATH or PATH_<ps>x<workers>, `+per_feature` for one table per feature instead of stacked "
+                 "keras_pss_1x1", "keras_pss_2x2", "tutorial_1x1"],
+    "Variants to run: PATH or PATH_<ps>x<workers> (keras_pss_<ps>x<workers>: the plain-PSS peer), `+per_feature` for one table per feature instead of stacked "
     "(e.g. fit_1x1+per_feature). The tutorial loop runs at the smallest batch size only (its target is there).")
 _QUICK = flags.DEFINE_boolean("quick", False, "Batch 256 only, 1 repetition, 1 window.")
 _OUT = flags.DEFINE_string("out", "bench/results",
@@ -48,15 +50,23 @@ def _steps(batch_size: int) -> int:
   return max(20, round(_WINDOW.value / batch_size / 20) * 20)
 
 
-def _run(variant: str, batch_size: int, repeat: int) -> dict:
+def _shape(variant: str) -> tuple:
+  """`(path, num_ps, num_workers, option)` of "PATH[_<ps>x<workers>][+option]" (0, 0 for one process)."""
   name, _, option = variant.partition("+")
-  path, _, shape = name.partition("_")
+  path, _, shape = name.rpartition("_") if name[-1:].isdigit() else (name, "", "")
   num_ps, num_workers = (int(n) for n in shape.split("x")) if shape else (0, 0)
-  args = [f"--path={path}", f"--batch_size={batch_size}", f"--steps={_steps(batch_size)}",
-          f"--measure={1 if _QUICK.value else _MEASURE.value}", f"--vocab_size={_VOCAB.value}",
-          f"--stack_tables={_STACK.value and option != 'per_feature'}"]
+  return path, num_ps, num_workers, option
+
+
+def _run(variant: str, batch_size: int, repeat: int) -> dict:
+  path, num_ps, num_workers, option = _shape(variant)
+  plain = path == "keras_pss"
+  args = ([] if plain else [f"--path={path}"]) + [
+      f"--batch_size={batch_size}", f"--steps={_steps(batch_size)}",
+      f"--measure={1 if _QUICK.value else _MEASURE.value}", f"--vocab_size={_VOCAB.value}",
+      f"--stack_tables={_STACK.value and option != 'per_feature'}"]
   log_dir = runner.log_dir(f"{variant.replace('+', '_')}_b{batch_size}_r{repeat}")
-  return runner.run(args, num_ps=num_ps, num_workers=num_workers, log_dir=log_dir)
+  return runner.run(args, num_ps=num_ps, num_workers=num_workers, log_dir=log_dir, plain=plain)
 
 
 def _trivial(repeat: int) -> dict:
@@ -103,12 +113,25 @@ def summarize(runs: dict) -> dict:
     if variant.startswith("fit"):
       row["chief_schedule_share"] = statistics.median(r["chief_schedule_share"] for r in results)
       row["chief_cpu_share"] = statistics.median(r["chief_cpu_share"] for r in results)
+    if variant.startswith(("fit", "keras_pss")):
       row["cores"] = _median_cores(results)
     rows.append(row)
+  _add_peer_ratios(rows)
   trivial = [r["functions_per_sec"] for r in runs["results"] if r["variant"] == "trivial"]
   summary = {"rows": rows, "trivial_functions_per_sec": statistics.median(trivial) if trivial else None}
   summary["targets"] = _targets(rows, summary["trivial_functions_per_sec"])
   return summary
+
+
+def _add_peer_ratios(rows) -> None:
+  """`vs_keras_pss` of every fit/estimator row: its rate over the plain-PSS peer's of the same shape and batch."""
+  peer = {(_shape(row["variant"])[1:], row["batch_size"]): row["examples_per_sec"] for row in rows
+          if row["variant"].startswith("keras_pss")}
+  for row in rows:
+    path, *shape = _shape(row["variant"])
+    key = (tuple(shape), row["batch_size"])
+    if path in ("fit", "estimator") and key in peer:
+      row["vs_keras_pss"] = row["examples_per_sec"] / peer[key]
 
 
 def _median_cores(results):
@@ -130,6 +153,9 @@ def _targets(rows, trivial_rate) -> dict:
     if variant in ("fit_1x1", "estimator_1x1") and batch == 256 and ("tutorial_1x1", 256) in get:
       ratio = row["examples_per_sec"] / get[("tutorial_1x1", 256)]["examples_per_sec"]
       targets[f"{variant} >= 4 x tutorial at batch 256"] = (round(ratio, 2), ratio >= 4)
+    if row.get("vs_keras_pss") is not None:
+      targets[f"{variant} >= 1.10 x keras_pss at batch {batch}"] = (round(row["vs_keras_pss"], 3),
+                                                                   row["vs_keras_pss"] >= 1.10)
     if variant.startswith("fit"):
       # The coordinator's share of a step: the chief's time inside schedule (blocking the loop), and its CPU time.
       share = max(row["chief_schedule_share"], row["chief_cpu_share"])

@@ -54,57 +54,16 @@ def _workload():
 
 
 def _rates(seconds, batches_per_step: int = 1):
-  examples = _STEPS.value * _BATCH.value * batches_per_step
-  rates = [examples / s for s in seconds]
-  return {"examples_per_sec": statistics.median(rates), "window_examples_per_sec": rates,
-          "step_secs": statistics.median(seconds) / _STEPS.value}
+  from bench import epoch_timer  # pylint: disable=g-import-not-at-top
+  return epoch_timer.rates(seconds, _STEPS.value * _BATCH.value * batches_per_step, _STEPS.value)
 
 
-class _EpochTimer:
-  """Times every epoch of a Keras `fit` (under PSS an epoch ends after the coordinator's join)."""
-
-  def __init__(self):
-    import tf_keras  # pylint: disable=g-import-not-at-top
-
-    class Callback(tf_keras.callbacks.Callback):
-
-      def __init__(self, owner):
-        super().__init__()
-        self.owner = owner
-
-      def on_epoch_begin(self, epoch, logs=None):
-        self.owner.begin(epoch)
-
-      def on_epoch_end(self, epoch, logs=None):
-        self.owner.end(epoch)
-
-    self.callback = Callback(self)
-    self.seconds = []
-    self.cpu = []
-    self.schedule = []
-    self.span = [None, None]  # wall-clock (time.time) of the measured epochs' start and end
-    self._start = None
-
-  def begin(self, epoch):
-    if epoch == 1:
-      self.span[0] = time.time()
-    self._start = (time.perf_counter(), _cpu_secs(), _SCHEDULE_SECS[0])
-
-  def end(self, epoch):
-    wall, cpu, schedule = self._start
-    if epoch > 0:  # the first epoch is the warm-up
-      self.seconds.append(time.perf_counter() - wall)
-      self.cpu.append(_cpu_secs() - cpu)
-      self.schedule.append(_SCHEDULE_SECS[0] - schedule)
-      self.span[1] = time.time()
+def _epoch_timer():
+  from bench import epoch_timer  # pylint: disable=g-import-not-at-top
+  return epoch_timer.EpochTimer(_SCHEDULE_SECS)
 
 
 _SCHEDULE_SECS = [0.0]
-
-
-def _cpu_secs() -> float:
-  times = os.times()
-  return times.user + times.system
 
 
 def _time_schedule_calls() -> None:
@@ -129,7 +88,7 @@ def run_single() -> dict:
   workload = _workload()
   model = workload_lib.build_model(workload)
   model.compile(optimizer=model.optimizer, loss=model.loss, steps_per_execution=_SPE.value or 20)
-  timer = _EpochTimer()
+  timer = _epoch_timer()
   model.fit(workload_lib.dataset(workload), epochs=1 + _MEASURE.value, steps_per_epoch=_STEPS.value,
             callbacks=[timer.callback], verbose=0)
   return dict(_rates(timer.seconds), steps_per_execution=_SPE.value or 20, measured_span=timer.span,
@@ -142,7 +101,7 @@ def run_fit(config) -> dict:
   from tfps.keras import fitting  # pylint: disable=g-import-not-at-top
   workload = _workload()
   _time_schedule_calls()
-  timer = _EpochTimer()
+  timer = _epoch_timer()
   tfps.fit(lambda: workload_lib.build_model(workload), workload_lib.dataset_fn(workload), epochs=1 + _MEASURE.value,
            steps_per_epoch=_STEPS.value, callbacks=[timer.callback], steps_per_execution=_SPE.value,
            batch_size=workload.batch_size, cluster=config, sync_mode=tfps.mode_from_flags(),

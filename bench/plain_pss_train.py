@@ -1,0 +1,150 @@
+"""The plain-PSS peer: tf-keras `Model.fit` under ParameterServerStrategy as TensorFlow's tutorial writes it, no tfps.
+
+Nothing of tfps's cluster or training code runs here: the cluster comes from `TF_CONFIG`
+(`TFConfigClusterResolver`), the variables are split by `FixedShardsPartitioner(number of ps)`, the input is a
+`DatasetCreator`, the model is built and compiled (legacy Adagrad, `steps_per_execution=20`) under
+`strategy.scope()`, and every process runs with `GRPC_FAIL_FAST=use_caller`. Only the workload (the Wide&Deep model
+and its in-memory batches of `bench/workload.py`) is shared with the tfps variants, so both train the same thing.
+
+Started without `TF_CONFIG`, this script is its own launcher: it picks free ports on 127.0.0.1, starts `--num_ps` ps
+and `--num_workers` worker processes of itself (each a `tf.distribute.Server` with its `TF_CONFIG`), waits until they
+listen, starts the chief, and stops the servers when the chief is done. The chief writes the same JSON as
+`train_bench.py` (`--benchmark_json`): examples/s over `--measure` windows of `--steps` steps after a warm-up window.
+
+  .venv/bin/python bench/plain_pss_train.py --num_ps=1 --num_workers=1 --batch_size=256 --steps=200 --task_log_dir=/tmp/plain_pss
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+os.environ["TF_USE_LEGACY_KERAS"] = "1"  # tf-keras: Keras 3 has no ParameterServerStrategy
+os.environ["GRPC_FAIL_FAST"] = "use_caller"  # the tutorial's setting: a dead task is reported, not waited for
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, for `bench`
+
+_NUM_PS = flags.DEFINE_integer("num_ps", 1, "ps processes (launcher).", lower_bound=1)
+_NUM_WORKERS = flags.DEFINE_integer("num_workers", 1, "Worker processes (launcher).", lower_bound=1)
+_LOG_DIR = flags.DEFINE_string("task_log_dir", None, "Folder of every task's log (launcher; default: inherit stdout).")
+_BATCH = flags.DEFINE_integer("batch_size", 256, "Examples per step (per worker).", lower_bound=1)
+_VOCAB = flags.DEFINE_integer("vocab_size", 100_000, "Rows of each categorical feature's table.", lower_bound=1)
+_STACK = flags.DEFINE_boolean("stack_tables", True, "One deep and one wide table for all features.")
+_STEPS = flags.DEFINE_integer("steps", 200, "Steps per measured window (and of the warm-up).", lower_bound=1)
+_MEASURE = flags.DEFINE_integer("measure", 3, "Measured windows after the warm-up.", lower_bound=1)
+_SPE = flags.DEFINE_integer("steps_per_execution", 20, "Steps per scheduled function.", lower_bound=1)
+_JSON = flags.DEFINE_string("benchmark_json", None, "Where the chief writes its measurements.")
+_LINGER = flags.DEFINE_float("linger_secs", 1.5, "Seconds the chief waits before exiting (the driver reads the "
+                             "servers' memory peaks meanwhile).", lower_bound=0)
+_START_SECS = flags.DEFINE_float("start_timeout_secs", 60.0, "Seconds the servers may take to listen (launcher).",
+                                 lower_bound=1)
+
+
+def _wait_listening(address: str, deadline: float) -> None:
+  host, port = address.rsplit(":", 1)
+  while True:
+    try:
+      with socket.create_connection((host, int(port)), timeout=1.0):
+        return
+    except OSError:
+      if time.monotonic() > deadline:
+        raise RuntimeError(f"{address} did not listen within {_START_SECS.value:g}s") from None
+      time.sleep(0.1)
+
+
+def launch() -> int:
+  """Starts the cluster as processes of this script with their TF_CONFIG; returns the chief's exit code."""
+  import portpicker  # pylint: disable=g-import-not-at-top
+  cluster = {"chief": [f"127.0.0.1:{portpicker.pick_unused_port()}"],
+             "ps": [f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(_NUM_PS.value)],
+             "worker": [f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(_NUM_WORKERS.value)]}
+  if _LOG_DIR.value:
+    os.makedirs(_LOG_DIR.value, exist_ok=True)
+
+  def start(job: str, index: int) -> subprocess.Popen:
+    env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": job, "index": index}}))
+    log = open(os.path.join(_LOG_DIR.value, f"{job}-{index}.log"), "w", encoding="utf-8") if _LOG_DIR.value else None
+    try:
+      return subprocess.Popen([sys.executable, os.path.abspath(__file__)] + sys.argv[1:], env=env, stdout=log,
+                              stderr=subprocess.STDOUT if log else None, stdin=subprocess.DEVNULL)
+    finally:
+      if log:
+        log.close()
+
+  servers = [start(job, index) for job in ("ps", "worker") for index in range(len(cluster[job]))]
+  try:
+    deadline = time.monotonic() + _START_SECS.value
+    for address in cluster["ps"] + cluster["worker"]:
+      _wait_listening(address, deadline)
+    return start("chief", 0).wait()
+  finally:
+    for server in servers:
+      server.terminate()
+    for server in servers:
+      server.wait()
+
+
+def serve(task: dict) -> None:
+  """A ps or worker: a `tf.distribute.Server` of the cluster in TF_CONFIG, until stopped."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+  server = tf.distribute.Server(resolver.cluster_spec(), job_name=task["type"], task_index=task["index"],
+                                protocol=resolver.rpc_layer or "grpc", start=True)
+  server.join()
+
+
+def train() -> dict:
+  """The chief: Model.fit under ParameterServerStrategy, timed per epoch."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  from bench import epoch_timer  # pylint: disable=g-import-not-at-top
+  from bench import workload as workload_lib  # pylint: disable=g-import-not-at-top
+  workload = workload_lib.Workload(batch_size=_BATCH.value, vocab_size=_VOCAB.value, stack_tables=_STACK.value)
+  resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+  num_ps = resolver.cluster_spec().num_tasks("ps")
+  strategy = tf.distribute.ParameterServerStrategy(
+      resolver, variable_partitioner=tf.distribute.experimental.partitioners.FixedShardsPartitioner(num_ps))
+  with strategy.scope():
+    model = workload_lib.build_model(workload)  # Wide&Deep, compiled with legacy Adagrad and no metrics
+    model.compile(optimizer=model.optimizer, loss=model.loss, steps_per_execution=_SPE.value)
+  timer = epoch_timer.EpochTimer()
+  model.fit(tf_keras.utils.experimental.DatasetCreator(workload_lib.dataset_fn(workload)),
+            epochs=1 + _MEASURE.value, steps_per_epoch=_STEPS.value, callbacks=[timer.callback], verbose=0)
+  wall = sum(timer.seconds)
+  return dict(epoch_timer.rates(timer.seconds, _STEPS.value * _BATCH.value, _STEPS.value),
+              steps_per_execution=_SPE.value, num_ps=num_ps, chief_cpu_share=sum(timer.cpu) / wall,
+              measured_span=timer.span,
+              # what of tfps this process loaded: the workload's model and schema only, never its training code
+              tfps_modules=sorted(name for name in sys.modules if name.split(".")[0] == "tfps"))
+
+
+def main(argv):
+  del argv
+  tf_config = os.environ.get("TF_CONFIG")
+  if not tf_config:
+    sys.exit(launch())
+  task = json.loads(tf_config)["task"]
+  if task["type"] != "chief":
+    serve(task)
+    return
+  result = dict(train(), path="keras_pss", batch_size=_BATCH.value, vocab_size=_VOCAB.value,
+                stack_tables=_STACK.value, steps=_STEPS.value)
+  logging.info("Benchmark result: %s", json.dumps(result))
+  if _JSON.value:
+    with open(_JSON.value, "w", encoding="utf-8") as out:
+      json.dump(result, out, indent=2)
+  time.sleep(_LINGER.value)
+  logging.flush()
+  sys.stdout.flush()
+  os._exit(0)  # skips the remote-function clean-up at exit (up to ~9 s under PSS); the results are written
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,62 @@
+"""bench/throughput.py with the plain-PSS peer (bench/plain_pss_train.py) in a tiny mode: both sides train, each
+fit row gets its ratio to the peer of the same shape, the peer loads none of tfps's training code, and no process is
+left behind."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow
+
+# tfps modules the peer may load: the workload's model (tfps.models) and what importing the tfps package brings
+# (its layer packages, whose __init__ holds only a docstring, its cluster description and its mode names).
+_PEER_PACKAGES = ("tfps", "tfps.cluster", "tfps.training")
+_PEER_ALLOWED = ("tfps.models", "tfps.data", "tfps.checks", "tfps.errors", "tfps._env", "tfps.flags",
+                 "tfps.cluster.config", "tfps.training.modes")
+
+
+def processes_naming(text):
+  found = []
+  for process in psutil.process_iter(["cmdline"]):
+    try:
+      if any(text in part for part in process.info["cmdline"] or ()):
+        found.append(process)
+    except psutil.Error:
+      continue
+  return found
+
+
+def test_throughput_compares_fit_with_the_plain_pss_peer(tmp_path, subprocess_env):
+  env = dict(subprocess_env, TFPS_BENCH_LOGS=str(tmp_path / "logs"))
+  command = [sys.executable, "bench/throughput.py", "--variants=fit_1x1,keras_pss_1x1", "--batch_sizes=256",
+             "--repeats=1", "--measure=1", "--window_examples=10240", f"--out={tmp_path}"]
+  result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=500)
+  try:
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "throughput.json").read_text())
+    rows = {row["variant"]: row for row in report["summary"]["rows"]}
+    assert set(rows) == {"fit_1x1", "keras_pss_1x1"}
+    fit, peer = rows["fit_1x1"], rows["keras_pss_1x1"]
+    assert fit["examples_per_sec"] > 0 and peer["examples_per_sec"] > 0
+    assert fit["vs_keras_pss"] == pytest.approx(fit["examples_per_sec"] / peer["examples_per_sec"])
+    assert "vs_keras_pss" not in peer
+    assert set(peer["cores"]) == {"chief:0", "ps:0", "worker:0"}  # the peer's processes carry their TF_CONFIG
+    target = report["summary"]["targets"]["fit_1x1 >= 1.10 x keras_pss at batch 256"]
+    assert target == [round(fit["vs_keras_pss"], 3), fit["vs_keras_pss"] >= 1.10]
+    peer_run = next(run for run in report["runs"]["results"] if run["variant"] == "keras_pss_1x1")
+    assert peer_run["steps_per_execution"] == 20 and peer_run["num_ps"] == 1
+    loaded = [name for name in peer_run["tfps_modules"]
+              if name not in _PEER_PACKAGES and not name.startswith(_PEER_ALLOWED)]
+    assert not loaded, f"the plain peer loaded tfps code beyond the workload: {loaded}"
+    assert "| vs keras_pss |" in result.stdout and f"| {fit['vs_keras_pss']:.2f} |" in result.stdout
+  finally:
+    leftovers = processes_naming(str(tmp_path))
+    for process in leftovers:
+      process.kill()
+    assert not leftovers, f"processes left behind: {leftovers}"
