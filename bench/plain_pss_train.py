@@ -27,7 +27,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, for `bench`
 
@@ -136,14 +135,8 @@ def main(argv):
     return
   result = dict(train(), path="keras_pss", batch_size=_BATCH.value, vocab_size=_VOCAB.value,
                 stack_tables=_STACK.value, steps=_STEPS.value)
-  logging.info("Benchmark result: %s", json.dumps(result))
-  if _JSON.value:
-    with open(_JSON.value, "w", encoding="utf-8") as out:
-      json.dump(result, out, indent=2)
-  time.sleep(_LINGER.value)
-  logging.flush()
-  sys.stdout.flush()
-  os._exit(0)  # skips the remote-function clean-up at exit (up to ~9 s under PSS); the results are written
+  from bench import chief_result  # pylint: disable=g-import-not-at-top
+  chief_result.write_and_exit(result, _JSON.value, _LINGER.value)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ Examples/s are measured after a warm-up (the first epoch or `--steps` steps: tra
 `--measure` further windows of `--steps` steps each; the JSON holds each window's rate and their median.
 """
 
-import json
 import os
 import statistics
 import sys
@@ -23,7 +22,6 @@ import time
 
 from absl import app
 from absl import flags
-from absl import logging
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, for `bench`
 
@@ -222,14 +220,8 @@ def main(argv):
     result = tfps.run_task(paths[_PATH.value], cluster=tfps.config_from_flags())
   result = dict(result, path=_PATH.value, batch_size=_BATCH.value, vocab_size=_VOCAB.value,
                 big_table_rows=_BIG_TABLE.value, stack_tables=_STACK.value, steps=_STEPS.value)
-  logging.info("Benchmark result: %s", json.dumps(result))
-  if _JSON.value:
-    with open(_JSON.value, "w", encoding="utf-8") as out:
-      json.dump(result, out, indent=2)
-  time.sleep(_LINGER.value)
-  logging.flush()
-  sys.stdout.flush()
-  os._exit(0)  # skips the remote-function clean-up at exit (up to ~9 s under PSS); the results are written
+  from bench import chief_result  # pylint: disable=g-import-not-at-top
+  chief_result.write_and_exit(result, _JSON.value, _LINGER.value)
 
 
 if __name__ == "__main__":

@@ -34,3 +34,21 @@ def subprocess_env():
   env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
   env["TF_CPP_MIN_LOG_LEVEL"] = "2"
   return env
+
+
+@pytest.fixture
+def processes_naming():
+  """`text -> [psutil.Process]`: live processes whose command line contains `text` (leftovers of a test's run)."""
+  import psutil  # pylint: disable=g-import-not-at-top
+
+  def find(text):
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+      try:
+        if any(text in part for part in process.info["cmdline"] or ()):
+          found.append(process)
+      except psutil.Error:
+        continue
+    return found
+
+  return find

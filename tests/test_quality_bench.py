@@ -7,7 +7,6 @@ import pathlib
 import subprocess
 import sys
 
-import psutil
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -15,19 +14,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def processes_naming(text):
-  """Live processes whose command line contains `text`."""
-  found = []
-  for process in psutil.process_iter(["cmdline"]):
-    try:
-      if any(text in part for part in process.info["cmdline"] or ()):
-        found.append(process)
-    except psutil.Error:
-      continue
-  return found
-
-
-def test_quality_bench_writes_both_sides_metrics(tmp_path, shared_data, subprocess_env):
+def test_quality_bench_writes_both_sides_metrics(tmp_path, shared_data, subprocess_env, processes_naming):
   data_dir = shared_data / "ml-100k"
   if not (data_dir / "u1.base").is_file():
     pytest.skip(f"no MovieLens 100K at {data_dir}")

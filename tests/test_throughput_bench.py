@@ -7,7 +7,6 @@ import pathlib
 import subprocess
 import sys
 
-import psutil
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -21,18 +20,7 @@ _PEER_ALLOWED = ("tfps.models", "tfps.data", "tfps.checks", "tfps.errors", "tfps
                  "tfps.cluster.config", "tfps.training.modes")
 
 
-def processes_naming(text):
-  found = []
-  for process in psutil.process_iter(["cmdline"]):
-    try:
-      if any(text in part for part in process.info["cmdline"] or ()):
-        found.append(process)
-    except psutil.Error:
-      continue
-  return found
-
-
-def test_throughput_compares_fit_with_the_plain_pss_peer(tmp_path, subprocess_env):
+def test_throughput_compares_fit_with_the_plain_pss_peer(tmp_path, subprocess_env, processes_naming):
   env = dict(subprocess_env, TFPS_BENCH_LOGS=str(tmp_path / "logs"))
   command = [sys.executable, "bench/throughput.py", "--variants=fit_1x1,keras_pss_1x1", "--batch_sizes=256",
              "--repeats=1", "--measure=1", "--window_examples=10240", f"--out={tmp_path}"]
