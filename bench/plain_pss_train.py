@@ -54,7 +54,8 @@ def _wait_listening(address: str, deadline: float) -> None:
         return
     except OSError:
       if time.monotonic() > deadline:
-        raise RuntimeError(f"{address} did not listen within {_START_SECS.value:g}s") from None
+        raise SystemExit(f"plain_pss_train: {address} did not listen within {_START_SECS.value:g}s (see the task "
+                         "logs in --task_log_dir)") from None
       time.sleep(0.1)
 
 
