@@ -66,7 +66,7 @@ def evaluate_on_cluster(model: tf_keras.Model, dataset_fn: Callable, num_workers
   dataset_fns.check_dataset_fn(dataset_fn, "dataset_fn")
   shards = 0
   if exact:
-    ensure_metrics_built(model, dataset_fns.make_dataset(dataset_fn, "dataset_fn"))
+    ensure_metrics_built(model, dataset_fn)
     dataset_fn, shards = plan_exact_evaluation(dataset_fn, "dataset_fn", num_workers)
   elif steps is None:
     raise ValueError("`steps` is required unless exact=True: under ParameterServerStrategy tfps cannot tell where a "
@@ -132,7 +132,7 @@ def ensure_built(model: tf_keras.Model, dataset: tf.data.Dataset) -> None:
     model(features[0] if isinstance(features, tuple) else features)
 
 
-def ensure_metrics_built(model: tf_keras.Model, dataset: tf.data.Dataset) -> None:
+def ensure_metrics_built(model: tf_keras.Model, dataset_fn: Callable) -> None:
   """Builds the compiled metrics of a model that has run no step (e.g. restored from a finished run) on one batch.
 
   tf-keras builds them at a model's first step, but its exactly-once evaluation copies them to the workers before any
@@ -140,6 +140,7 @@ def ensure_metrics_built(model: tf_keras.Model, dataset: tf.data.Dataset) -> Non
   """
   if model.compiled_metrics is None or model.compiled_metrics.built:
     return
+  dataset = dataset_fns.make_dataset(dataset_fn, "dataset_fn")  # only then: the chief reads one batch
   x, y, _ = tf_keras.utils.unpack_x_y_sample_weight(next(iter(dataset.take(1))))
   with model.distribute_strategy.scope():
     model.compiled_metrics.build(model(x), y)
