@@ -172,6 +172,11 @@ class HostCluster:
     for task in self.tasks:
       self.hosts.drop(self.host(task), probability)
 
+  def delay(self, ms: float) -> None:
+    """Holds every packet every host receives for `ms` milliseconds (a round trip grows by 2 x ms); 0 removes it."""
+    for task in self.tasks:
+      self.hosts.delay(self.host(task), ms)
+
   def close(self) -> None:
     """Kills every task and removes every test host."""
     self.hosts.close()

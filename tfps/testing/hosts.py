@@ -9,21 +9,26 @@ removed by `close()` (the context manager calls it, also when the body raises).
     with TestHosts(["ps0", "worker0"]) as hosts:
       proc = hosts.popen("ps0", ["python", "server.py"])
       hosts.run("worker0", ["ping", "-c1", "ps0"])
-      hosts.delay("ps0", ms=10, loss_percent=1)   # tc netem on ps0's link
+      hosts.delay("ps0", ms=10)    # every packet ps0 receives, 10 ms later
+      hosts.drop("ps0", 0.01)      # 1% of them lost
       hosts.cut("worker0"); hosts.restore("worker0")
 """
 
 import dataclasses
 import itertools
 import os
+import select
 import shutil
 import signal
 import subprocess
+import sys
 import time
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 NETNS_ETC = "/etc/netns"
 _COUNTER = itertools.count()
+MAX_DELAY_MS = 10_000
+DELAYER_START_SECS = 30
 
 
 class HostsUnavailableError(RuntimeError):
@@ -76,6 +81,7 @@ class TestHosts:
         for i, name in enumerate(names)}
     self._aliases = {name: list(aliases.get(name, ())) for name in names} if aliases else {n: [] for n in names}
     self._procs: List[subprocess.Popen] = []
+    self._delayers: Dict[str, subprocess.Popen] = {}  # host name: its packet delayer (`delay`)
     self._made: List[str] = []  # namespaces made so far, for close()
     try:
       self._build()
@@ -126,20 +132,39 @@ class TestHosts:
     return subprocess.run(self.command(name, argv), capture_output=True, text=True, timeout=timeout, check=False,
                           **kwargs)
 
-  def delay(self, name: str, ms: float = 0, loss_percent: float = 0) -> None:
-    """Delays (and drops a share of) every packet leaving host `name`, with tc netem; `ms=0, loss_percent=0` removes
-    both."""
-    host = self.hosts[name]
-    if ms == 0 and loss_percent == 0:
-      subprocess.run(self.command(name, ["tc", "qdisc", "del", "dev", host.interface, "root"]), capture_output=True,
-                     check=False)
+  def delay(self, name: str, ms: float) -> None:
+    """Holds every packet host `name` receives for `ms` milliseconds (a round trip between two delayed hosts grows by
+    2 x ms); `ms=0` removes the delay. Without netem: an iptables NFQUEUE rule on the host's link hands the packets
+    to `tfps.testing.netdelay`, run on the host. Needs iptables (apt-get install -y iptables)."""
+    if not 0 <= ms <= MAX_DELAY_MS:
+      raise ValueError(f"`ms` ({ms}) must be in [0, {MAX_DELAY_MS}]")
+    if shutil.which("iptables") is None:
+      raise HostsUnavailableError("delaying packets needs iptables (apt-get install -y iptables)")
+    self._iptables(name, ["iptables", "-t", "mangle", "-F", "PREROUTING"])  # the host's own namespace: ours only
+    previous = self._delayers.pop(name, None)
+    if previous is not None:
+      _kill(previous)
+    if not ms:
       return
-    result = subprocess.run(self.command(name, ["tc", "qdisc", "replace", "dev", host.interface, "root", "netem",
-                                                "delay", f"{ms}ms", "loss", f"{loss_percent}%"]),
-                            capture_output=True, text=True, check=False)
+    delayer = self.popen(name, [sys.executable, "-m", "tfps.testing.netdelay", f"--ms={ms:g}"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    self._delayers[name] = delayer
+    ready, _, _ = select.select([delayer.stdout], [], [], DELAYER_START_SECS)
+    if not ready or delayer.stdout.readline().strip() != "ready":
+      _, error = _kill(delayer)
+      raise HostsUnavailableError(f"the packet delayer on {name} did not start within {DELAYER_START_SECS}s: "
+                                  f"{error.strip() or 'no error given'}")
+    self._iptables(name, ["iptables", "-t", "mangle", "-A", "PREROUTING", "-i", self.hosts[name].interface,
+                          "-j", "NFQUEUE", "--queue-num", "0", "--queue-bypass"])
+
+  def delayer_pids(self) -> Dict[str, int]:
+    """The process id of each host's packet delayer (`delay`), by host name."""
+    return {name: proc.pid for name, proc in self._delayers.items()}
+
+  def _iptables(self, name: str, argv: Sequence[str]) -> None:
+    result = subprocess.run(self.command(name, argv), capture_output=True, text=True, check=False)
     if result.returncode != 0:
-      raise HostsUnavailableError(f"tc netem on {name} failed ({result.stderr.strip()}): this kernel may lack "
-                                  "the netem qdisc (CONFIG_NET_SCH_NETEM)")
+      raise HostsUnavailableError(f"`{' '.join(argv)}` on {name} failed: {result.stderr.strip()}")
 
   def drop(self, name: str, probability: float) -> None:
     """Drops a random `probability` of the packets host `name` receives (iptables' statistic match; the kernels
@@ -178,6 +203,10 @@ class TestHosts:
         proc.wait(timeout=10)
       except subprocess.TimeoutExpired:
         pass
+    for proc in self._delayers.values():
+      for pipe in (proc.stdout, proc.stderr):
+        pipe.close()
+    self._delayers = {}
     for netns in self._made:
       pids = _ip("netns", "pids", netns, check=False).stdout.split()
       for pid in pids:  # anything else started inside (e.g. by hand through `command`)
@@ -192,6 +221,15 @@ class TestHosts:
       shutil.rmtree(os.path.join(NETNS_ETC, netns), ignore_errors=True)
     self._made = []
     _ip("link", "del", self.bridge, check=False)
+
+
+def _kill(proc: subprocess.Popen) -> Tuple[str, str]:
+  """Kills `proc`'s process group, waits for it and closes its pipes; returns what it had written to them."""
+  try:
+    os.killpg(proc.pid, signal.SIGKILL)
+  except ProcessLookupError:
+    pass
+  return proc.communicate()
 
 
 def leftovers(prefix: str = "tfps-") -> List[str]:

@@ -1,0 +1,109 @@
+"""Network delay on test hosts without netem (`TestHosts.delay`: NFQUEUE + `tfps.testing.netdelay`).
+
+A TCP round trip between two delayed hosts grows by 2 x the delay and is back when the delay is removed; nothing is
+left behind. Training (Keras path, 2 ps + 2 workers + a chief on 5 hosts) with 2 ms and with 10 ms of delay and 1%
+packet loss on every link ends at the exact step count.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from tfps.testing import host_cluster as host_cluster_lib
+from tfps.testing import hosts as hosts_lib
+from tfps.testing import netdelay
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+CHIEF = ("chief", 0)
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="test hosts need root")
+
+# Runs on host b: answers every message; on host a: `ROUND_TRIPS` pings, prints the median round trip in ms.
+ECHO = """
+import socket, statistics, sys, time
+if sys.argv[1] == "serve":
+  server = socket.create_server(("0.0.0.0", 7000)); print("listening", flush=True)
+  while True:
+    conn, _ = server.accept(); conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while (data := conn.recv(64)):
+      conn.sendall(data)
+else:
+  conn = socket.create_connection((sys.argv[2], 7000), timeout=10)
+  conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+  times = []
+  for _ in range(40):
+    start = time.perf_counter(); conn.sendall(b"ping"); conn.recv(64); times.append(time.perf_counter() - start)
+  print(1000 * statistics.median(times))
+"""
+
+
+def _round_trip_ms(hosts):
+  result = hosts.run("a", [sys.executable, "-c", ECHO, "ping", "b"], timeout=60)
+  assert result.returncode == 0, result.stderr
+  return float(result.stdout)
+
+
+def test_round_trip_grows_by_twice_the_delay_and_comes_back():
+  with hosts_lib.TestHosts(["a", "b"]) as hosts:
+    server = hosts.popen("b", [sys.executable, "-c", ECHO, "serve"], stdout=subprocess.PIPE, text=True)
+    assert server.stdout.readline().strip() == "listening"
+    before = _round_trip_ms(hosts)
+    hosts.delay("a", 10)
+    hosts.delay("b", 10)
+    delayed = _round_trip_ms(hosts)
+    hosts.delay("b", 5)  # replaced, not added
+    replaced = _round_trip_ms(hosts)
+    pids = list(hosts.delayer_pids().values())
+    hosts.delay("a", 0)
+    hosts.delay("b", 0)
+    after = _round_trip_ms(hosts)
+    netns = [host.netns for host in hosts.hosts.values()]
+    rules = hosts.run("a", ["iptables", "-t", "mangle", "-S", "PREROUTING"]).stdout
+  assert before < 2, before
+  assert 20 <= delayed < 20 + 8, delayed  # the delayer adds ~0.3 ms each way on an idle machine, more under load
+  assert 15 <= replaced < 15 + 8, replaced
+  assert after < 2, after
+  assert "NFQUEUE" not in rules, rules
+  assert not any(os.path.exists(f"/proc/{pid}") for pid in pids), "a delayer outlived its removal"
+  assert not set(netns) & set(hosts_lib.leftovers()), "test hosts left behind"
+
+
+def test_bad_delay_is_one_line():
+  with hosts_lib.TestHosts(["a"]) as hosts:
+    with pytest.raises(ValueError, match=r"^`ms` \(-1\) must be in \[0, 10000\]$"):
+      hosts.delay("a", -1)
+    hosts.delay("a", 3)
+    second = hosts.run("a", [sys.executable, "-m", "tfps.testing.netdelay", "--ms=3"])  # the queue is taken
+  assert second.returncode == 1
+  assert second.stderr.strip().splitlines() == [
+      "netdelay: binding NFQUEUE 0 failed: EPERM (another program holds this queue, or this process lacks "
+      "CAP_NET_ADMIN)"], second.stderr
+  with pytest.raises(SystemExit):
+    netdelay.main(["--ms=20000"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ms", [2, 10])
+def test_training_with_delay_and_loss_on_every_link_ends_exact(ms, tmp_path, subprocess_env):
+  epochs, steps = 2, 10
+  model_dir = tmp_path / "shared" / "model"
+  with host_cluster_lib.HostCluster(
+      str(REPO / "scripts" / "train_keras.py"),
+      [f"--model_dir={model_dir}", f"--epochs={epochs}", f"--steps_per_epoch={steps}", "--vocab_size=500",
+       "--batch_size=32", "--noexact_evaluation", "--connect_timeout_secs=120", "--lost_task_timeout_secs=60"],
+      str(tmp_path / "logs"), replicas=(("ps", 2), ("worker", 2), ("chief", 1)), env=subprocess_env) as cluster:
+    cluster.delay(ms)
+    cluster.drop(0.01)
+    cluster.start_all()
+    code = cluster.wait(CHIEF, timeout_secs=240)
+    log = cluster.log(CHIEF)
+    netns = [host.netns for host in cluster.hosts.hosts.values()]
+    processes = list(cluster.processes.values())
+  assert code == 0, log[-3000:]
+  assert json.loads((model_dir / "checkpoints" / "FINAL").read_text())["step"] == epochs * steps
+  assert not set(netns) & set(hosts_lib.leftovers()), "test hosts left behind"
+  assert all(p.poll() is not None for p in processes), "processes left behind"
