@@ -128,3 +128,44 @@ def plot_scaling(summary: dict, path: str) -> Optional[str]:
   fig.savefig(path, dpi=100)
   plt.close(fig)
   return path
+
+
+def host_delay_table(summary: dict) -> str:
+  lines = ["| delay per host (ms) | round trip added (ms) | examples/s (median) | vs no delay | step ms | busiest "
+           "delayer: packets/s, CPU share |", "| --- | --- | --- | --- | --- | --- |"]
+  for row in summary["rows"]:
+    ratio = "-" if row["vs_no_delay"] is None else f"{row['vs_no_delay']:.2f}"
+    load = (f"{row['busiest_delayer_packets_per_sec']:,}, {100 * row['busiest_delayer_cpu_share']:.1f}%"
+            if row["delay_ms"] else "-")
+    delay = "0 (through the delayers, held 1 us)" if 0 < row["delay_ms"] < 0.01 else f"{row['delay_ms']:g}"
+    lines.append(f"| {delay} | {2 * row['delay_ms']:g} | {row['examples_per_sec']:,.0f} | {ratio} | "
+                 f"{1000 * row['step_secs']:.1f} | {load} |")
+  lines += ["", _load(summary)]
+  return "\n".join(lines)
+
+
+def plot_host_delay(summary: dict, path: str) -> Optional[str]:
+  """Examples/s against the delay each host adds to every packet it receives."""
+  plt = _pyplot()
+  if plt is None:
+    return None
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for run in summary["runs"]:
+    ax.scatter([run["delay_ms"]] * len(run["window_examples_per_sec"]), run["window_examples_per_sec"], s=8,
+               color="grey", alpha=0.5)
+  rows = [row for row in summary["rows"] if not 0 < row["delay_ms"] < 0.01]
+  ax.plot([row["delay_ms"] for row in rows], [row["examples_per_sec"] for row in rows], marker="o",
+          label="median (grey: each measured window)")
+  for row in summary["rows"]:
+    if 0 < row["delay_ms"] < 0.01:
+      ax.scatter([0], [row["examples_per_sec"]], marker="x", color="red", zorder=3,
+                 label="0 ms, every packet through the delayers")
+  ax.set_xlabel("delay per host, ms (round trip + 2x)")
+  ax.set_ylabel("examples/s")
+  ax.set_ylim(bottom=0)
+  ax.legend(fontsize=8)
+  ax.set_title(f"tfps.fit, 2 ps + 2 workers on test hosts, batch {summary['batch_size']}", fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path
