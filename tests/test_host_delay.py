@@ -8,8 +8,6 @@ packet loss on every link ends at the exact step count.
 import json
 import os
 import pathlib
-import shutil
-import subprocess
 import sys
 
 import pytest
@@ -17,55 +15,27 @@ import pytest
 from tfps.testing import host_cluster as host_cluster_lib
 from tfps.testing import hosts as hosts_lib
 from tfps.testing import netdelay
+from tfps.testing import netprobe
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CHIEF = ("chief", 0)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="test hosts need root")
 
-# Runs on host b: answers every message; on host a: `ROUND_TRIPS` pings, prints the median round trip in ms.
-ECHO = """
-import socket, statistics, sys, time
-if sys.argv[1] == "serve":
-  server = socket.create_server(("0.0.0.0", 7000)); print("listening", flush=True)
-  while True:
-    conn, _ = server.accept(); conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    while (data := conn.recv(64)):
-      conn.sendall(data)
-else:
-  conn = socket.create_connection((sys.argv[2], 7000), timeout=10)
-  conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-  times = []
-  for _ in range(40):
-    start = time.perf_counter(); conn.sendall(b"ping"); conn.recv(64); times.append(time.perf_counter() - start)
-  print(1000 * statistics.median(times))
-"""
-
-
-# The echo's two ends at real-time priority, as the delayer is: the machine's load does not blur the round trip.
-REALTIME = ["chrt", "-f", "1"] if shutil.which("chrt") else []
-
-
-def _round_trip_ms(hosts):
-  result = hosts.run("a", [*REALTIME, sys.executable, "-c", ECHO, "ping", "b"], timeout=60)
-  assert result.returncode == 0, result.stderr
-  return float(result.stdout)
-
 
 def test_round_trip_grows_by_twice_the_delay_and_comes_back():
   with hosts_lib.TestHosts(["a", "b"]) as hosts:
-    server = hosts.popen("b", [*REALTIME, sys.executable, "-c", ECHO, "serve"], stdout=subprocess.PIPE, text=True)
-    assert server.stdout.readline().strip() == "listening"
-    before = _round_trip_ms(hosts)
+    netprobe.start_server(hosts, "b")
+    before = netprobe.round_trip_ms(hosts, "a", "b")
     hosts.delay("a", 10)
     hosts.delay("b", 10)
-    delayed = _round_trip_ms(hosts)
+    delayed = netprobe.round_trip_ms(hosts, "a", "b")
     hosts.delay("b", 5)  # replaced, not added
-    replaced = _round_trip_ms(hosts)
+    replaced = netprobe.round_trip_ms(hosts, "a", "b")
     pids = list(hosts.delayer_pids().values())
     hosts.delay("a", 0)
     hosts.delay("b", 0)
-    after = _round_trip_ms(hosts)
+    after = netprobe.round_trip_ms(hosts, "a", "b")
     netns = [host.netns for host in hosts.hosts.values()]
     rules = hosts.run("a", ["iptables", "-t", "mangle", "-S", "PREROUTING"]).stdout
   print(f"round trip: {before:.2f} ms, delayed 10+10 ms: {delayed:.2f}, 10+5 ms: {replaced:.2f}, removed: {after:.2f}")
@@ -78,7 +48,7 @@ def test_round_trip_grows_by_twice_the_delay_and_comes_back():
   assert not set(netns) & set(hosts_lib.leftovers()), "test hosts left behind"
 
 
-def test_bad_delay_is_one_line():
+def test_bad_delay_is_one_line(capsys):
   with hosts_lib.TestHosts(["a"]) as hosts:
     with pytest.raises(ValueError, match=r"^`ms` \(-1\) must be in \[0, 10000\]$"):
       hosts.delay("a", -1)
@@ -90,6 +60,8 @@ def test_bad_delay_is_one_line():
       "CAP_NET_ADMIN)"], second.stderr
   with pytest.raises(SystemExit):
     netdelay.main(["--ms=20000"])
+  assert capsys.readouterr().err.strip().splitlines()[-1] == (
+      "python -m tfps.testing.netdelay: error: --ms (20000.0) must be in [0, 10000]")
 
 
 @pytest.mark.slow
