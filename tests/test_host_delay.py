@@ -8,6 +8,7 @@ packet loss on every link ends at the exact step count.
 import json
 import os
 import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -52,12 +53,15 @@ def test_bad_delay_is_one_line(capsys):
   with hosts_lib.TestHosts(["a"]) as hosts:
     with pytest.raises(ValueError, match=r"^`ms` \(-1\) must be in \[0, 10000\]$"):
       hosts.delay("a", -1)
-    hosts.delay("a", 3)
-    second = hosts.run("a", [sys.executable, "-m", "tfps.testing.netdelay", "--ms=3"])  # the queue is taken
-  assert second.returncode == 1
-  assert second.stderr.strip().splitlines() == [
-      "netdelay: binding NFQUEUE 0 failed: EPERM (another program holds this queue, or this process lacks "
-      "CAP_NET_ADMIN)"], second.stderr
+    squatter = hosts.popen("a", [sys.executable, "-m", "tfps.testing.netdelay", "--ms=1"], stdout=subprocess.PIPE,
+                           text=True)
+    assert squatter.stdout.readline().strip() == "ready"
+    with pytest.raises(hosts_lib.HostsUnavailableError) as error:
+      hosts.delay("a", 3)  # another program holds the host's queue
+    rules = hosts.run("a", ["iptables", "-t", "mangle", "-S", "PREROUTING"]).stdout
+  assert str(error.value) == ("the packet delayer on a did not start: netdelay: binding NFQUEUE 0 failed: EPERM "
+                              "(another program holds this queue, or this process lacks CAP_NET_ADMIN)")
+  assert "NFQUEUE" not in rules, rules
   with pytest.raises(SystemExit):
     netdelay.main(["--ms=20000"])
   assert capsys.readouterr().err.strip().splitlines()[-1] == (

@@ -152,8 +152,8 @@ class TestHosts:
     ready, _, _ = select.select([delayer.stdout], [], [], DELAYER_START_SECS)
     if not ready or delayer.stdout.readline().strip() != "ready":
       _, error = _kill(delayer)
-      raise HostsUnavailableError(f"the packet delayer on {name} did not start within {DELAYER_START_SECS}s: "
-                                  f"{error.strip() or 'no error given'}")
+      reason = error.strip() or f"no answer within {DELAYER_START_SECS}s"
+      raise HostsUnavailableError(f"the packet delayer on {name} did not start: {reason}")
     self._iptables(name, ["iptables", "-t", "mangle", "-A", "PREROUTING", "-i", self.hosts[name].interface,
                           "-j", "NFQUEUE", "--queue-num", "0", "--queue-bypass"])
 
