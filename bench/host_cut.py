@@ -5,13 +5,16 @@ side by side in one run on the Keras path (scripts/train_keras.py, small model):
   loss        1% of the packets every host receives dropped (iptables): wall time, ratio to clean, steps
   ps_cut      ps:1 cut off after checkpoint 2: seconds until the chief stops (one line, exit 2); the same commands
               started again: seconds until the job ends, steps, the epoch it resumed at
-  worker_cut  worker:1 cut off for 30 s after checkpoint 1: steps the others trained meanwhile (the chief's progress
-              records), seconds from the restore until worker:1 sends half as much as worker:0 again, steps at the end
+  worker_cut  worker:1 cut off for 30 s after checkpoint 1: seconds until the coordinator found it failed, steps the
+              others trained meanwhile (the chief's progress records), seconds from the restore until worker:1 sends
+              half as much as worker:0 again, steps at the end
   chief_cut   the chief's host cut off after checkpoint 2 for 5 s, the chief started again: resumed epoch, steps
 
 Needs root (network namespaces) and iptables. Writes bench/results/host_cut.json.
   .venv/bin/python bench/host_cut.py                  # about 6-10 minutes here
   .venv/bin/python bench/host_cut.py --scenarios=clean,ps_cut
+  .venv/bin/python bench/host_cut.py --scenarios=clean,worker_cut --epochs=6 --steps_per_epoch=400 \
+      --out=bench/results/host_cut_worker.json   # long enough to outlast the 30 s cut and the worker's return
 """
 
 import json
@@ -99,7 +102,10 @@ def run_scenario(name: str, work_dir: str) -> dict:
       _wait_for_checkpoint(cluster, model_dir, 1)
       cut_at = time.time()
       cluster.cut(WORKER)
-      time.sleep(WORKER_CUT_SECS)
+      while time.time() < cut_at + WORKER_CUT_SECS:
+        if "secs_to_worker_failed" not in result and host_cluster.worker_failed(cluster.log(CHIEF), WORKER):
+          result["secs_to_worker_failed"] = round(time.time() - cut_at, 1)
+        time.sleep(0.2)
       restored_at = time.time()
       result["chief_running_after_cut"] = cluster.processes[CHIEF].poll() is None
       cluster.restore(WORKER)

@@ -29,7 +29,6 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 TRAINING = (("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1), ("worker", 2), ("chief", 0))
 CHIEF, EVALUATOR, WORKER = ("chief", 0), ("evaluator", 0), ("worker", 1)
 PACE_KBIT = 2000  # per ps: about 8 steps/s of these small models
-FAILED = re.compile(r"Worker /job:worker/replica:0/task:1 failed with UnavailableError")
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="test hosts need root")]
 
@@ -72,7 +71,8 @@ def cut_worker(cluster, model_dir, cut_secs):
     cluster.limit_rate(ps, PACE_KBIT)
   cut_at = time.time()
   cluster.cut(WORKER)
-  wait_for(lambda: FAILED.search(cluster.log(CHIEF)), cut_secs, "worker:1 found silent during its cut", cluster)
+  wait_for(lambda: host_cluster_lib.worker_failed(cluster.log(CHIEF), WORKER), cut_secs,
+           "worker:1 found silent during its cut", cluster)
   found_at = time.time()
   time.sleep(max(0.0, cut_at + cut_secs - found_at))
   restored_at = time.time()

@@ -205,3 +205,9 @@ def progress_steps(model_dir: str, since: float, until: float) -> List[int]:
   `since` and `until`."""
   records = run_records.read_jsonl(os.path.join(run_records.run_dir(model_dir), run_records.PROGRESS_FILE))
   return [record["step"] for record in records if since <= record["time"] <= until and record["kind"] == "train"]
+
+
+def worker_failed(chief_log: str, task: Task) -> bool:
+  """Whether the chief's log shows TensorFlow's coordinator found worker `task` failed (`UnavailableError`), after
+  which it gives that worker's function to the others."""
+  return f"Worker /job:worker/replica:0/task:{task[1]} failed with UnavailableError" in chief_log
