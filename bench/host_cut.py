@@ -109,8 +109,9 @@ def run_scenario(name: str, work_dir: str) -> dict:
       restored_at = time.time()
       result["chief_running_after_cut"] = cluster.processes[CHIEF].poll() is None
       cluster.restore(WORKER)
-      steps = host_cluster.progress_steps(model_dir, cut_at, restored_at)
-      result["steps_during_cut"] = steps[-1] - steps[0] if steps else 0
+      before = max(host_cluster.progress_steps(model_dir, 0, cut_at), default=0)
+      during = host_cluster.progress_steps(model_dir, cut_at, restored_at)
+      result["steps_during_cut"] = max(during, default=before) - before
       back = cluster.wait_until_sending(WORKER, ("worker", 0), TIMEOUT_SECS)
       result["secs_restore_to_sending"] = None if back is None else round(back, 1)
       _finish(cluster, model_dir, result, start)
