@@ -5,12 +5,16 @@ side by side in one run on the Keras path (scripts/train_keras.py, small model):
   loss        1% of the packets every host receives dropped (iptables): wall time, ratio to clean, steps
   ps_cut      ps:1 cut off after checkpoint 2: seconds until the chief stops (one line, exit 2); the same commands
               started again: seconds until the job ends, steps, the epoch it resumed at
-  worker_cut  worker:1 cut off for 30 s after checkpoint 1: epochs finished meanwhile, then steps at the end
+  worker_cut  worker:1 cut off for 30 s after checkpoint 1: seconds until the coordinator found it failed, steps the
+              others trained meanwhile (the chief's progress records), seconds from the restore until worker:1 sends
+              half as much as worker:0 again, steps at the end
   chief_cut   the chief's host cut off after checkpoint 2 for 5 s, the chief started again: resumed epoch, steps
 
 Needs root (network namespaces) and iptables. Writes bench/results/host_cut.json.
   .venv/bin/python bench/host_cut.py                  # about 6-10 minutes here
   .venv/bin/python bench/host_cut.py --scenarios=clean,ps_cut
+  .venv/bin/python bench/host_cut.py --scenarios=clean,worker_cut --epochs=6 --steps_per_epoch=400 \
+      --out=bench/results/host_cut_worker.json   # long enough to outlast the 30 s cut and the worker's return
 """
 
 import json
@@ -33,12 +37,15 @@ SCENARIOS = ("clean", "loss", "ps_cut", "worker_cut", "chief_cut")
 _SCENARIOS = flags.DEFINE_list("scenarios", list(SCENARIOS), "Scenarios to run, in this order.")
 _EPOCHS = flags.DEFINE_integer("epochs", 5, "Epochs per run.", lower_bound=3)
 _STEPS = flags.DEFINE_integer("steps_per_epoch", 40, "Steps per epoch.", lower_bound=1)
+_KEEP = flags.DEFINE_string("keep_dir", None, "Keep each run's model_dir and task logs here (default: a temporary "
+                             "folder, removed).")
 _OUT = flags.DEFINE_string("out", os.path.join(runner.ROOT, "bench", "results", "host_cut.json"), "Result JSON.")
 
 SCRIPT = os.path.join(runner.ROOT, "scripts", "train_keras.py")
 TRAINING = [("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1), ("worker", 2), ("chief", 0)]
-CHIEF = ("chief", 0)
+CHIEF, WORKER = ("chief", 0), ("worker", 1)
 TIMEOUT_SECS = 600
+WORKER_CUT_SECS = 30
 
 
 def _wait_for_checkpoint(cluster, model_dir, number):
@@ -57,7 +64,7 @@ def _finish(cluster, model_dir, result, start):
   final_path = os.path.join(model_dir, "checkpoints", "FINAL")
   if os.path.exists(final_path):
     with open(final_path) as f:
-      result["steps"] = json.load(f).get("iterations")
+      result["steps"] = json.load(f).get("step")
   resumed = re.findall(r"Resumed from the backup at epoch (\d+)/", cluster.log(CHIEF))
   if resumed:
     result["resumed_at_epoch"] = int(resumed[-1])
@@ -93,15 +100,22 @@ def run_scenario(name: str, work_dir: str) -> dict:
       result["secs_restart_to_end"] = round(time.monotonic() - restart_at, 1)
     elif name == "worker_cut":
       _wait_for_checkpoint(cluster, model_dir, 1)
-      before = len(os.listdir(os.path.join(model_dir, "checkpoints")))
-      cluster.cut(("worker", 1))
-      time.sleep(30)
-      result["checkpoint_files_written_during_cut"] = len(os.listdir(os.path.join(model_dir, "checkpoints"))) - before
+      cut_at = time.time()
+      cluster.cut(WORKER)
+      while time.time() < cut_at + WORKER_CUT_SECS:
+        if "secs_to_worker_failed" not in result and host_cluster.worker_failed(cluster.log(CHIEF), WORKER):
+          result["secs_to_worker_failed"] = round(time.time() - cut_at, 1)
+        time.sleep(0.2)
+      restored_at = time.time()
       result["chief_running_after_cut"] = cluster.processes[CHIEF].poll() is None
-      cluster.restore(("worker", 1))
-      restore_at = time.monotonic()
+      cluster.restore(WORKER)
+      before = max(host_cluster.progress_steps(model_dir, 0, cut_at), default=0)
+      during = host_cluster.progress_steps(model_dir, cut_at, restored_at)
+      result["steps_during_cut"] = max(during, default=before) - before
+      back = cluster.wait_until_sending(WORKER, ("worker", 0), TIMEOUT_SECS)
+      result["secs_restore_to_sending"] = None if back is None else round(back, 1)
       _finish(cluster, model_dir, result, start)
-      result["secs_restore_to_end"] = round(time.monotonic() - restore_at, 1)
+      result["secs_restore_to_end"] = round(time.time() - restored_at, 1)
     elif name == "chief_cut":
       _wait_for_checkpoint(cluster, model_dir, 2)
       cluster.cut(CHIEF)
@@ -119,14 +133,15 @@ def main(argv):
   unknown = sorted(set(_SCENARIOS.value) - set(SCENARIOS))
   if unknown:
     raise app.UsageError(f"--scenarios: unknown {unknown}; allowed {', '.join(SCENARIOS)}")
-  work_dir = tempfile.mkdtemp(prefix="tfps_host_cut_")
+  work_dir = _KEEP.value or tempfile.mkdtemp(prefix="tfps_host_cut_")
   results = []
   try:
     for name in _SCENARIOS.value:
       results.append(run_scenario(name, work_dir))
       print(json.dumps(results[-1]), flush=True)
   finally:
-    shutil.rmtree(work_dir, ignore_errors=True)
+    if not _KEEP.value:
+      shutil.rmtree(work_dir, ignore_errors=True)
   clean = next((r for r in results if r["scenario"] == "clean"), None)
   for result in results:
     if clean and result is not clean and result.get("wall_secs"):

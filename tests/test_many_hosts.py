@@ -2,10 +2,17 @@
 task started as a user (or an orchestrator) would start it on its host, with network faults injected on the links.
 
 Keras path: the JobSet/StatefulSet form (tfps derives the cluster from the pod's variables), 1% packet loss on every
-link, then one ps cut off: the chief stops with one line naming the ps and its address; the same commands started
-again resume from the backup and end at the exact step count; the sidecar evaluates every checkpoint.
-Estimator path: TF_CONFIG as the Kubeflow TFJob operator writes it; one worker cut off for 30 s, then the chief's host
-cut off and the chief started again; the job ends at exactly max_steps.
+link; one worker cut off for 30 s: training goes on with the other two meanwhile and the worker rejoins once back;
+then one ps cut off: the chief stops with one line naming the ps and its address; the same commands started again
+resume from the backup and end at the exact step count; the sidecar evaluates every checkpoint.
+Estimator path: TF_CONFIG as the Kubeflow TFJob operator writes it; one worker cut off for 15 s (the same: training
+goes on, the worker rejoins), then the chief's host cut off and the chief started again; the job ends at exactly
+max_steps.
+
+While a worker is cut off, both ps send at most PACE_KBIT kbit/s: the run is paced by the network rather than by how
+busy this machine is, so that it outlasts the cut and the worker's return on an idle machine too; the cap is lifted
+once the worker is back. Measured at load average 30 on 2 cores: 4-5 minutes per test, most of it TensorFlow starting
+(the chief's first step came 48 s after its start).
 """
 
 import json
@@ -21,7 +28,8 @@ from tfps.testing import hosts as hosts_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TRAINING = (("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1), ("worker", 2), ("chief", 0))
-CHIEF, EVALUATOR = ("chief", 0), ("evaluator", 0)
+CHIEF, EVALUATOR, WORKER = ("chief", 0), ("evaluator", 0), ("worker", 1)
+PACE_KBIT = 2000  # per ps: about 8 steps/s of these small models
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="test hosts need root")]
 
@@ -57,8 +65,34 @@ def make_cluster(tmp_path, subprocess_env):
   assert all(p.poll() is not None for p in processes), "processes left behind"
 
 
-def test_keras_path_with_packet_loss_and_a_ps_cut_off(make_cluster, tmp_path):
-  epochs, steps = 4, 25
+def cut_worker(cluster, model_dir, cut_secs):
+  """Cuts worker:1 off for `cut_secs` while both ps are paced; checks that the chief found it silent (gRPC keepalive),
+  that the other workers trained on meanwhile and that worker:1 works again once back; lifts the pacing."""
+  for ps in TRAINING[:2]:
+    cluster.limit_rate(ps, PACE_KBIT)
+  cut_at = time.time()
+  cluster.cut(WORKER)
+  wait_for(lambda: host_cluster_lib.worker_failed(cluster.log(CHIEF), WORKER), cut_secs,
+           "worker:1 found silent during its cut", cluster)
+  found_at = time.time()
+  time.sleep(max(0.0, cut_at + cut_secs - found_at))
+  restored_at = time.time()
+  cluster.restore(WORKER)
+  # The chief's join waited on the silent worker's function before: a record between the worker found silent and its
+  # restore, past every step recorded before the cut, is training that went on without it.
+  before = max(host_cluster_lib.progress_steps(str(model_dir), 0, cut_at), default=0)
+  meanwhile = host_cluster_lib.progress_steps(str(model_dir), found_at, restored_at)
+  assert meanwhile and meanwhile[-1] > before, (before, meanwhile, found_at - cut_at)
+  back_secs = cluster.wait_until_sending(WORKER, ("worker", 0), timeout_secs=60)
+  assert back_secs is not None, f"worker:1 not at work again 60s after the restore:\n{cluster.log(CHIEF)[-3000:]}"
+  for ps in TRAINING[:2]:
+    cluster.limit_rate(ps, 0)
+  return {"found_secs": round(found_at - cut_at, 1), "steps_meanwhile": meanwhile[-1] - before,
+          "back_secs": round(back_secs, 1)}
+
+
+def test_keras_path_with_packet_loss_a_worker_and_a_ps_cut_off(make_cluster, tmp_path):
+  epochs, steps = 6, 80
   model_dir = tmp_path / "shared" / "model"
   cluster = make_cluster("scripts/train_keras.py", [
       f"--model_dir={model_dir}", f"--epochs={epochs}", f"--steps_per_epoch={steps}", "--vocab_size=2000",
@@ -66,7 +100,9 @@ def test_keras_path_with_packet_loss_and_a_ps_cut_off(make_cluster, tmp_path):
       form="jobset", role_args={"evaluator": ["--evaluate_every_checkpoint"]})
   cluster.drop(0.01)
   cluster.start_all()
-  wait_for(lambda: (model_dir / "checkpoints" / "ckpt-2.index").exists(), 300, "checkpoint 2", cluster)
+  wait_for(lambda: (model_dir / "checkpoints" / "ckpt-1.index").exists(), 300, "checkpoint 1", cluster)
+  worker_cut = cut_worker(cluster, model_dir, cut_secs=30)
+
   cut_at = time.monotonic()
   cluster.cut(("ps", 1))
   assert cluster.wait(CHIEF, timeout_secs=120) == 2, cluster.log(CHIEF)[-3000:]
@@ -82,40 +118,34 @@ def test_keras_path_with_packet_loss_and_a_ps_cut_off(make_cluster, tmp_path):
   final = json.loads((model_dir / "checkpoints" / "FINAL").read_text())
   assert final["step"] == epochs * steps
   resumed = re.findall(r"Resumed from the backup at epoch (\d+)/", cluster.log(CHIEF))
-  assert len(resumed) == 1 and int(resumed[0]) >= 3, resumed
+  assert len(resumed) == 1 and int(resumed[0]) >= 2, resumed
 
   assert cluster.wait(EVALUATOR, timeout_secs=180) == 0, cluster.log(EVALUATOR)[-3000:]
   records = (model_dir / "eval" / "metrics.jsonl").read_text().splitlines()
-  evaluated = [json.loads(line)["checkpoint"] for line in records]
-  # The checkpoints the state file lists (a save the lost ps interrupted is not one of them).
+  evaluated = [os.path.basename(json.loads(line)["checkpoint"]) for line in records]
+  # Every checkpoint the state file lists, in order (a save the lost ps interrupted is not one of them).
   state = (model_dir / "checkpoints" / "checkpoint").read_text()
   listed = re.findall(r'^all_model_checkpoint_paths: "(ckpt-\d+)"', state, re.MULTILINE)
-  assert len(listed) >= 3 and [os.path.basename(path) for path in evaluated] == listed, (evaluated, listed)
-  print(f"ps cut off: chief stopped after {stopped_secs:.1f}s with: {line}")
+  numbers = [int(name.split("-")[1]) for name in evaluated]
+  assert len(listed) >= 3 and evaluated[-len(listed):] == listed and numbers == sorted(set(numbers)), (
+      evaluated, listed)
+  print(f"worker cut off 30s: {worker_cut}; ps cut off: chief stopped after {stopped_secs:.1f}s with: {line}")
 
 
 def test_estimator_path_tfjob_with_a_worker_and_the_chief_cut_off(make_cluster, tmp_path):
-  max_steps = 1200
+  max_steps = 500
   model_dir = tmp_path / "shared" / "model"
   cluster = make_cluster("scripts/train_estimator.py", [
-      f"--model_dir={model_dir}", f"--max_steps={max_steps}", "--save_checkpoints_steps=100",
-      "--log_step_count_steps=20", "--steps_per_execution=2", "--eval_examples=1000", "--noinline_eval",
+      f"--model_dir={model_dir}", f"--max_steps={max_steps}", "--save_checkpoints_steps=50",
+      "--log_step_count_steps=10", "--steps_per_execution=2", "--eval_examples=1000", "--noinline_eval",
       "--connect_timeout_secs=120", "--lost_task_timeout_secs=15"], form="tfjob")
   cluster.start_all()
   checkpoint = model_dir / "checkpoints" / "checkpoint"
   wait_for(checkpoint.exists, 300, "a checkpoint", cluster)
+  worker_cut = cut_worker(cluster, model_dir, cut_secs=15)
 
-  before_cut = _checkpoint_step(checkpoint)
-  cluster.cut(("worker", 1))
-  logged_before = len(re.findall(r"step \d+ \| loss", cluster.log(CHIEF)))
-  time.sleep(30)
-  logged_during = len(re.findall(r"step \d+ \| loss", cluster.log(CHIEF))) - logged_before
-  cluster.restore(("worker", 1))
-  assert cluster.processes[CHIEF].poll() is None, cluster.log(CHIEF)[-3000:]
-  # Measured, not yet the target: the chief waits for the function in flight on the silent worker (TensorFlow's RPC
-  # has no deadline), so progress may stall until the worker is back; it must go on from there.
-
-  saved = wait_for(lambda: (_checkpoint_step(checkpoint) or 0) > before_cut and _checkpoint_step(checkpoint), 120,
+  before = _checkpoint_step(checkpoint)
+  saved = wait_for(lambda: (_checkpoint_step(checkpoint) or 0) > before and _checkpoint_step(checkpoint), 60,
                    "a checkpoint after the worker came back", cluster)
   cluster.cut(CHIEF)
   time.sleep(5)
@@ -128,8 +158,7 @@ def test_estimator_path_tfjob_with_a_worker_and_the_chief_cut_off(make_cluster, 
   assert cluster.wait(EVALUATOR, timeout_secs=180) == 0, cluster.log(EVALUATOR)[-3000:]
   records = [json.loads(line) for line in (model_dir / "eval" / "metrics.jsonl").read_text().splitlines()]
   assert records[-1]["step"] == max_steps
-  print(f"worker cut off 30s: {logged_during} progress lines meanwhile, checkpoint {saved} after it came back; "
-        f"chief resumed at step {resumed[-1]}")
+  print(f"worker cut off 15s: {worker_cut}; chief resumed at step {resumed[-1]}")
 
 
 def _checkpoint_step(state_file: pathlib.Path):

@@ -1,5 +1,6 @@
 """The strategy shards embedding tables over every ps; small variables stay whole."""
 
+import os
 import subprocess
 import sys
 
@@ -90,6 +91,15 @@ def test_import_tfps_is_light_and_selects_tf_keras():
   result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
   assert result.returncode == 0, result.stderr
   assert result.stdout.split() == ["1", "use_caller"]
+
+
+def test_import_tfps_adds_grpc_keepalive_to_the_users_grpc_options():
+  code = "import os, tfps; print(os.environ['TF_GRPC_DEFAULT_OPTIONS'])"
+  env = dict(os.environ, TF_GRPC_DEFAULT_OPTIONS="grpc.keepalive_time_ms=20000,grpc.max_receive_message_length=7")
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.strip() == ("grpc.keepalive_time_ms=20000,grpc.max_receive_message_length=7,"
+                                   "grpc.keepalive_timeout_ms=5000,grpc.min_reconnect_backoff_ms=2000")
 
 
 def test_tensorflow_already_running_keras_3_is_refused():

@@ -1,7 +1,8 @@
 """The chief's watch over its parameter servers: a ps that stops answering ends the chief within a bounded time.
 
-TensorFlow waits forever on an RPC to a ps whose host went silent (a cut link drops packets and nothing resets the
-connection), so a thread probes each ps with a fresh connection (`ports.check_speaks_grpc`) every few seconds. When
+TensorFlow's RPCs notice a ps whose host went silent (a cut link drops packets and nothing resets the connection) only
+through gRPC keepalive (`tfps._env`) and only while a call to it is in flight, so a thread also probes each ps with a
+fresh connection (`ports.check_speaks_grpc`) every few seconds. When
 one has not answered for `timeout_secs`, the chief prints one line naming it and its address and exits with status 2:
 an outside supervisor (Kubernetes' restart policy, tfps-launch) starts it again and it resumes from its checkpoint.
 """

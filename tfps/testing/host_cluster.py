@@ -26,6 +26,7 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from tfps import run_records
 from tfps.testing import hosts as hosts_lib
 
 Task = Tuple[str, int]
@@ -167,6 +168,28 @@ class HostCluster:
   def restore(self, task: Task) -> None:
     self.hosts.restore(self.host(task))
 
+  def limit_rate(self, task: Task, kbit: int) -> None:
+    """Caps what `task`'s host sends at `kbit` kbit/s (0: no cap)."""
+    self.hosts.limit_rate(self.host(task), kbit)
+
+  def traffic(self, task: Task) -> Tuple[int, int]:
+    """Bytes `task`'s host has received and sent so far."""
+    return self.hosts.traffic(self.host(task))
+
+  def wait_until_sending(self, task: Task, like: Task, timeout_secs: float, window_secs: float = 2.0,
+                         share: float = 0.5, while_running: Task = ("chief", 0)) -> Optional[float]:
+    """Seconds until `task`'s host sends at least `share` of what `like`'s sends in a `window_secs` window (e.g. a
+    worker back at work beside another one), or None if that has not happened within `timeout_secs` or before the
+    task `while_running` ended."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_secs and self.processes[while_running].poll() is None:
+      before = self.traffic(task)[1], self.traffic(like)[1]
+      time.sleep(window_secs)
+      sent, reference = self.traffic(task)[1] - before[0], self.traffic(like)[1] - before[1]
+      if reference > 0 and sent >= share * reference:
+        return time.monotonic() - start
+    return None
+
   def drop(self, probability: float) -> None:
     """Drops `probability` of the packets every host receives (iptables), on every link; 0 removes the rule."""
     for task in self.tasks:
@@ -180,3 +203,16 @@ class HostCluster:
   def close(self) -> None:
     """Kills every task and removes every test host."""
     self.hosts.close()
+
+
+def progress_steps(model_dir: str, since: float, until: float) -> List[int]:
+  """The steps of the chief's progress records (`model_dir/run/progress.jsonl`) written between the wall-clock times
+  `since` and `until`."""
+  records = run_records.read_jsonl(os.path.join(run_records.run_dir(model_dir), run_records.PROGRESS_FILE))
+  return [record["step"] for record in records if since <= record["time"] <= until and record["kind"] == "train"]
+
+
+def worker_failed(chief_log: str, task: Task) -> bool:
+  """Whether the chief's log shows TensorFlow's coordinator found worker `task` failed (`UnavailableError`), after
+  which it gives that worker's function to the others."""
+  return f"Worker /job:worker/replica:0/task:{task[1]} failed with UnavailableError" in chief_log

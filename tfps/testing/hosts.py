@@ -190,6 +190,30 @@ class TestHosts:
     """Brings host `name`'s link back up after `cut`."""
     _ip("link", "set", self.hosts[name].interface, "up", netns=self.hosts[name].netns)
 
+  def limit_rate(self, name: str, kbit: int) -> None:
+    """Caps what host `name` sends at `kbit` kbit/s (tc's token bucket filter: packets wait up to 500 ms, then are
+    dropped); `kbit=0` removes the cap. Paces a run by the network rather than by how busy this machine's CPUs are."""
+    if kbit < 0:
+      raise ValueError(f"`kbit` ({kbit}) must be >= 0")
+    interface = self.hosts[name].interface
+    argv = (["tc", "qdisc", "del", "dev", interface, "root"] if kbit == 0 else
+            ["tc", "qdisc", "replace", "dev", interface, "root", "tbf", "rate", f"{kbit}kbit", "burst", "16kb",
+             "latency", "500ms"])
+    result = subprocess.run(self.command(name, argv), capture_output=True, text=True, check=False)
+    if result.returncode != 0 and kbit:
+      raise HostsUnavailableError(f"tc tbf on {name} failed: {result.stderr.strip()}")
+
+  def traffic(self, name: str) -> Tuple[int, int]:
+    """Bytes host `name` has received and sent on its link so far (`rx_bytes`, `tx_bytes`)."""
+    counts = []
+    for counter in ("rx_bytes", "tx_bytes"):
+      path = f"/sys/class/net/{self.hosts[name].interface}/statistics/{counter}"
+      result = subprocess.run(self.command(name, ["cat", path]), capture_output=True, text=True, check=False)
+      if result.returncode != 0:
+        raise HostsUnavailableError(f"cannot read {path} on {name}: {result.stderr.strip()}")
+      counts.append(int(result.stdout))
+    return counts[0], counts[1]
+
   def close(self) -> None:
     """Kills what runs on the hosts and removes every namespace, link and `/etc/netns` folder made."""
     for proc in self._procs:
