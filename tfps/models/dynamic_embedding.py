@@ -16,6 +16,7 @@ Inference (`training=False`) only looks up.
 """
 
 import contextlib
+import uuid
 from typing import Dict, Optional
 
 import tensorflow as tf
@@ -60,7 +61,10 @@ class _Shard(tf.Module):
                                                             name=f"counts_{index}")
       # Concurrent steps of several workers take turns; a copy outside a strategy (serving) runs one at a time, and a
       # mutex, not being trackable, could not be saved in its SavedModel.
-      self.lock = tf.CriticalSection(name=f"lock_{index}") if strategy else None
+      # A shared name of its own: by default every table's shard `index` would share one mutex (named
+      # `lock_{index}/`) on a ps, and two tables of one model hang a step on it.
+      self.lock = (tf.CriticalSection(name=f"lock_{index}", shared_name=f"tfps_table_lock_{uuid.uuid4().hex}")
+                   if strategy else None)
     scope = strategy.extended.colocate_vars_with(colocate_with) if strategy else contextlib.nullcontext()
     with scope:
       def variable(name, make, dtype=tf.int64):  # `make()` inside the initializer: a model_fn may build in a trace
