@@ -46,6 +46,7 @@ def test_sharded_tables_of_a_small_id_space_get_slack_for_uneven_shards():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # 9 min at a load average of 30 on 2 cores (launch and export), 103 ex/s
 def test_wide_deep_movielens_with_dynamic_tables_trains_and_serves_raw_ids(tmp_path, subprocess_env, shared_data):
   out, export = tmp_path / "out.txt", tmp_path / "export"
   command = [sys.executable, "-m", "tfps.cluster.launch", "--num_ps=2", "--num_workers=2",
@@ -64,7 +65,7 @@ def test_wide_deep_movielens_with_dynamic_tables_trains_and_serves_raw_ids(tmp_p
   assert code == 0, out.read_text()[-3000:]
   summary = out.read_text().split("tfps-launch: run summary")[1]
   val_auc = float(summary.split("final validation metrics: auc ")[1].split()[0])
-  assert val_auc > 0.6, summary
+  assert val_auc > 0.58, summary  # 0.6026 measured (0.6144 after 200 steps); 0.5 is chance
   training = summary.split("final training metrics: ")[1].split("\n")[0]
   # Every table has a row per raw id seen: 943 users and 1,650 movies of u1.base are more than 120 batches of 256
   # cover, none falls back (shards with slack), and nothing was evicted.
@@ -72,13 +73,18 @@ def test_wide_deep_movielens_with_dynamic_tables_trains_and_serves_raw_ids(tmp_p
   assert "embedding_user_id/occupancy 9" in training, training  # 900-943 users seen
   # The SavedModel holds the maps: it answers u1.test's raw ids, with no cluster, with the chief's AUC.
   served = tf.saved_model.load(str(export)).signatures["serving_default"]
-  columns = np.loadtxt(shared_data / "ml-100k" / "u1.test", dtype=np.int64)
   from tfps.data import movielens  # pylint: disable=g-import-not-at-top
   dataset = movielens.movielens_dataset_fn(str(shared_data / "ml-100k"), "u1.test", batch_size=4096, repeat=False,
                                            shuffle_buffer=0, drop_remainder=False)(None)
-  auc = tf_keras.metrics.AUC(from_logits=True)
+  auc, examples = tf_keras.metrics.AUC(from_logits=True), 0
   for features, labels in dataset:
     inputs = {name: value for name, value in features.items() if name in served.structured_input_signature[1]}
     auc.update_state(labels, list(served(**inputs).values())[0])
-  assert len(columns) == 20000
+    examples += len(labels)
+  assert examples == 20000
   assert float(auc.result()) == pytest.approx(val_auc, abs=2e-3)
+  # An unknown raw user id reads zeros in its tables: an answer, not an error.
+  unknown = {name: value[:2] for name, value in inputs.items()}
+  unknown["user_id"] = tf.constant([10**9, 10**9 + 1], tf.int64)
+  answer = list(served(**unknown).values())[0].numpy()
+  assert answer.shape == (2, 1) and np.isfinite(answer).all()
