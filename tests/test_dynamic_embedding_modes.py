@@ -27,6 +27,7 @@ def dataset_fn(input_context=None):
   return tf.data.Dataset.from_tensor_slices((RAW[picks, None], LABELS[picks])).repeat().batch(BATCH)
 
 
+@pytest.mark.slow
 def test_sync_mode_learns_each_raw_ids_label(cluster):
   history = tfps.fit(build_model, dataset_fn, epochs=2, steps_per_epoch=60, sync_mode="sync", cluster=cluster)
   model = history.model
@@ -73,6 +74,7 @@ def eval_input_fn(params):
   return tf.data.Dataset.from_tensor_slices(({"ids": RAW}, LABELS)).batch(BATCH)
 
 
+@pytest.mark.slow
 def test_estimator_path_trains_checkpoints_and_exports_the_table(cluster, tmp_path):
   config = tfps.RunConfig(save_checkpoints_steps=100, steps_per_execution=10)
   estimator = tfps.Estimator(model_fn, model_dir=str(tmp_path / "model"), config=config, cluster=cluster)
