@@ -26,9 +26,11 @@ def main(argv):
   del argv
   mode, strategy_options = tfps.mode_from_flags(), tfps.strategy_options_from_flags()  # bad settings fail on any task
   data = model_flags.data_from_flags()
+  cluster_config = tfps.config_from_flags()
+  num_ps = cluster_config.num_ps if cluster_config else 1  # --embedding=dynamic: its tables' shards
 
   def build_model():
-    return model_flags.model_from_flags(data)
+    return model_flags.model_from_flags(data, num_ps=num_ps)
 
   def train(cluster):
     history = tfps.fit(build_model, data.train_dataset_fn, epochs=_EPOCHS.value, steps_per_epoch=_STEPS.value,
@@ -46,7 +48,7 @@ def main(argv):
     del cluster  # the sidecar reads checkpoints; it never connects to the cluster
     tfps.run_sidecar_evaluator(build_model, data.eval_dataset_fn, _MODEL_DIR.value)
 
-  tfps.run_task(train, evaluate, cluster=tfps.config_from_flags())
+  tfps.run_task(train, evaluate, cluster=cluster_config)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,9 @@ class DistributedModel:
 
     self.coordinator.schedule(no_step, args=(iterator,))
     self.coordinator.join()
+    with self.strategy.scope():
+      for table in self.model.variables.tables:  # admissions reset the slot rows of the rows they give out
+        table.bind_optimizer(self.model.optimizer)
     checkpoint = self.model.checkpoint(**{checkpoints_lib.STEP_KEY: self.global_step})
     self._manager = tf.train.CheckpointManager(checkpoint, checkpoints_lib.checkpoint_dir(self._config.model_dir),
                                                max_to_keep=self._config.keep_checkpoint_max)

@@ -55,9 +55,9 @@ class ModelFnModel:
   def step(self, global_step: tf.Variable) -> steps_lib.Step:
     """This model's training step for the runners; the runner counts the steps in `global_step`."""
     return steps_lib.Step(run=self.train_step, forward=self.forward, optimizer=lambda: self.optimizer,
-                          variables=lambda: list(self.variables.created),
+                          variables=self.variables.model_variables,
                           trainable_variables=self.variables.trainable_variables_flat, counter=global_step,
-                          counts_itself=False)
+                          counts_itself=False, tables=lambda: list(self.variables.tables))
 
   def checkpoint(self, **extra) -> tf.train.Checkpoint:
     """A checkpoint of the model variables (and the optimizer, once a TRAIN call made one) plus `extra`."""

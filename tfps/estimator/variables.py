@@ -7,7 +7,8 @@ runs each call under `tf.compat.v1.keras.utils.track_tf1_style_variables` (which
 in creation order. The shim alone is not enough: it reuses `get_variable` variables by name but gives tf-keras layers
 built inside the call new variables on every call (their names are uniquified per call), so reuse here is by order,
 checked by shape and dtype. Only the first call creates variables; a later call that creates one the first call did
-not is an error.
+not is an error. Table layers (`tfps.layers.DynamicEmbedding`: rows plus id maps on the ps) are kept the same way, whole:
+a later call's layer gets the table (`tfps.training.tables.build_state`) the first call's layer in that position built.
 
 Metric state (tf-keras `Metric` variables: non-trainable, ON_READ, SUM) is not model state and is never checkpointed:
 inside `metric_scope` it is made of function-local variables of the traced function (fresh on every run, so a retried
@@ -24,6 +25,7 @@ from absl import logging
 import tensorflow as tf
 
 from tfps.training import strategy as strategy_lib
+from tfps.training import tables
 from tfps.estimator.spec import ModelFnError
 
 
@@ -119,8 +121,10 @@ class ModelFnVariables(tf.Module):
   def __init__(self):
     super().__init__(name="model_fn_variables")
     self.created = []
+    self.tables = []  # table layers' states, in creation order (checkpointed with their id maps)
     self._calls = 0
     self._index = 0
+    self._table_index = 0
     self._mode = None
     self._metric_scope: Optional[MetricState] = None  # open during an evaluation trace
     self._other_metrics = MetricState()
@@ -129,11 +133,15 @@ class ModelFnVariables(tf.Module):
   def trainable_variables_flat(self) -> List[tf.Variable]:
     """The trainable variables, each sharded variable given as its shards (what gradients are taken against)."""
     flat = []
-    for variable in self.created:
+    for variable in self.created + [table.embeddings for table in self.tables]:
       if not getattr(variable, "trainable", True):
         continue
       flat.extend(strategy_lib.shards_of(variable))
     return flat
+
+  def model_variables(self) -> List[tf.Variable]:
+    """Every model variable: those created through the model_fn's calls, and the tables' rows."""
+    return list(self.created) + [table.embeddings for table in self.tables]
 
   @contextlib.contextmanager
   def metric_scope(self):
@@ -147,14 +155,31 @@ class ModelFnVariables(tf.Module):
 
   def call(self, fn: Callable, mode: str):
     """Runs `fn()` (a model_fn call) with this object's variables."""
-    self._index, self._mode = 0, mode
+    self._index, self._table_index, self._mode = 0, 0, mode
     metrics = self._metric_scope or self._other_metrics
     metrics.restart()
     try:
-      with tf.variable_creator_scope(self._creator):
+      with tf.variable_creator_scope(self._creator), tables.keeping_state(self._table):
         return _Tf1StyleScope().run(fn)
     finally:
       self._calls += 1
+
+  def _table(self, make: Callable):
+    """The table of the table layer built now: the first call's in this position, else `make()` (its variables
+    bypass the reuse by order: they belong to the table)."""
+    index, self._table_index = self._table_index, self._table_index + 1
+    if index < len(self.tables):
+      return self.tables[index]
+    if self._calls:
+      raise ModelFnError(f"model_fn built a new table layer in mode {self._mode!r} on a later call; its first call "
+                         f"built {len(self.tables)}. A model_fn must build the same table layers on every call")
+    self._bypass = True
+    try:
+      table = make()
+    finally:
+      self._bypass = False
+    self.tables.append(table)
+    return table
 
   def _creator(self, next_creator, **kwargs):
     if self._bypass:

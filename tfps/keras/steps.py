@@ -6,6 +6,7 @@ import tf_keras
 
 from tfps import _tf_private
 from tfps.training import steps as steps_lib
+from tfps.training import tables
 
 
 def keras_step(model: tf_keras.Model) -> steps_lib.Step:
@@ -25,7 +26,7 @@ def keras_step(model: tf_keras.Model) -> steps_lib.Step:
 
   return steps_lib.Step(run=run, forward=forward, optimizer=lambda: model.optimizer, variables=lambda: model.variables,
                         trainable_variables=lambda: model.trainable_variables, counter=model.optimizer.iterations,
-                        counts_itself=True, outputs=outputs)
+                        counts_itself=True, outputs=outputs, tables=lambda: tables.tables_of(model))
 
 
 def drive_fit(model: tf_keras.Model, runner: steps_lib.Runner) -> tf_keras.callbacks.Callback:

@@ -12,16 +12,20 @@ when its shard has no free row (counted in `fallbacks`), it reads the default: a
 Eviction: with `steps_to_live`, a row whose id was not seen in the last `steps_to_live` training calls of its shard is
 freed (the rows are scanned every `steps_to_live // 10` calls, so an id goes between `steps_to_live` and 1.1x that
 many calls after it was last seen); the next id given the row starts from a fresh value and fresh optimizer slots.
-Inference (`training=False`) only looks up.
+Inference (`training=False`) only looks up. Under a runner (async, sync) a step's bookkeeping runs once per shard even
+when a worker failure makes ParameterServerStrategy run the step again (`tfps.training.tables.StepMarks`). A model_fn
+(Estimator path) builds the layer on every call; its calls share one `_Table` (`tfps.training.tables.build_state`).
 """
 
 import contextlib
+import uuid
 from typing import Dict, Optional
 
 import tensorflow as tf
 import tf_keras
 
 from tfps import _tf_private
+from tfps.training import tables
 
 EVICTION_SCANS_PER_LIFETIME = 10  # an id is freed between `steps_to_live` and 1.1x that many calls after last seen
 _KEY_DTYPES = {tf.int64: tf.int64, tf.int32: tf.int64, tf.string: tf.string}
@@ -53,25 +57,28 @@ class _Shard(tf.Module):
     self.base = base  # where the shard's rows start in the variable holding them
     self.device = device
     empty_key = "" if key_dtype == tf.string else 0
-    with self._placed():
+    with tf.init_scope(), self._placed():  # resources, not function-local, when a model_fn builds the layer in a trace
       self.map = tf.lookup.experimental.MutableHashTable(key_dtype, tf.int64, default_value=-1, name=f"map_{index}")
       self.counts = tf.lookup.experimental.MutableHashTable(key_dtype, tf.int64, default_value=0,
                                                             name=f"counts_{index}")
       # Concurrent steps of several workers take turns; a copy outside a strategy (serving) runs one at a time, and a
       # mutex, not being trackable, could not be saved in its SavedModel.
-      self.lock = tf.CriticalSection(name=f"lock_{index}") if strategy else None
+      # A shared name of its own: by default every table's shard `index` would share one mutex (named
+      # `lock_{index}/`) on a ps, and two tables of one model hang a step on it.
+      self.lock = (tf.CriticalSection(name=f"lock_{index}", shared_name=f"tfps_table_lock_{uuid.uuid4().hex}")
+                   if strategy else None)
     scope = strategy.extended.colocate_vars_with(colocate_with) if strategy else contextlib.nullcontext()
     with scope:
-      def variable(name, value, dtype=tf.int64):
-        return tf.Variable(value, dtype=dtype, trainable=False, name=name)
-      self.row_keys = variable("row_keys", tf.fill([rows], tf.constant(empty_key, key_dtype)), key_dtype)
-      self.last_seen = variable("last_seen", tf.fill([rows], tf.constant(-1, tf.int64)))
-      self.free = variable("free", tf.range(rows - 1, -1, -1, dtype=tf.int64))
-      self.num_free = variable("num_free", rows)
-      self.clock = variable("clock", 0)
-      self.admitted = variable("admitted", 0)
-      self.evicted = variable("evicted", 0)
-      self.fallbacks = variable("fallbacks", 0)
+      def variable(name, make, dtype=tf.int64):  # `make()` inside the initializer: a model_fn may build in a trace
+        return tf.Variable(lambda: tf.cast(make(), dtype), dtype=dtype, trainable=False, name=name)
+      self.row_keys = variable("row_keys", lambda: tf.fill([rows], tf.constant(empty_key, key_dtype)), key_dtype)
+      self.last_seen = variable("last_seen", lambda: tf.fill([rows], tf.constant(-1, tf.int64)))
+      self.free = variable("free", lambda: tf.range(rows - 1, -1, -1, dtype=tf.int64))
+      self.num_free = variable("num_free", lambda: rows)
+      self.clock = variable("clock", lambda: 0)
+      self.admitted = variable("admitted", lambda: 0)
+      self.evicted = variable("evicted", lambda: 0)
+      self.fallbacks = variable("fallbacks", lambda: 0)
 
   def _placed(self):
     """On the shard's ps; unplaced outside a strategy (a serving copy must not name the devices it was saved on)."""
@@ -82,8 +89,12 @@ class _Shard(tf.Module):
       return _lookup(self.map, keys)
 
   def lookup_or_admit(self, keys, rows_variable, initializer, slots, min_count: int, steps_to_live: Optional[int]):
-    """Rows of `keys` (distinct), admitting ids seen `min_count` times and evicting stale ones; -1: the default."""
-    def body():
+    """Rows of `keys` (distinct), admitting ids seen `min_count` times and evicting stale ones; -1: the default.
+
+    Inside a runner's step (`tables.current_step()`), the bookkeeping runs once per step on this shard: a step run
+    again after a worker failure, whose first run got here, only looks up (it neither counts, admits, evicts nor
+    ticks the clock), as its updates are skipped on a ps that applied them."""
+    def bookkeeping():
       clock = self.clock.assign_add(1)
       evicted = tf.no_op()
       if steps_to_live is not None:  # a scan of the shard's rows every `steps_to_live // 10` calls, not every call
@@ -107,6 +118,21 @@ class _Shard(tf.Module):
       seen_now = self.last_seen.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(live), clock), live))
       with tf.control_dependencies([seen_now]):
         return tf.identity(rows)
+
+    step = tables.current_step()
+    if step is None:
+      body = bookkeeping
+    else:
+      record = step.marks.vector_beside(rows_variable)
+
+      def body():
+        def marked():
+          rows = bookkeeping()
+          with tf.control_dependencies([rows]):
+            done = record.scatter_max(tf.IndexedSlices(tf.reshape(step.mark, [1]), step.slot))
+          with tf.control_dependencies([done]):
+            return tf.identity(rows)
+        return tf.cond(record.sparse_read(step.slot)[0] >= step.mark, lambda: _lookup(self.map, keys), marked)
 
     with self._placed():
       return self.lock.execute(body) if self.lock is not None else body()
@@ -152,6 +178,47 @@ class _Shard(tf.Module):
       return tf.identity(count)  # the rows freed
 
 
+class _Table(tf.Module):
+  """What a `DynamicEmbedding` keeps: the rows, each row shard's bookkeeping, and the optimizer whose slot rows it
+  resets. A model_fn builds its layers on every call: its calls share one `_Table` (`tables.build_state`), which
+  also meets the training paths itself (`bind_optimizer`, `table_metrics`: `tfps.training.tables`)."""
+
+  def __init__(self, layer_name: str, embeddings, shards, row_shards, offsets):
+    super().__init__(name=layer_name)
+    self.layer_name = layer_name
+    self.embeddings = embeddings
+    self.shards = shards
+    self.row_shards = row_shards
+    self.offsets = offsets
+    self.__dict__["_optimizer"] = None  # not tracked: the model's checkpoint holds the optimizer
+
+  def bind_optimizer(self, optimizer) -> None:
+    """See `DynamicEmbedding.bind_optimizer`."""
+    if not isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer):
+      raise TypeError(f"{self.layer_name}: slot rows can be reset for tf-keras legacy optimizers only, not "
+                      f"{type(optimizer).__name__}")
+    _tf_private.create_optimizer_slots(optimizer, self.row_shards)
+    self.__dict__["_optimizer"] = optimizer
+
+  def slots(self, index):
+    """`(slot variable, initial value)` of the bound optimizer's slots of row shard `index`."""
+    optimizer = self.__dict__["_optimizer"]
+    if optimizer is None:
+      return []
+    initial_accumulator = getattr(optimizer, "_initial_accumulator_value", 0.0)
+    return [(optimizer.get_slot(self.row_shards[index], name), initial_accumulator if name == "accumulator" else 0.)
+            for name in optimizer.get_slot_names()]
+
+  def table_metrics(self) -> Dict[str, int]:
+    """See `DynamicEmbedding.table_metrics`."""
+    return {
+        "occupancy": int(sum(shard.rows - int(shard.num_free.numpy()) for shard in self.shards)),
+        "admitted": int(sum(int(shard.admitted.numpy()) for shard in self.shards)),
+        "evicted": int(sum(int(shard.evicted.numpy()) for shard in self.shards)),
+        "fallbacks": int(sum(int(shard.fallbacks.numpy()) for shard in self.shards)),
+    }
+
+
 class DynamicEmbedding(tf_keras.layers.Layer):
   """An embedding of raw ids (int64 or string) into `capacity` rows of width `dim`; no two live ids share a row.
 
@@ -190,27 +257,32 @@ class DynamicEmbedding(tf_keras.layers.Layer):
     self.init_scale = float(init_scale)
 
   def build(self, input_shape):
-    self.embeddings = self.add_weight("embeddings", shape=[self.capacity, self.dim],
-                                      initializer=tf_keras.initializers.RandomUniform(-self.init_scale,
-                                                                                      self.init_scale),
-                                      trainable=True)
+    table = tables.build_state(self._make_table)  # the Estimator path hands back the table of its first call
+    self.__dict__["_table"] = table  # tracked below through its parts, as before there was a `_Table`
+    self.embeddings = table.embeddings
+    self.shards = table.shards
+    super().build(input_shape)
+
+  def _make_table(self) -> "_Table":
+    embeddings = self.add_weight("embeddings", shape=[self.capacity, self.dim],
+                                 initializer=tf_keras.initializers.RandomUniform(-self.init_scale, self.init_scale),
+                                 trainable=True)
     strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
-    sharded = isinstance(self.embeddings, tf.__internal__.distribute.ShardedVariable)
+    sharded = isinstance(embeddings, tf.__internal__.distribute.ShardedVariable)
     if sharded:
-      variables = list(self.embeddings.variables)
+      variables = list(embeddings.variables)
       sizes = [variable.shape[0] for variable in variables]
     else:  # whole: `num_shards` maps over parts of it, laid out as a partitioner would (a serving copy)
       sizes = _split(self.capacity, self.num_shards or 1)
-      variables = [self.embeddings] * len(sizes)
+      variables = [embeddings] * len(sizes)
     if self.num_shards is not None and len(sizes) != self.num_shards:
       raise ValueError(f"{self.name}: `num_shards` ({self.num_shards}) differs from the {len(sizes)} shard(s) the "
                        f"strategy's partitioner made of the {self.capacity}-row table")
-    self._row_shards = variables
-    self._offsets = [sum(sizes[:index]) for index in range(len(sizes))]
-    self.shards = [_Shard(size, 0 if sharded else offset, self.key_dtype, variable.device if strategy else "", strategy,
-                          variable, index)
-                   for index, (size, offset, variable) in enumerate(zip(sizes, self._offsets, variables))]
-    super().build(input_shape)
+    offsets = [sum(sizes[:index]) for index in range(len(sizes))]
+    shards = [_Shard(size, 0 if sharded else offset, self.key_dtype, variable.device if strategy else "", strategy,
+                     variable, index)
+              for index, (size, offset, variable) in enumerate(zip(sizes, offsets, variables))]
+    return _Table(self.name, embeddings, shards, variables, offsets)
 
   def bind_optimizer(self, optimizer) -> None:
     """Resets `optimizer`'s slot rows of a row whenever it is given to a new id; creates the slots now.
@@ -219,19 +291,18 @@ class DynamicEmbedding(tf_keras.layers.Layer):
     `optimizer` must be a tf-keras legacy optimizer. An accumulator slot (Adagrad, Ftrl) is reset to the
     optimizer's initial accumulator value, every other slot to zero.
     """
-    if not isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer):
-      raise TypeError(f"{self.name}: slot rows can be reset for tf-keras legacy optimizers only, not "
-                      f"{type(optimizer).__name__}")
-    _tf_private.create_optimizer_slots(optimizer, self._row_shards)
-    self.__dict__["_optimizer"] = optimizer  # not tracked: the model's checkpoint holds the optimizer
+    self.__dict__["_table"].bind_optimizer(optimizer)
+
+  @property
+  def _row_shards(self):
+    return self.__dict__["_table"].row_shards
+
+  @property
+  def _offsets(self):
+    return self.__dict__["_table"].offsets
 
   def _slots(self, index):
-    optimizer = self.__dict__.get("_optimizer")
-    if optimizer is None:
-      return []
-    initial_accumulator = getattr(optimizer, "_initial_accumulator_value", 0.0)
-    return [(optimizer.get_slot(self._row_shards[index], name), initial_accumulator if name == "accumulator" else 0.)
-            for name in optimizer.get_slot_names()]
+    return self.__dict__["_table"].slots(index)
 
   def _fresh_rows(self, shape, dtype):
     # A stateful draw: an unseeded Keras initializer would give every admission the same values.
@@ -281,12 +352,7 @@ class DynamicEmbedding(tf_keras.layers.Layer):
 
   def table_metrics(self) -> Dict[str, int]:
     """`occupancy` (rows in use), `admitted`, `evicted` and `fallbacks` over all shards, read from the ps."""
-    return {
-        "occupancy": int(sum(shard.rows - int(shard.num_free.numpy()) for shard in self.shards)),
-        "admitted": int(sum(int(shard.admitted.numpy()) for shard in self.shards)),
-        "evicted": int(sum(int(shard.evicted.numpy()) for shard in self.shards)),
-        "fallbacks": int(sum(int(shard.fallbacks.numpy()) for shard in self.shards)),
-    }
+    return self.__dict__["_table"].table_metrics()
 
   def get_config(self):
     config = super().get_config()

@@ -25,6 +25,7 @@ from tfps import flags as flags_lib
 MODELS = ("wide_deep", "dcn", "retrieval")
 DATA = ("synthetic", "criteo", "movielens", "csv")
 DEFAULT_SYNTHETIC_DIR = "/tmp/tfps_synthetic"
+EMBEDDINGS = ("hashed", "dynamic")
 
 
 def define_model_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -57,6 +58,15 @@ def define_model_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_list("deep_layers", ["256", "128", "64"], "MLP widths of Wide&Deep and DCN.", **fv)
   flags.DEFINE_bool("stack_tables", False, "Wide&Deep and DCN: one table for all categorical features instead of one "
                     "per feature (fewer remote lookups and updates per step under ParameterServerStrategy).", **fv)
+  flags.DEFINE_enum("embedding", "hashed", EMBEDDINGS, "Wide&Deep and DCN tables: `hashed` (a row per id of the "
+                    "reader's id space) or `dynamic` (tfps.layers.DynamicEmbedding: rows given to the ids seen, no two "
+                    "live ids sharing one; docs/dynamic_embeddings.md).", **fv)
+  flags.DEFINE_integer("dynamic_capacity", 1_000_000, "--embedding=dynamic: the most rows of one feature's table.",
+                       lower_bound=1, **fv)
+  flags.DEFINE_integer("dynamic_min_count", 1, "--embedding=dynamic: training steps an id is seen in before it gets "
+                       "a row.", lower_bound=1, **fv)
+  flags.DEFINE_integer("dynamic_steps_to_live", 0, "--embedding=dynamic: free the row of an id unseen for this many "
+                       "steps (0: never).", lower_bound=0, **fv)
   flags.DEFINE_integer("num_cross_layers", 3, "DCN cross layers.", lower_bound=1, **fv)
   flags.DEFINE_integer("projection_dim", 0, "DCN low-rank projection (0: full rank).", lower_bound=0, **fv)
   flags.DEFINE_list("tower_layers", ["64", "32"], "Retrieval tower MLP widths; the last is the output width.", **fv)
@@ -67,7 +77,8 @@ def define_model_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                              flag_values=flag_values)
   flags.register_validator("feature_spec", _check_feature_spec, flag_values=flag_values)
   flags.register_multi_flags_validator(["model", "data", "data_dir", "train_files", "eval_files", "num_buckets",
-                                        "feature_spec"], _check_data, flag_values=flag_values)
+                                        "feature_spec", "embedding", "stack_tables"], _check_data,
+                                       flag_values=flag_values)
   flags_lib.declare_program_flags(flag_values, __name__)
 
 
@@ -82,6 +93,9 @@ def _check_data(values: dict) -> bool:
   if (values["data"] == "csv") != bool(values["feature_spec"]):
     raise flags.ValidationError(f"--feature_spec ({values['feature_spec']!r}) goes with --data=csv, and --data=csv "
                                 f"needs it (given --data={values['data']})")
+  if values["embedding"] == "dynamic" and (values["model"] == "retrieval" or values["stack_tables"]):
+    raise flags.ValidationError(f"--embedding=dynamic is for --model=wide_deep or dcn without --stack_tables (given "
+                                f"--model={values['model']}{' --stack_tables' if values['stack_tables'] else ''})")
   if len(values["num_buckets"]) not in (1, 26):
     raise flags.ValidationError(f"--num_buckets has {len(values['num_buckets'])} values; give 1 or 26")
   return True
@@ -188,21 +202,32 @@ def _deferred(make: Callable[[], Callable]) -> Callable:
   return dataset_fn
 
 
-def model_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> dict:
-  """The keyword options of `tfps.models.build_model` for `--model`."""
+def model_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS, num_ps: int = 1) -> dict:
+  """The keyword options of `tfps.models.build_model` for `--model`; `num_ps`: the cluster's (dynamic tables are
+  sharded as the strategy's partitioner shards them: `--num_shards` ways, by default one per ps)."""
   fv = flag_values
   if fv.model == "retrieval":
     return {"embedding_dim": fv.embedding_dim, "layer_sizes": _ints(fv, "tower_layers")}
   options = {"embedding_dim": fv.embedding_dim, "deep_layers": _ints(fv, "deep_layers"),
              "stack_tables": fv.stack_tables}
+  if fv.embedding == "dynamic":
+    from tfps.models.layers import DynamicTables  # pylint: disable=g-import-not-at-top  (TensorFlow)
+    strategy = flags_lib.strategy_options_from_flags(fv)
+    sharding = {"num_shards": strategy.get("num_shards") or num_ps}
+    if strategy.get("min_shard_bytes") is not None:
+      sharding["min_shard_bytes"] = strategy["min_shard_bytes"]
+    options["dynamic"] = DynamicTables(fv.dynamic_capacity, min_count=fv.dynamic_min_count,
+                                       steps_to_live=fv.dynamic_steps_to_live or None, **sharding)
   if fv.model == "dcn":
     options.update(num_cross_layers=fv.num_cross_layers, projection_dim=fv.projection_dim or None)
   return options
 
 
-def model_from_flags(data: Data, flag_values: flags.FlagValues = flags.FLAGS):
-  """The compiled `--model` over `data`'s features; call it under `strategy.scope()` to shard its tables."""
+def model_from_flags(data: Data, flag_values: flags.FlagValues = flags.FLAGS, num_ps: int = 1):
+  """The compiled `--model` over `data`'s features; call it under `strategy.scope()` to shard its tables. `num_ps`:
+  the cluster's, for `--embedding=dynamic` (`model_options_from_flags`)."""
   from tfps import models  # pylint: disable=g-import-not-at-top
-  model = models.build_model(flag_values.model, data.categorical, data.dense, **model_options_from_flags(flag_values))
+  model = models.build_model(flag_values.model, data.categorical, data.dense,
+                             **model_options_from_flags(flag_values, num_ps))
   return models.compile_model(model, optimizer=flag_values.optimizer, learning_rate=flag_values.learning_rate)
 

@@ -16,7 +16,7 @@ import tf_keras
 
 from tfps import checks
 from tfps.errors import UsageError
-from tfps.models.layers import FeatureEmbeddings, StackedEmbedding, check_spec, mlp
+from tfps.models.layers import DynamicTables, FeatureEmbeddings, StackedEmbedding, check_spec, check_tables, mlp
 
 
 class RankingModel(tf_keras.Model):
@@ -40,23 +40,27 @@ class WideDeep(RankingModel):
   """Wide&Deep: a linear model over one-hot ids and dense features, plus an MLP over embeddings and dense features.
 
   The wide part keeps one weight per id (a `[vocabulary, 1]` table per categorical feature, sharded like the deep
-  tables where large); the two parts' logits are summed. `stack_tables=True` keeps one wide and one deep table for
-  all features (`tfps.models.layers.StackedEmbedding`): 2 lookups and updates per ps per step instead of 52.
+  tables where large); the two parts' logits are summed. `dynamic` (`tfps.models.layers.DynamicTables`) makes every
+  wide and deep table a `DynamicEmbedding` keyed by the readers' ids. `stack_tables=True` keeps one wide and one deep
+  table for all features (`tfps.models.layers.StackedEmbedding`): 2 lookups and updates per ps per step instead of 52.
   """
 
   def __init__(self, categorical: Mapping[str, int], dense: Mapping[str, int], *, embedding_dim: int = 16,
-               deep_layers: Sequence[int] = (256, 128, 64), stack_tables: bool = False, name: str = "wide_deep"):
+               deep_layers: Sequence[int] = (256, 128, 64), stack_tables: bool = False,
+               dynamic: Optional[DynamicTables] = None, name: str = "wide_deep"):
     super().__init__(name=name)
     check_spec(categorical, dense)
+    check_tables(stack_tables, dynamic)
     self.wide_stacked = (StackedEmbedding(categorical, 1, embeddings_initializer="zeros", name="wide_stacked")
                          if stack_tables and categorical else None)
     self.wide_ids = {} if self.wide_stacked else (
-        {feature: tf_keras.layers.Embedding(size, 1, embeddings_initializer="zeros", name=f"wide_{feature}")
+        {feature: (dynamic.table(size, 1, f"wide_{feature}", init_scale=0.0) if dynamic else
+                   tf_keras.layers.Embedding(size, 1, embeddings_initializer="zeros", name=f"wide_{feature}"))
          for feature, size in categorical.items()})
     self.wide_dense = tf_keras.layers.Dense(1, kernel_initializer="zeros", name="wide_dense") if dense else None
     self.dense_widths = dict(dense)
     self.deep_inputs = FeatureEmbeddings(categorical, dense, embedding_dim, name="deep_features",
-                                         stack_tables=stack_tables)
+                                         stack_tables=stack_tables, dynamic=dynamic)
     self.deep = mlp(deep_layers, name="deep_mlp")
     self.deep_logit = tf_keras.layers.Dense(1, name="deep_logit")
 
@@ -77,13 +81,14 @@ class DCN(RankingModel):
 
   def __init__(self, categorical: Mapping[str, int], dense: Mapping[str, int], *, embedding_dim: int = 16,
                num_cross_layers: int = 3, projection_dim: Optional[int] = None,
-               deep_layers: Sequence[int] = (256, 128), stack_tables: bool = False, name: str = "dcn"):
+               deep_layers: Sequence[int] = (256, 128), stack_tables: bool = False,
+               dynamic: Optional[DynamicTables] = None, name: str = "dcn"):
     super().__init__(name=name)
     checks.positive_int("num_cross_layers", num_cross_layers)
     if projection_dim is not None and (not checks.is_int(projection_dim) or projection_dim < 1):
       raise UsageError(f"`projection_dim` ({projection_dim!r}) must be None (full-rank) or a positive integer")
     self.inputs_layer = FeatureEmbeddings(categorical, dense, embedding_dim, name="features",
-                                          stack_tables=stack_tables)
+                                          stack_tables=stack_tables, dynamic=dynamic)
     self.cross = [tfrs.layers.dcn.Cross(projection_dim=projection_dim, kernel_initializer="glorot_uniform",
                                         name=f"cross_{i}") for i in range(num_cross_layers)]
     self.deep = mlp(deep_layers, name="deep_mlp")

@@ -1,10 +1,12 @@
 """Async training (ParameterServerStrategy's own): every worker step applies its gradients at once, each step applied
-and counted once even when a worker dies (`tfps.training.exactly_once`, all four rules)."""
+and counted once even when a worker dies (`tfps.training.exactly_once`, all four rules; table layers' bookkeeping
+once per step and shard: `tfps.training.tables.StepMarks`)."""
 
 import tensorflow as tf
 
 from tfps.training import exactly_once
 from tfps.training import steps as steps_lib
+from tfps.training import tables
 
 
 class AsyncRunner(steps_lib.Runner):
@@ -20,6 +22,7 @@ class AsyncRunner(steps_lib.Runner):
     with self.strategy.scope():
       self.progress = exactly_once.StepProgress(self.steps_per_execution, step.counter)
     self.progress.ps_records = exactly_once.PsRecords()
+    self.table_marks = tables.StepMarks(self.strategy)  # table layers' bookkeeping, once per step and shard
     self.function = tf.function(self._steps, autograph=False)  # a step's errors surface unwrapped
     self._start = (0, 0)
 
@@ -31,7 +34,8 @@ class AsyncRunner(steps_lib.Runner):
     def body(index, loss_sum, examples):
       mark = seq * progress.stride + index + 1
       with exactly_once.updates_after_every_gradient(step.optimizer()), \
-          progress.ps_records.skipping_applied(strategy, slot, mark) as ps_applied:
+          progress.ps_records.skipping_applied(strategy, slot, mark) as ps_applied, \
+          self.table_marks.marking(slot, mark):
         loss, count = strategy.run(step.run, args=(next(iterator),))
         # Counted after the step's updates (so not before all its gradients are on their ps), through the strategy's
         # update too: skipped where the counter's ps applied this step already.

@@ -148,6 +148,9 @@ class GeoRunner(steps_lib.Runner):
 
   def __init__(self, step: steps_lib.Step, **kwargs):
     super().__init__(step, **kwargs)
+    for table in step.tables():
+      raise UsageError(f"sync_mode=geo cannot train {table.name}, a table with its id map on the ps: a worker's local "
+                       "copy of it would give one row to different ids; use sync_mode=async or sync")
     optimizer = step.optimizer()
     if not hasattr(optimizer, "get_slot_names"):
       raise UsageError(f"sync_mode=geo needs a tf_keras.optimizers.legacy optimizer, got {type(optimizer).__name__}")

@@ -28,6 +28,8 @@ class Step:
       the steps it ran.
     outputs: `fn(loss_sum, examples) -> structure`, what one scheduled function returns, given the loss summed over its
       steps and their examples (tf-keras: the model's metric results, which `fit` takes as its logs).
+    tables: `fn() -> list`, the model's layers (or their states) that keep tables of their own on the ps
+      (`tfps.training.tables`), known once the model is built.
   """
 
   run: Callable
@@ -38,6 +40,7 @@ class Step:
   counter: tf.Variable
   counts_itself: bool
   outputs: Callable[[tf.Tensor, tf.Tensor], Any] = lambda loss_sum, examples: (loss_sum, examples)
+  tables: Callable[[], list] = lambda: []
 
   def count(self, steps) -> Optional[tf.Operation]:
     """Adds `steps` to the counter unless `run` counts itself (then None)."""

@@ -26,6 +26,7 @@ import tensorflow as tf
 from tfps import _tf_private
 from tfps.errors import TfpsError, UsageError
 from tfps.training import steps as steps_lib
+from tfps.training import tables
 
 STEAL_AFTER_SECS = 2.0
 
@@ -132,6 +133,9 @@ class SyncRunner(steps_lib.Runner):
     with self.strategy.scope(), self.strategy.extended.colocate_vars_with(step.counter):
       self.marks = tf.Variable(tf.fill([self.num_workers], tf.constant(-1, tf.int64)), trainable=False,
                                name="sync_slot_steps")
+    # Table layers' bookkeeping (sightings, admissions) once per step and worker slot: a re-run gradient function whose
+    # first run got to a table shard only looks up there.
+    self.table_marks = tables.StepMarks(self.strategy)
     self._gradient_function = tf.function(self._gradients)
     self._update_function = tf.function(self._update)
 
@@ -151,7 +155,8 @@ class SyncRunner(steps_lib.Runner):
     def compute():
       writes = []
       with _redirected(self.step.optimizer(),
-                       lambda pairs: writes.extend(self.buffers.write(slot, pairs)) or tf.no_op()):
+                       lambda pairs: writes.extend(self.buffers.write(slot, pairs)) or tf.no_op()), \
+          self.table_marks.marking(slot, step + 1):
         loss, count = self.strategy.run(self.step.run, args=(next(iterator),))
       with tf.control_dependencies(writes):
         marked = self.marks.scatter_update(tf.IndexedSlices(tf.reshape(step, [1]), tf.reshape(slot, [1])))

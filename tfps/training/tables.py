@@ -4,11 +4,24 @@ Such a layer has two methods, so the paths never need to know its class:
 - `bind_optimizer(optimizer)`: called under the strategy scope once the model is built and compiled, before a step
   is traced (the layer resets the optimizer's slot rows of rows it gives out);
 - `table_metrics()`: its statistics as `{name: number}`, read from the ps (logged as `<layer>/<name>`).
+
+And it reads two contexts the paths open while they trace:
+- `current_step()`: the step being traced, as `StepMarks` give it (a runner's record of the steps each table shard
+  did its bookkeeping for), so a step run again after a worker failure does not count or admit twice;
+- `build_state(make)`: the table's state (rows and maps), made by `make()` unless a `keeping_state` keeper (the
+  Estimator path, whose model_fn builds its layers again on every call) hands back the state of an earlier call.
 """
 
-from typing import Dict, List
+import contextlib
+import threading
+from typing import Callable, Dict, List, NamedTuple, Optional
 
+import tensorflow as tf
 import tf_keras
+
+from tfps.training import exactly_once
+
+_context = threading.local()
 
 
 def tables_of(model: tf_keras.Model) -> List[tf_keras.layers.Layer]:
@@ -24,3 +37,61 @@ def bind_optimizers(model: tf_keras.Model) -> None:
 
 def table_metrics(model: tf_keras.Model) -> Dict[str, float]:
   return {f"{layer.name}/{name}": value for layer in tables_of(model) for name, value in layer.table_metrics().items()}
+
+
+class StepMark(NamedTuple):
+  """The step being traced: `marks.vector_beside(variable)[slot] >= mark` where a shard did its bookkeeping."""
+  marks: "StepMarks"
+  slot: tf.Tensor  # shape [1]
+  mark: tf.Tensor  # int64 scalar, grows with every step sharing the slot
+
+
+class StepMarks:
+  """One runner's record, on the ps of each table shard, of the steps whose bookkeeping that shard did: per slot, the
+  largest mark. A runner's marks start at zero (fresh vectors): marks of another runner (an earlier `fit`, a chief
+  before its restart) never make a step skip its bookkeeping."""
+
+  def __init__(self, strategy):
+    self._strategy = strategy
+    self._vectors: Dict[int, tf.Variable] = {}
+
+  def vector_beside(self, variable) -> tf.Variable:
+    """The record beside `variable` (a table shard's variable, on its ps), made when first asked for."""
+    if id(variable) not in self._vectors:
+      with tf.init_scope(), self._strategy.scope(), self._strategy.extended.colocate_vars_with(variable):
+        self._vectors[id(variable)] = tf.Variable(tf.zeros([exactly_once.SLOTS], tf.int64), trainable=False,
+                                                  name="tfps_table_steps",
+                                                  aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    return self._vectors[id(variable)]
+
+  @contextlib.contextmanager
+  def marking(self, slot, mark):
+    """While a step is traced: table layers do their bookkeeping for `(slot, mark)` once per shard."""
+    previous = getattr(_context, "step", None)
+    _context.step = StepMark(self, tf.reshape(tf.cast(slot, tf.int64), [1]), tf.cast(mark, tf.int64))
+    try:
+      yield
+    finally:
+      _context.step = previous
+
+
+def current_step() -> Optional[StepMark]:
+  """The step being traced (None: bookkeeping on every call, as outside a runner)."""
+  return getattr(_context, "step", None)
+
+
+@contextlib.contextmanager
+def keeping_state(keeper: Callable[[Callable], object]):
+  """Table layers built inside get their state from `keeper(make)` instead of `make()`."""
+  previous = getattr(_context, "keeper", None)
+  _context.keeper = keeper
+  try:
+    yield
+  finally:
+    _context.keeper = previous
+
+
+def build_state(make: Callable[[], object]):
+  """`make()`, or what the open `keeping_state` keeper gives for it."""
+  keeper = getattr(_context, "keeper", None)
+  return make() if keeper is None else keeper(make)

@@ -1,0 +1,103 @@
+"""DynamicEmbedding under real worker kills (tfps-launch, 2 workers, 2 ps): a training function run again after its
+worker died neither counts sightings nor admits twice, nor applies a table update twice.
+
+The run (tests/fixtures/dynamic_kills_train.py) sees the same 8 raw ids in every step, so after `n` applied steps
+every table shard's clock reads `n`, every id was sighted `n` times, and each admitted row (min_count 3) received
+exactly `n - 2` updates of gradient 1 (its Adagrad accumulator says how many). The same holds after a ps restart
+that resumes from the last epoch's backup.
+"""
+
+import json
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+EPOCHS, STEPS, MIN_COUNT = 3, 100, 3
+
+pytestmark = pytest.mark.slow
+
+
+def _task(launcher: subprocess.Popen, name: str):
+  """The live process of task `name` ("worker:1") under `launcher`, or None."""
+  try:
+    children = psutil.Process(launcher.pid).children(recursive=True)
+  except psutil.NoSuchProcess:
+    return None
+  for process in children:
+    try:
+      task = json.loads(process.environ().get("TF_CONFIG", "{}")).get("task")
+      if task and f"{task['type']}:{task['index']}" == name and process.status() != psutil.STATUS_ZOMBIE:
+        return process
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+      continue
+  return None
+
+
+def _wait_for(condition, what: str, launcher: subprocess.Popen, out: pathlib.Path, timeout_secs: float = 240):
+  deadline = time.monotonic() + timeout_secs
+  while not (found := condition()):
+    assert launcher.poll() is None, f"{what}: the run ended first\n{out.read_text()[-3000:]}"
+    assert time.monotonic() < deadline, f"{what}: not within {timeout_secs}s"
+    time.sleep(0.05)
+  return found
+
+
+def _run(tmp_path, env, kills) -> tuple:
+  """Trains the fixture under tfps-launch, SIGKILLing task `name` 0.2 s after checkpoint `epoch` for each
+  `(epoch, name)` of `kills`; returns the launcher's output and the counts the chief wrote."""
+  counts, out, model_dir = tmp_path / "counts.json", tmp_path / "out.txt", tmp_path / "run"
+  command = [sys.executable, "-m", "tfps.cluster.launch", "--num_workers=2", "--num_ps=2", "--max_restarts=5",
+             f"--log_dir={tmp_path / 'logs'}", "tests/fixtures/dynamic_kills_train.py", "--",
+             f"--model_dir={model_dir}", f"--counts_json={counts}", f"--epochs={EPOCHS}",
+             f"--steps_per_epoch={STEPS}"]
+  with open(out, "w", encoding="utf-8") as output:
+    launcher = subprocess.Popen(command, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+  try:
+    for epoch, name in kills:
+      _wait_for(lambda epoch=epoch: (model_dir / "checkpoints" / f"ckpt-{epoch}.index").exists(),
+                f"checkpoint {epoch}", launcher, out)
+      time.sleep(0.2)  # into the next epoch, at some point of a step
+      _wait_for(lambda name=name: _task(launcher, name), name, launcher, out).send_signal(signal.SIGKILL)
+    assert launcher.wait(timeout=400) == 0, out.read_text()[-3000:]
+  finally:
+    leftovers = [process for process in (_task(launcher, name) for name in
+                                         ("chief:0", "worker:0", "worker:1", "ps:0", "ps:1")) if process]
+    for process in leftovers:
+      process.kill()
+    if launcher.poll() is None:
+      launcher.kill()
+      launcher.wait()
+  assert not leftovers, f"processes left behind: {leftovers}"
+  return out.read_text(), json.loads(counts.read_text())
+
+
+def _assert_each_step_counted_once(result):
+  steps = EPOCHS * STEPS
+  assert result["iterations"] == steps, result
+  assert result["clocks"] == [steps] * 4, result  # 2 tables x 2 shards: one tick per applied step
+  assert result["sightings"] == [steps] * 8, result
+  assert result["updates_after_admission"] == [steps - MIN_COUNT + 1] * 8, result
+  assert (result["admitting"]["admitted"], result["admitting"]["fallbacks"]) == (8, 0), result
+  assert result["counting"]["admitted"] == 0, result
+
+
+def test_worker_kills_neither_double_count_sightings_nor_double_apply_table_updates(tmp_path, subprocess_env):
+  output, result = _run(tmp_path, subprocess_env, [(1, "worker:1"), (2, "worker:0")])
+  assert output.count("restarting worker:") == 2
+  _assert_each_step_counted_once(result)
+
+
+def test_ps_restart_restores_maps_counts_and_rows_with_the_step(tmp_path, subprocess_env):
+  """A ps killed mid-epoch: the cluster restarts and resumes from the last epoch's backup, whose rows, maps, counts
+  and clocks were saved with the optimizer's step, so every count still equals the applied steps."""
+  output, result = _run(tmp_path, subprocess_env, [(1, "ps:0")])
+  assert "ps:0 failed; restarting the training cluster" in output
+  assert "Resumed from the backup at epoch" in output
+  _assert_each_step_counted_once(result)

@@ -1,0 +1,94 @@
+"""tfps.layers.DynamicEmbedding in sync mode, refused in geo mode, and on the Estimator path (in-process cluster)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+import tfps
+from tfps.errors import UsageError
+
+NUM_IDS, CAPACITY, DIM, BATCH = 300, 8192, 8, 64  # 8192 x 8 floats: sharded over both ps
+RAW = 10**12 + 7919 * np.arange(NUM_IDS, dtype=np.int64)  # raw ids, far beyond the capacity
+LABELS = (np.random.default_rng(3).random(NUM_IDS) < 0.5).astype(np.float32)  # each id's own label
+
+
+def build_model():
+  ids = tf_keras.Input((1,), dtype="int64", name="ids")
+  table = tfps.layers.DynamicEmbedding(CAPACITY, DIM, min_count=2, num_shards=2, name="ids_table")
+  model = tf_keras.Model(ids, tf_keras.layers.Dense(1, activation="sigmoid")(tf_keras.layers.Flatten()(table(ids))))
+  model.compile(tf_keras.optimizers.legacy.Adagrad(0.5), "binary_crossentropy", metrics=["accuracy"])
+  return model
+
+
+def dataset_fn(input_context=None):
+  seed = input_context.input_pipeline_id if input_context else 0
+  picks = np.random.default_rng(seed).integers(0, NUM_IDS, size=(4096,))
+  return tf.data.Dataset.from_tensor_slices((RAW[picks, None], LABELS[picks])).repeat().batch(BATCH)
+
+
+@pytest.mark.slow
+def test_sync_mode_learns_each_raw_ids_label(cluster):
+  history = tfps.fit(build_model, dataset_fn, epochs=2, steps_per_epoch=60, sync_mode="sync", cluster=cluster)
+  model = history.model
+  assert history.history["ids_table/occupancy"][-1] == NUM_IDS, history.history  # every id seen twice: admitted
+  assert history.history["ids_table/fallbacks"][-1] == 0
+  predictions = model.predict(RAW[:, None], verbose=0)[:, 0]
+  assert np.mean((predictions > 0.5) == LABELS) >= 0.95
+  # Each step's two worker batches (and any batch computed for a slot another worker was late for) went through
+  # the bookkeeping: a shard's clock is the number of gradient batches computed, at least two per step.
+  clocks = [int(shard.clock.numpy()) for shard in model.get_layer("ids_table").shards]
+  assert min(clocks) >= 2 * 120, clocks
+
+
+def test_geo_mode_is_refused_with_the_alternatives(cluster):
+  with pytest.raises(UsageError, match=r"^sync_mode=geo cannot train ids_table, a table with its id map on the ps: "
+                                       r".* use sync_mode=async or sync$"):
+    tfps.fit(build_model, dataset_fn, epochs=1, steps_per_epoch=2, sync_mode="geo", cluster=cluster)
+
+
+def model_fn(features, labels, mode, params):
+  """A model_fn that builds its DynamicEmbedding on every call, as Estimator model_fns build their layers."""
+  del params
+  table = tfps.layers.DynamicEmbedding(CAPACITY, DIM, min_count=2, num_shards=2, name="ids_table")
+  vectors = table(features["ids"], training=mode == tfps.ModeKeys.TRAIN)
+  logits = tf_keras.layers.Dense(1, name="logits")(vectors)[:, 0]
+  prob = tf.sigmoid(logits)
+  if mode == tfps.ModeKeys.PREDICT:
+    return tfps.EstimatorSpec(mode, predictions={"prob": prob})
+  loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+  if mode == tfps.ModeKeys.EVAL:
+    accuracy = tf_keras.metrics.BinaryAccuracy(name="accuracy")
+    accuracy.update_state(labels, prob)
+    return tfps.EstimatorSpec(mode, loss=loss, eval_metric_ops={"accuracy": accuracy})
+  return tfps.EstimatorSpec(mode, loss=loss, optimizer=tf_keras.optimizers.legacy.Adagrad(0.5))
+
+
+def train_input_fn(params, input_context=None):
+  del params
+  return dataset_fn(input_context).map(lambda ids, labels: ({"ids": ids[:, 0]}, labels))
+
+
+def eval_input_fn(params):
+  del params
+  return tf.data.Dataset.from_tensor_slices(({"ids": RAW}, LABELS)).batch(BATCH)
+
+
+@pytest.mark.slow
+def test_estimator_path_trains_checkpoints_and_exports_the_table(cluster, tmp_path):
+  config = tfps.RunConfig(save_checkpoints_steps=100, steps_per_execution=10)
+  estimator = tfps.Estimator(model_fn, model_dir=str(tmp_path / "model"), config=config, cluster=cluster)
+  results = tfps.train_and_evaluate(estimator, tfps.TrainSpec(train_input_fn, max_steps=200),
+                                    tfps.EvalSpec(eval_input_fn, steps=None, throttle_secs=0))
+  assert results["global_step"] == 200
+  assert results["accuracy"] >= 0.95, results  # evaluated on the workers: lookups of the ps's maps
+  table, = estimator.distributed_model().model.variables.tables  # one table, though model_fn ran in several traces
+  assert table.table_metrics()["occupancy"] == NUM_IDS
+  # A plain process restores the checkpoint (rows, maps) into a model of its own and evaluates it alike.
+  local = estimator.evaluate(eval_input_fn)
+  assert local["accuracy"] == pytest.approx(results["accuracy"], abs=1e-6)
+  exported = estimator.export_saved_model(str(tmp_path / "export"),
+                                          lambda: {"ids": tf.TensorSpec([None], tf.int64)})
+  served = tf.saved_model.load(exported).signatures["serving_default"](ids=tf.constant(np.append(RAW, 5)))
+  prob = list(served.values())[0].numpy()
+  assert np.mean((prob[:-1] > 0.5) == LABELS) == pytest.approx(results["accuracy"], abs=1e-6)
