@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+from fixtures.launcher import QUICK_STOP
 import psutil
 import pytest
 
@@ -92,7 +93,7 @@ def test_readme_shows_the_first_model_file_as_it_is():
 def test_first_model_trains_under_the_local_launcher_to_the_stated_auc(tmp_path, subprocess_env):
   env = dict(subprocess_env, TMPDIR=str(tmp_path))  # the example keeps its data and model_dir in the temp folder
   try:
-    run = subprocess.run([sys.executable, "-m", "tfps.cluster.launch", "--num_ps=1", "--num_workers=2",
+    run = subprocess.run([sys.executable, "-m", "tfps.cluster.launch", "--num_ps=1", "--num_workers=2", QUICK_STOP,
                           f"--log_dir={tmp_path / 'logs'}", str(FIRST_MODEL)], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=480)
   finally:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+from fixtures.launcher import QUICK_STOP
 import portpicker
 import psutil
 import pytest
@@ -135,7 +136,7 @@ def test_chief_restart_resumes_and_sidecar_follows(tmp_path, subprocess_env):
 def test_train_estimator_under_tfps_launch(tmp_path, subprocess_env):
   model_dir = tmp_path / "model"
   env = {k: v for k, v in subprocess_env.items() if k != "TF_CONFIG"}
-  command = [sys.executable, "-m", "tfps.cluster.launch", "--num_ps=1", "--num_workers=2", "--evaluator",
+  command = [sys.executable, "-m", "tfps.cluster.launch", "--num_ps=1", "--num_workers=2", "--evaluator", QUICK_STOP,
              f"--log_dir={tmp_path / 'logs'}", str(SCRIPT), "--", f"--model_dir={model_dir}", "--max_steps=400",
              "--save_checkpoints_steps=200", f"--eval_examples={EVAL_EXAMPLES}", "--noinline_eval"]
   launcher = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

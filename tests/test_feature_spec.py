@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from absl import flags
+from fixtures.launcher import QUICK_STOP
 import numpy as np
 import psutil
 import pytest
@@ -173,7 +174,7 @@ def test_train_script_trains_wide_deep_on_a_generated_tsv(tmp_path, subprocess_e
   write_click_log(tmp_path / "train.tsv", 8000, 1, delimiter, header, missing, malformed=True)
   write_click_log(tmp_path / "eval.tsv", 2000, 2, delimiter, header, missing)
   (tmp_path / "shop.spec.json").write_text(json.dumps(click_log_spec(delimiter, header, missing)))
-  command = [sys.executable, "-m", "tfps.cluster.launch", "--num_ps=1", "--num_workers=1",
+  command = [sys.executable, "-m", "tfps.cluster.launch", "--num_ps=1", "--num_workers=1", QUICK_STOP,
              f"--log_dir={tmp_path / 'logs'}", "scripts/train.py", "--", "--data=csv",
              f"--feature_spec={tmp_path / 'shop.spec.json'}", f"--train_files={tmp_path / 'train.tsv'}",
              f"--eval_files={tmp_path / 'eval.tsv'}", f"--model_dir={tmp_path / 'run'}", "--model=wide_deep",

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+from fixtures.launcher import QUICK_STOP
 import psutil
 import pytest
 
@@ -17,7 +18,7 @@ from tfps.report import series
 from tfps import run_records
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-LAUNCH = [sys.executable, "-m", "tfps.cluster.launch"]
+LAUNCH = [sys.executable, "-m", "tfps.cluster.launch", QUICK_STOP]
 
 pytestmark = pytest.mark.slow
 

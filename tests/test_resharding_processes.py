@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-  """Three ps and one worker, stopped (and waited for) at the end."""
+  """Three ps and one worker, killed (and waited for) at the end."""
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
              PYTHONPATH=str(pathlib.Path(__file__).parents[1]) + os.pathsep + os.environ.get("PYTHONPATH", ""))
   ps = [f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(NUM_PS)]
@@ -49,14 +49,10 @@ def servers(tmp_path_factory):
              f"--worker_hosts={worker}"], env=env, stdout=log, stderr=subprocess.STDOUT))
     yield {"ps": ps, "worker": worker, "env": env}
   finally:
+    for process in processes:  # SIGKILL: a server in Server.join() never runs its SIGTERM handler
+      process.kill()
     for process in processes:
-      process.terminate()
-    for process in processes:
-      try:
-        process.wait(timeout=2)
-      except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+      process.wait()
 
 
 def _chief(servers, num_ps, *flags) -> subprocess.CompletedProcess:
