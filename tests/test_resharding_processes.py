@@ -49,7 +49,7 @@ def servers(tmp_path_factory):
              f"--worker_hosts={worker}"], env=env, stdout=log, stderr=subprocess.STDOUT))
     yield {"ps": ps, "worker": worker, "env": env}
   finally:
-    for process in processes:  # SIGKILL: a server in Server.join() never runs its SIGTERM handler
+    for process in processes:  # SIGKILL: nothing of a server is kept
       process.kill()
     for process in processes:
       process.wait()

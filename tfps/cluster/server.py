@@ -33,7 +33,7 @@ def _exit_on_signal(signum, frame):
   del frame
   logging.info("Received signal %d; stopping the server", signum)
   logging.flush()
-  os._exit(0)  # server.join() cannot be interrupted, and a server cannot be stopped cleanly
+  os._exit(0)  # a server cannot be stopped cleanly
 
 
 def run_server(config: cluster_lib.ClusterConfig) -> NoReturn:
@@ -46,5 +46,8 @@ def run_server(config: cluster_lib.ClusterConfig) -> NoReturn:
   if warning:  # not inside tfps-launch's private namespace: other hosts may reach this port
     logging.warning(warning)
   sys.stdout.flush()
-  server.join()
-  raise RuntimeError("tf.distribute.Server.join() returned")  # it blocks forever
+  # Not `server.join()`: it blocks inside TensorFlow, where Python never runs a signal handler, so SIGTERM waited for
+  # the launcher's SIGKILL. The server serves from its own threads; this one only waits for a signal.
+  while server:  # holds the server: dropping it would ask TensorFlow to stop it
+    signal.pause()
+  raise RuntimeError("the server was dropped")
