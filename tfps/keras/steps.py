@@ -25,7 +25,7 @@ def keras_step(model: tf_keras.Model) -> steps_lib.Step:
 
   return steps_lib.Step(run=run, forward=forward, optimizer=lambda: model.optimizer, variables=lambda: model.variables,
                         trainable_variables=lambda: model.trainable_variables, counter=model.optimizer.iterations,
-                        counts_itself=True, outputs=outputs)
+                        counts_itself=True, outputs=outputs, outputs_use_loss=False)
 
 
 def drive_fit(model: tf_keras.Model, runner: steps_lib.Runner) -> tf_keras.callbacks.Callback:

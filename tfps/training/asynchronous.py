@@ -43,7 +43,9 @@ class AsyncRunner(steps_lib.Runner):
       progress.record(slot, after + ([counted] if counted is not None else []))
       # The next step waits for this one's record: tf.function orders every stateful op of the loop body before the
       # next iteration, and gathers those of each ps into one signal, so no control edge of its own is sent.
-      return index + 1, loss_sum + tf.cast(loss, tf.float32), examples + tf.cast(count, tf.int64)
+      if step.outputs_use_loss:  # else the loss (a metric's result, on a ps) is not read back every step
+        loss_sum += tf.cast(loss, tf.float32)
+      return index + 1, loss_sum, examples + tf.cast(count, tf.int64)
 
     start = (first, tf.constant(0.0, tf.float32), tf.constant(0, tf.int64))
     _, loss_sum, examples = tf.while_loop(lambda index, *_: index < num_steps, body, start, parallel_iterations=1)

@@ -28,6 +28,8 @@ class Step:
       the steps it ran.
     outputs: `fn(loss_sum, examples) -> structure`, what one scheduled function returns, given the loss summed over its
       steps and their examples (tf-keras: the model's metric results, which `fit` takes as its logs).
+    outputs_use_loss: whether `outputs` uses `loss_sum`; where it does not (tf-keras, whose loss is a metric on a ps),
+      the async runner does not read each step's loss back from the ps.
   """
 
   run: Callable
@@ -38,6 +40,7 @@ class Step:
   counter: tf.Variable
   counts_itself: bool
   outputs: Callable[[tf.Tensor, tf.Tensor], Any] = lambda loss_sum, examples: (loss_sum, examples)
+  outputs_use_loss: bool = True
 
   def count(self, steps) -> Optional[tf.Operation]:
     """Adds `steps` to the counter unless `run` counts itself (then None)."""
