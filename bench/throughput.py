@@ -41,6 +41,8 @@ _VARIANTS = flags.DEFINE_list(
                  "keras_pss_1x1", "keras_pss_2x2", "tutorial_1x1"],
     "Variants to run: PATH or PATH_<ps>x<workers> (keras_pss_<ps>x<workers>: the plain-PSS peer), `+per_feature` for one table per feature instead of stacked "
     "(e.g. fit_1x1+per_feature). The tutorial loop runs at the smallest batch size only (its target is there).")
+_START_SECS = flags.DEFINE_float("start_timeout_secs", 300.0, "Seconds every variant's processes may take to "
+                                  "start and answer (a loaded machine starts TensorFlow slowly).", lower_bound=1)
 _QUICK = flags.DEFINE_boolean("quick", False, "Batch 256 only, 1 repetition, 1 window.")
 _OUT = flags.DEFINE_string("out", "bench/results",
                           "Folder for throughput.json and throughput.png (logs: $TFPS_BENCH_LOGS).")
@@ -65,6 +67,10 @@ def _run(variant: str, batch_size: int, repeat: int) -> dict:
       f"--batch_size={batch_size}", f"--steps={_steps(batch_size)}",
       f"--measure={1 if _QUICK.value else _MEASURE.value}", f"--vocab_size={_VOCAB.value}",
       f"--stack_tables={_STACK.value and option != 'per_feature'}"]
+  if plain:  # processes may start slowly on a shared machine; the tfps variants wait as long (--connect_timeout_secs)
+    args.append(f"--start_timeout_secs={_START_SECS.value}")
+  else:
+    args.append(f"--connect_timeout_secs={_START_SECS.value}")
   log_dir = runner.log_dir(f"{variant.replace('+', '_')}_b{batch_size}_r{repeat}")
   return runner.run(args, num_ps=num_ps, num_workers=num_workers, log_dir=log_dir, plain=plain)
 

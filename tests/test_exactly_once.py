@@ -214,3 +214,38 @@ def test_a_step_run_again_skips_the_updates_a_ps_applied_already(cluster):
   assert int(progress.variable[2].numpy()) == 11  # the step is recorded once it is whole
   assert {device: int(vector[2].numpy()) for device, vector in progress.ps_records.vectors.items()} == {
       device: 11 for device in devices}
+
+
+def test_gradients_packed_per_ps_reach_their_own_variables(cluster):
+  """The dense gradients of each ps travel packed in one tensor and are split again there: every variable (kernels and
+  biases of several shapes, on both ps) ends where the same steps in one process, without a strategy, leave it."""
+  def build():
+    model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(4, activation="tanh"),
+                                 tf_keras.layers.Dense(2, activation="tanh"), tf_keras.layers.Dense(1)])
+    model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "mse")
+    return model
+
+  strategy, coordinator = tfps.build_strategy(cluster)
+  with strategy.scope():
+    model = build()
+    runner = async_runner(model, coordinator)
+  devices = {variable.device for variable in model.trainable_variables}
+  assert len(devices) == 2, devices  # the layers' variables are spread over both ps
+  initial = model.get_weights()
+  local = build()
+  local.set_weights(initial)
+  features = tf.reshape(tf.range(24, dtype=tf.float32) / 24.0, (8, 3))
+  labels = tf.reduce_sum(features, axis=1, keepdims=True)
+
+  def dataset_fn():
+    return tf.data.Dataset.from_tensors((features, labels)).repeat()
+  iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+  coordinator.schedule(runner.function, args=(iterator, tf.constant(5, tf.int64), runner.progress.next_sequence()))
+  coordinator.join()
+  for _ in range(5):
+    local.train_on_batch(features, labels)
+  assert int(model.optimizer.iterations.numpy()) == 5
+  for trained, expected in zip(model.get_weights(), local.get_weights()):
+    assert trained.shape == expected.shape
+    assert abs(trained - expected).max() < 1e-5, (trained, expected)
+  assert all(abs(trained - start).max() > 1e-4 for trained, start in zip(model.get_weights(), initial))  # all moved

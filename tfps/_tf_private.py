@@ -126,8 +126,11 @@ def identity_gradient_aggregation(optimizer):
 
   `apply_gradients` calls `self.gradient_aggregator(grads_and_vars)` (a constructor argument, kept on the instance);
   under ParameterServerStrategy a worker is one replica, so it is the identity anyway, but it asks each variable for
-  its device, which a worker-local copy (geo) leaves to the worker that runs the function.
+  its device, which a worker-local copy (geo) leaves to the worker that runs the function. (A current tf-keras
+  optimizer has no `gradient_aggregator`; nothing is changed on it.)
   """
+  if not hasattr(optimizer, "gradient_aggregator"):
+    return contextlib.nullcontext()
   return swapped(optimizer, "gradient_aggregator", lambda grads_and_vars: grads_and_vars)
 
 

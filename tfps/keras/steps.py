@@ -26,7 +26,8 @@ def keras_step(model: tf_keras.Model) -> steps_lib.Step:
 
   return steps_lib.Step(run=run, forward=forward, optimizer=lambda: model.optimizer, variables=lambda: model.variables,
                         trainable_variables=lambda: model.trainable_variables, counter=model.optimizer.iterations,
-                        counts_itself=True, outputs=outputs, tables=lambda: tables.tables_of(model))
+                        counts_itself=True, outputs=outputs, tables=lambda: tables.tables_of(model),
+                        outputs_use_loss=False)
 
 
 def drive_fit(model: tf_keras.Model, runner: steps_lib.Runner) -> tf_keras.callbacks.Callback:

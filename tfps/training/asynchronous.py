@@ -37,14 +37,19 @@ class AsyncRunner(steps_lib.Runner):
           progress.ps_records.skipping_applied(strategy, slot, mark) as ps_applied, \
           self.table_marks.marking(slot, mark):
         loss, count = strategy.run(step.run, args=(next(iterator),))
-        # Counted after the step's updates (so not before all its gradients are on their ps), through the strategy's
-        # update too: skipped where the counter's ps applied this step already.
-        with tf.control_dependencies([loss] + exactly_once.after_updates(step.variables())):
-          counted = step.count(1)
+        counted = None
+        if not step.counts_itself:
+          # Counted after the step's updates (so not before all its gradients are on their ps), through the
+          # strategy's update too: skipped where the counter's ps applied this step already.
+          with tf.control_dependencies([loss] + exactly_once.after_updates(step.variables())):
+            counted = step.count(1)
       after = exactly_once.after_updates(step.variables() + [step.counter]) + ps_applied()
-      recorded = progress.record(slot, after + ([counted] if counted is not None else []))
-      with tf.control_dependencies([recorded]):
-        return index + 1, loss_sum + tf.cast(loss, tf.float32), examples + tf.cast(count, tf.int64)
+      progress.record(slot, after + ([counted] if counted is not None else []))
+      # The next step waits for this one's record: tf.function orders every stateful op of the loop body before the
+      # next iteration, and gathers those of each ps into one signal, so no control edge of its own is sent.
+      if step.outputs_use_loss:  # else the loss (a metric's result, on a ps) is not read back every step
+        loss_sum += tf.cast(loss, tf.float32)
+      return index + 1, loss_sum, examples + tf.cast(count, tf.int64)
 
     start = (first, tf.constant(0.0, tf.float32), tf.constant(0, tf.int64))
     _, loss_sum, examples = tf.while_loop(lambda index, *_: index < num_steps, body, start, parallel_iterations=1)

@@ -135,31 +135,57 @@ def _grouped(by_device: Dict[str, list]) -> List[tf.Operation]:
   return groups
 
 
-def _on_their_ps(grads_and_vars) -> List[tf.Operation]:
-  """In a tf.function: one op per ps that runs once every gradient for a variable on that ps is there."""
-  by_device = {}
-  for gradient, variable in grads_and_vars:
+def _on_their_ps(grads_and_vars):
+  """In a tf.function: `(grads_and_vars, gates)`, each gradient moved to its variable's ps (a copy there, which the
+  update then reads: the update's ops all run on the ps), and one op per ps that runs once every gradient for a
+  variable on that ps is there. The dense gradients of one ps (the small dense layers) travel packed in one tensor:
+  one transfer per ps and step instead of one per variable."""
+  moved = list(grads_and_vars)
+  by_device, dense = {}, {}
+  for position, (gradient, variable) in enumerate(moved):
     if gradient is None:
       continue
-    parts = [gradient.values, gradient.indices] if isinstance(gradient, tf.IndexedSlices) else [gradient]
-    with tf.device(variable.device):
-      by_device.setdefault(variable.device, []).extend(tf.identity(part, name="tfps_gradient_in") for part in parts)
-  return _grouped(by_device)
+    if isinstance(gradient, tf.IndexedSlices):
+      with tf.device(variable.device):
+        gradient = tf.IndexedSlices(tf.identity(gradient.values, name="tfps_gradient_in"),
+                                    tf.identity(gradient.indices, name="tfps_gradient_in"), gradient.dense_shape)
+      by_device.setdefault(variable.device, []).extend([gradient.values, gradient.indices])
+      moved[position] = (gradient, variable)
+    elif gradient.shape.is_fully_defined():
+      dense.setdefault((variable.device, gradient.dtype), []).append(position)
+    else:
+      with tf.device(variable.device):
+        moved[position] = (tf.identity(gradient, name="tfps_gradient_in"), variable)
+      by_device.setdefault(variable.device, []).append(moved[position][0])
+  for (device, _), positions in sorted(dense.items(), key=lambda item: (item[0][0], item[0][1].name)):
+    gradients = [moved[position][0] for position in positions]
+    packed = tf.concat([tf.reshape(gradient, [-1]) for gradient in gradients], 0)  # where the gradients are
+    with tf.device(device):
+      packed = tf.identity(packed, name="tfps_gradients_in")
+      parts = tf.split(packed, [gradient.shape.num_elements() for gradient in gradients])
+      for position, gradient, part in zip(positions, gradients, parts):
+        moved[position] = (tf.reshape(part, gradient.shape), moved[position][1])
+    by_device.setdefault(device, []).append(packed)
+  return moved, _grouped(by_device)
 
 
 @contextlib.contextmanager
 def updates_after_every_gradient(optimizer):
   """While a train step is traced: the optimizer's updates (on every ps) start only once all the step's gradients have
-  reached their ps, so a worker that dies before sending them all leaves no update of that step behind. (A gradient is
-  still sent once: the update and the wait take it from the same transfer.) Not for an optimizer that clips or scales
-  the gradients itself: it would send them twice, and the ones it applies would still arrive one by one."""
+  reached their ps, so a worker that dies before sending them all leaves no update of that step behind. Each gradient
+  is sent once, to its ps, and updated from there: the update, and the skip of `PsRecords.skipping_applied`, then run
+  on the ps without a further round trip to the worker. Not for an optimizer that clips or scales the gradients
+  itself: it would send them twice, and the ones it applies would still arrive one by one."""
   if optimizer is None or not _tf_private.applies_gradients_as_given(optimizer):
     yield
     return
 
   def gated(apply_gradients, grads_and_vars, *args, **kwargs):
-    with tf.control_dependencies(_on_their_ps(grads_and_vars)):
-      return apply_gradients(grads_and_vars, *args, **kwargs)
+    moved, gates = _on_their_ps(grads_and_vars)
+    # Under ParameterServerStrategy a worker is one replica: aggregating its gradients is the identity, and an
+    # aggregation op left to the worker's default device would send each gradient back there.
+    with tf.control_dependencies(gates), _tf_private.identity_gradient_aggregation(optimizer):
+      return apply_gradients(moved, *args, **kwargs)
 
   with _tf_private.intercepting_apply_gradients(optimizer, gated):
     yield
