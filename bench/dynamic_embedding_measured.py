@@ -51,6 +51,8 @@ _VOCAB = flags.DEFINE_integer("vocab_per_column", 1_000_000, "criteo, spread, st
                               lower_bound=1)
 _SPREAD_PS = flags.DEFINE_integer("spread_ps", 4, "spread: ps tasks.", lower_bound=2)
 _SPREAD_ROWS = flags.DEFINE_integer("spread_rows", 200_000, "spread: training rows.", lower_bound=1)
+_SPREAD_FRACTION = flags.DEFINE_float("spread_capacity_fraction", 0.25, "spread: rows / distinct ids (above 1: room "
+                                      "for every id, so the rows in use show how the ids spread).", lower_bound=0)
 _STEP_ROWS = flags.DEFINE_integer("step_time_rows", 400_000, "step_time: training rows (tables hold all their ids).",
                                   lower_bound=1)
 _SINGLE_CAPACITY = flags.DEFINE_integer("single_capacity", 20_000, "step_time: rows of the tables in the "
@@ -127,13 +129,15 @@ def criteo() -> dict:
 
 def spread() -> dict:
   """Rows in use per shard and peak RSS per ps of a full dynamic table over `--spread_ps` ps."""
-  result = _run(f"spread_{_SPREAD_PS.value}ps", [
+  result = _run(f"spread_{_SPREAD_PS.value}ps_{_SPREAD_FRACTION.value:g}", [
       "--data=criteo", "--table=dynamic", f"--rows={_SPREAD_ROWS.value}", "--eval_rows=20000",
-      f"--vocab_per_column={_VOCAB.value}", "--dim=8"], num_ps=_SPREAD_PS.value)
+      f"--vocab_per_column={_VOCAB.value}", "--dim=8", f"--capacity_fraction={_SPREAD_FRACTION.value}"],
+      num_ps=_SPREAD_PS.value)
   table = result["tables"]["categorical_table"]
   return {"summary": {"num_ps": _SPREAD_PS.value, "distinct_ids": result["distinct_ids"],
                       "table_rows": result["table_rows"], "shards": table["shards"],
-                      "ids_seen_beyond_one_ps_share": result["distinct_ids"] > max(s["rows"] for s in table["shards"]),
+                      "live_ids": table["occupancy"],
+                      "live_ids_over_one_ps_share": table["occupancy"] / max(s["rows"] for s in table["shards"]),
                       "fallbacks": table["fallbacks"], "ps_peak_rss_bytes": _ps_peaks(result)},
           "runs": [result]}
 

@@ -19,6 +19,7 @@ and for a dynamic table its occupancy, admitted, fallbacks and each shard's rows
 import os
 import sys
 import time
+import traceback
 
 from absl import app
 from absl import flags
@@ -160,8 +161,8 @@ def train_and_evaluate(config) -> dict:
   start = time.monotonic()
   if config is None:
     model = build()
-    model.fit(train_fn(None), epochs=_EPOCHS.value, steps_per_epoch=steps, callbacks=[timer.callback, _KerasVocabularyUpdate()],
-              verbose=0)
+    model.fit(train_fn(None), epochs=_EPOCHS.value, steps_per_epoch=steps,
+              callbacks=[timer.callback, _KerasVocabularyUpdate()], verbose=0)
     logs = evaluate_alone(model, test_fn(None))
   else:
     model = tfps.fit(build, train_fn, epochs=_EPOCHS.value, steps_per_epoch=steps, callbacks=[timer.callback],
@@ -189,7 +190,9 @@ def main(argv):
     except AttributeError as error:  # tf-keras's experimental DynamicEmbedding under ParameterServerStrategy
       if _TABLE.value != "keras_dynamic":
         raise
-      result = {"error": f"{type(error).__name__}: {error}"}
+      frames = traceback.extract_tb(error.__traceback__)
+      result = {"error": f"{type(error).__name__}: {error}",
+                "error_where": [f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in frames[-4:]]}
   result = dict(result, data=_DATA.value, table=_TABLE.value, single=_SINGLE.value, epochs=_EPOCHS.value,
                 batch_size=_BATCH.value, dim=_DIM.value, capacity_fraction=_FRACTION.value, seed=_SEED.value,
                 learning_rate=_LR.value, load_average=os.getloadavg())

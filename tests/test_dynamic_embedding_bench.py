@@ -19,7 +19,7 @@ def test_dynamic_and_hashed_sides_are_trained_evaluated_and_reported(tmp_path, s
       [sys.executable, SCRIPT, "--experiments=movielens,criteo", "--single_process", "--seeds=0",
        "--reference_fraction=0", "--movielens_epochs=2", "--movielens_steps=10", f"--data_dir={shared_data / 'ml-100k'}",
        "--criteo_rows=4000", "--criteo_eval_rows=1024", "--vocab_per_column=2000", f"--json_out={out}"],
-      capture_output=True, text=True, timeout=170, env=env, check=False, cwd=REPO)
+      capture_output=True, text=True, timeout=400, env=env, check=False, cwd=REPO)
   assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
   experiments = json.loads(out.read_text())["experiments"]
 
