@@ -55,6 +55,8 @@ _SPREAD_FRACTION = flags.DEFINE_float("spread_capacity_fraction", 0.25, "spread:
                                       "for every id, so the rows in use show how the ids spread).", lower_bound=0)
 _STEP_ROWS = flags.DEFINE_integer("step_time_rows", 400_000, "step_time: training rows (tables hold all their ids).",
                                   lower_bound=1)
+_STEP_SIDES = flags.DEFINE_list("step_time_sides", ["cluster", "single"], "step_time: cluster (tfps.fit, 2 ps + 2 "
+                                  "workers) and/or single (one process).")
 _SINGLE_CAPACITY = flags.DEFINE_integer("single_capacity", 20_000, "step_time: rows of the tables in the "
                                         "single-process comparison with tf-keras's layer.", lower_bound=1)
 _SINGLE_STEPS = flags.DEFINE_integer("single_steps", 40, "step_time: steps per epoch in one process.", lower_bound=1)
@@ -144,23 +146,30 @@ def spread() -> dict:
 
 def step_time() -> dict:
   """Seconds per step: dynamic against hashed of the same rows (cluster), and tf-keras's layer (alone)."""
-  cluster = ["--data=criteo", f"--rows={_STEP_ROWS.value}", "--eval_rows=20000", f"--vocab_per_column={_VOCAB.value}",
-             "--dim=8", "--capacity_fraction=1.0"]
-  runs = [_run(f"step_time_{table}", cluster + [f"--table={table}"]) for table in ("hashed", "dynamic")]
-  runs.append(_run("step_time_keras_dynamic", cluster + ["--table=keras_dynamic"]))
-  single = ["--data=criteo", "--single", f"--rows={_STEP_ROWS.value}", "--eval_rows=2560",
-            f"--vocab_per_column={_VOCAB.value}", "--dim=8", f"--capacity={_SINGLE_CAPACITY.value}",
-            f"--steps_per_epoch={_SINGLE_STEPS.value}", "--epochs=3"]
-  runs += [_run(f"step_time_single_{table}", single + [f"--table={table}"], num_ps=0)
-           for table in ("hashed", "dynamic", "keras_dynamic")]
-  secs = {run["name"][len("step_time_"):]: run.get("step_secs") for run in runs}
-  return {"summary": {"step_secs": secs,
-                      "cluster_dynamic_vs_hashed": secs["dynamic"] / secs["hashed"],
-                      "single_dynamic_vs_hashed": secs["single_dynamic"] / secs["single_hashed"],
-                      "single_keras_dynamic_vs_hashed": secs["single_keras_dynamic"] / secs["single_hashed"],
-                      "keras_dynamic_on_cluster": runs[2].get("error", "ran"),
-                      "cluster_table_rows": runs[0]["table_rows"], "single_table_rows": _SINGLE_CAPACITY.value},
-          "runs": runs}
+  runs, summary = [], {}
+  if "cluster" in _STEP_SIDES.value:
+    cluster = ["--data=criteo", f"--rows={_STEP_ROWS.value}", "--eval_rows=20000",
+               f"--vocab_per_column={_VOCAB.value}", "--dim=8", "--capacity_fraction=1.0"]
+    runs += [_run(f"step_time_{table}", cluster + [f"--table={table}"])
+             for table in ("hashed", "dynamic", "keras_dynamic")]
+    secs = {run["table"]: run.get("step_secs") for run in runs}
+    summary.update(cluster_step_secs=secs, cluster_dynamic_vs_hashed=secs["dynamic"] / secs["hashed"],
+                   keras_dynamic_on_cluster=runs[-1].get("error", "ran"),
+                   keras_dynamic_error_where=runs[-1].get("error_where"), cluster_table_rows=runs[0]["table_rows"])
+  if "single" in _STEP_SIDES.value:
+    single = ["--data=criteo", "--single", f"--rows={_STEP_ROWS.value}", "--eval_rows=2560",
+              f"--vocab_per_column={_VOCAB.value}", "--dim=8", f"--capacity={_SINGLE_CAPACITY.value}",
+              f"--steps_per_epoch={_SINGLE_STEPS.value}", "--epochs=3"]
+    alone = [_run(f"step_time_single_{table}", single + [f"--table={table}"], num_ps=0)
+             for table in ("hashed", "dynamic", "keras_dynamic")]
+    runs += alone
+    secs = {run["table"]: run["step_secs"] for run in alone}
+    cpu = {run["table"]: run["cpu_secs_per_step"] for run in alone}
+    summary.update(single_step_secs=secs, single_cpu_secs_per_step=cpu,
+                   single_cpu_dynamic_vs_hashed=cpu["dynamic"] / cpu["hashed"],
+                   single_cpu_keras_dynamic_vs_hashed=cpu["keras_dynamic"] / cpu["hashed"],
+                   single_table_rows=_SINGLE_CAPACITY.value)
+  return {"summary": summary, "runs": runs}
 
 
 def main(argv):

@@ -13,7 +13,8 @@ rows (`bench/dynamic_embedding_data.py`) with one table for all 26 categorical c
 `--capacity_fraction` of the distinct ids the chief counts in the training split; AUC on a held-out split.
 
 The chief's JSON (`--benchmark_json`): AUC, examples/s and seconds per step of the epochs after the first (tracing),
-and for a dynamic table its occupancy, admitted, fallbacks and each shard's rows in use.
+this process's CPU seconds per step over those epochs (alone: the
+whole training's, and steadier than wall time on a loaded machine), and for a dynamic table its occupancy, admitted, fallbacks and each shard's rows in use.
 """
 
 import os
@@ -173,7 +174,8 @@ def train_and_evaluate(config) -> dict:
   rates = epoch_timer.rates(timer.seconds, steps * _BATCH.value, steps)
   return dict(facts, auc=float(logs["auc"]), loss=float(logs["loss"]), steps_per_epoch=steps,
               optimizer_steps=int(model.optimizer.iterations.numpy()), train_and_eval_secs=round(train_secs, 1),
-              measured_span=timer.span, tables=table_report(model), **rates)
+              measured_span=timer.span, tables=table_report(model),
+              cpu_secs_per_step=sum(timer.cpu) / (steps * len(timer.cpu)), **rates)
 
 
 def main(argv):
