@@ -12,12 +12,14 @@ samples each task's peak RSS), or alone with `--single`. Experiments (`--experim
   per ps.
 * `step_time`: seconds per step of dynamic against hashed (a fixed table) of the same rows on the cluster, and
   tf-keras's experimental `DynamicEmbedding` tried on the same cluster (its error is recorded) and, since it cannot
-  run there, all three alone in one process at `--single_capacity` rows.
+  run there, all three alone in one process at `--single_capacity` rows (also CPU seconds per step, steadier than
+  wall time on a loaded machine).
 
 Runs of the two sides alternate. Writes `--json_out` with every run and a summary per experiment.
 
-  .venv/bin/python bench/dynamic_embedding_measured.py      # all four, about 25 minutes on 2 shared cores
+  .venv/bin/python bench/dynamic_embedding_measured.py      # all four: about an hour on 2 cores at load ~30
   .venv/bin/python bench/dynamic_embedding_measured.py --experiments=movielens --seeds=0
+  (the commands behind bench/results/dynamic_embedding_measured_*.json: docs/dynamic_embeddings_measured.md)
 """
 
 import json
