@@ -118,9 +118,10 @@ def _tail(path: str, lines: int = 15) -> str:
 
 
 def run(args: Sequence[str], *, num_ps: int = 0, num_workers: int = 0, log_dir: str,
-        timeout_secs: float = 600.0, sample_secs: float = 0.25, plain: bool = False) -> dict:
-  """Runs `train_bench.py ARGS`: alone when `num_ps` is 0, else under `tfps-launch` with that cluster; with `plain`,
-  `plain_pss_train.py ARGS` instead, which starts that cluster itself (no tfps code).
+        timeout_secs: float = 600.0, sample_secs: float = 0.25, plain: bool = False, script: str = SCRIPT) -> dict:
+  """Runs `train_bench.py ARGS` (or another benchmark `script` that takes `--benchmark_json`): alone when `num_ps` is
+  0, else under `tfps-launch` with that cluster; with `plain`, `plain_pss_train.py ARGS` instead, which starts that
+  cluster itself (no tfps code).
 
   Returns the chief's JSON, with `tasks: {task: {"peak_rss_bytes", "cores"}}` for a cluster.
 
@@ -130,12 +131,12 @@ def run(args: Sequence[str], *, num_ps: int = 0, num_workers: int = 0, log_dir: 
   os.makedirs(log_dir, exist_ok=True)
   fd, json_path = tempfile.mkstemp(suffix=".json", prefix="tfps_bench_")
   os.close(fd)
-  command: List[str] = [sys.executable, SCRIPT]
+  command: List[str] = [sys.executable, script]
   if plain:
     command = [sys.executable, PLAIN_SCRIPT, f"--num_ps={num_ps}", f"--num_workers={num_workers}",
                f"--task_log_dir={log_dir}"]
   elif num_ps:
-    command = [LAUNCHER, f"--num_ps={num_ps}", f"--num_workers={num_workers}", f"--log_dir={log_dir}", SCRIPT, "--"]
+    command = [LAUNCHER, f"--num_ps={num_ps}", f"--num_workers={num_workers}", f"--log_dir={log_dir}", script, "--"]
   command += list(args) + [f"--benchmark_json={json_path}"]
   log_path = os.path.join(log_dir, "run.log")
   samples: Dict[str, List[tuple]] = {}
