@@ -100,3 +100,19 @@ def test_estimator_path_trains_checkpoints_and_exports_the_table(cluster, tmp_pa
   served = tf.saved_model.load(exported).signatures["serving_default"](ids=tf.constant(np.append(RAW, 5)))
   prob = list(served.values())[0].numpy()
   assert np.mean((prob[:-1] > 0.5) == LABELS) == pytest.approx(results["accuracy"], abs=1e-6)
+
+
+def test_geo_push_skips_rows_given_to_another_id_during_the_round():
+  """A geo round's cached rows are pushed as differences, except rows whose id changed on the ps since the pull
+  (evicted and given to another id: that id's fresh row must not get the old id's training)."""
+  from tfps.training import geo  # pylint: disable=import-outside-toplevel
+  rows = tf.Variable(tf.zeros([6, 2]))
+  owners = tf.Variable([10, 11, 12, 13, 14, 15], dtype=tf.int64)  # the id each row belongs to
+  table = geo._Table(rows, tf.constant([4, 1, 3, 1]), lambda shard: [], geo._LocalNames(),
+                     owners=lambda k, local: tf.gather(owners, local))
+  (_, handle, local_ids, *_), = table.caches
+  assert local_ids.numpy().tolist() == [1, 3, 4]
+  tf.raw_ops.AssignVariableOp(resource=handle, value=tf.ones([3, 2]))  # the round trained all three rows
+  owners.scatter_update(tf.IndexedSlices(tf.constant([99], tf.int64), [3]))  # row 3 evicted, given to id 99
+  table.push()
+  assert rows.numpy()[:, 0].tolist() == [0, 1, 0, 0, 1, 0]

@@ -12,7 +12,8 @@ when its shard has no free row (counted in `fallbacks`), it reads the default: a
 Eviction: with `steps_to_live`, a row whose id was not seen in the last `steps_to_live` training calls of its shard is
 freed (the rows are scanned every `steps_to_live // 10` calls, so an id goes between `steps_to_live` and 1.1x that
 many calls after it was last seen); the next id given the row starts from a fresh value and fresh optimizer slots.
-Inference (`training=False`) only looks up. Under a runner (async, sync) a step's bookkeeping runs once per shard even
+Inference (`training=False`) only looks up. Geo training (`tables.answering`) asks for the rows of a round's ids
+(`rows_of`) and reads its local copies of them (`lookup_rows`); the map is never copied. Under a runner (async, sync, geo) a step's bookkeeping runs once per shard even
 when a worker failure makes ParameterServerStrategy run the step again (`tfps.training.tables.StepMarks`). A model_fn
 (Estimator path) builds the layer on every call; its calls share one `_Table` (`tfps.training.tables.build_state`).
 """

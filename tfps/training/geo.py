@@ -8,7 +8,9 @@ One scheduled function is one round on one worker:
    loaded from the ps by the worker's first round only: each worker keeps its own, as geo-SGD's local optimizer does.
 2. Discover: the round's batches run forward once with every tf-keras `Embedding` answering zeros, which yields the
    ids each table is looked up with; the rows of those ids (and of the optimizer's slots of the table) are gathered
-   from the ps into a local cache of the touched rows only, never a table-sized buffer.
+   from the ps into a local cache of the touched rows only, never a table-sized buffer. A table layer with its id map
+   on the ps (`tfps.layers.DynamicEmbedding`) finds its ids' rows there in this pass (admitting and evicting, once
+   per batch and shard), and its rows are cached alike; the map itself is never copied.
 3. Train: `geo_steps` steps of the user's own step (Keras `train_step`, or the model_fn's loss and optimizer) run
    with every variable, slot and table redirected to its local copy; lookups go to the cached rows.
 4. Push: the difference between each local copy and what was pulled is added to the ps (dense variables whole,
