@@ -68,15 +68,9 @@ class StepMarks:
                                                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     return self._vectors[id(variable)]
 
-  @contextlib.contextmanager
   def marking(self, slot, mark):
     """While a step is traced: table layers do their bookkeeping for `(slot, mark)` once per shard."""
-    previous = getattr(_context, "step", None)
-    _context.step = StepMark(self, tf.reshape(tf.cast(slot, tf.int64), [1]), tf.cast(mark, tf.int64))
-    try:
-      yield
-    finally:
-      _context.step = previous
+    return _setting("step", StepMark(self, tf.reshape(tf.cast(slot, tf.int64), [1]), tf.cast(mark, tf.int64)))
 
 
 def current_step() -> Optional[StepMark]:
@@ -84,15 +78,9 @@ def current_step() -> Optional[StepMark]:
   return getattr(_context, "step", None)
 
 
-@contextlib.contextmanager
 def keeping_state(keeper: Callable[[Callable], object]):
   """Table layers built inside get their state from `keeper(make)` instead of `make()`."""
-  previous = getattr(_context, "keeper", None)
-  _context.keeper = keeper
-  try:
-    yield
-  finally:
-    _context.keeper = previous
+  return _setting("keeper", keeper)
 
 
 def build_state(make: Callable[[], object]):
@@ -101,7 +89,6 @@ def build_state(make: Callable[[], object]):
   return make() if keeper is None else keeper(make)
 
 
-@contextlib.contextmanager
 def answering(answer: Callable):
   """While tracing: a table layer's training call returns `answer(layer, ids)` instead of reading its rows itself.
 
@@ -111,14 +98,20 @@ def answering(answer: Callable):
   - `lookup_rows(rows)`: the vectors of global `rows` of its `embeddings` (zeros for -1);
   - `row_owners(index, rows)`: the ids that rows `rows` of row shard `index` belong to now, read from the ps.
   """
-  previous = getattr(_context, "answer", None)
-  _context.answer = answer
-  try:
-    yield
-  finally:
-    _context.answer = previous
+  return _setting("answer", answer)
 
 
 def current_answer() -> Optional[Callable]:
   """The open `answering` stand-in (None: the layer reads its rows itself)."""
   return getattr(_context, "answer", None)
+
+
+@contextlib.contextmanager
+def _setting(name: str, value):
+  """`_context.<name>` is `value` inside (in this thread: a context read in a replica's function is entered there)."""
+  previous = getattr(_context, name, None)
+  setattr(_context, name, value)
+  try:
+    yield
+  finally:
+    setattr(_context, name, previous)
