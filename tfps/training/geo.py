@@ -183,6 +183,8 @@ class GeoRunner(steps_lib.Runner):
 
   def __init__(self, step: steps_lib.Step, **kwargs):
     super().__init__(step, **kwargs)
+    if self.mode.geo_steps >= MARK_STRIDE:
+      raise UsageError(f"`geo_steps` ({self.mode.geo_steps}) must be below {MARK_STRIDE}")
     optimizer = step.optimizer()
     if not hasattr(optimizer, "get_slot_names"):
       raise UsageError(f"sync_mode=geo needs a tf_keras.optimizers.legacy optimizer, got {type(optimizer).__name__}")
@@ -289,8 +291,6 @@ class GeoRunner(steps_lib.Runner):
         flat = tf.reshape(rows, [-1])
         return tf.boolean_mask(flat, flat >= 0)
 
-      if num_steps >= MARK_STRIDE:
-        raise UsageError(f"`geo_steps` ({num_steps}) must be below {MARK_STRIDE}")
       def forward(batch, mark):  # the contexts entered in the replica's thread, where the layers read them
         with _recording(record, rows_of), self.table_marks.marking(slot, mark):
           self.step.forward(batch)
