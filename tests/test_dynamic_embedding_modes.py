@@ -1,4 +1,4 @@
-"""tfps.layers.DynamicEmbedding in sync mode, refused in geo mode, and on the Estimator path (in-process cluster)."""
+"""tfps.layers.DynamicEmbedding in sync and geo mode, and on the Estimator path (in-process cluster)."""
 
 import numpy as np
 import pytest
@@ -6,7 +6,6 @@ import tensorflow as tf
 import tf_keras
 
 import tfps
-from tfps.errors import UsageError
 
 NUM_IDS, CAPACITY, DIM, BATCH = 300, 8192, 8, 64  # 8192 x 8 floats: sharded over both ps
 RAW = 10**12 + 7919 * np.arange(NUM_IDS, dtype=np.int64)  # raw ids, far beyond the capacity
@@ -41,10 +40,19 @@ def test_sync_mode_learns_each_raw_ids_label(cluster):
   assert min(clocks) >= 2 * 120, clocks
 
 
-def test_geo_mode_is_refused_with_the_alternatives(cluster):
-  with pytest.raises(UsageError, match=r"^sync_mode=geo cannot train ids_table, a table with its id map on the ps: "
-                                       r".* use sync_mode=async or sync$"):
-    tfps.fit(build_model, dataset_fn, epochs=1, steps_per_epoch=2, sync_mode="geo", cluster=cluster)
+def test_geo_mode_learns_each_raw_ids_label_with_one_row_per_id(cluster):
+  history = tfps.fit(build_model, dataset_fn, epochs=2, steps_per_epoch=60, sync_mode="geo", cluster=cluster)
+  model = history.model
+  assert history.history["ids_table/occupancy"][-1] == NUM_IDS, history.history
+  assert history.history["ids_table/fallbacks"][-1] == 0
+  predictions = model.predict(RAW[:, None], verbose=0)[:, 0]
+  assert np.mean((predictions > 0.5) == LABELS) >= 0.95
+  layer = model.get_layer("ids_table")
+  rows = layer.rows_of(tf.constant(RAW)).numpy()
+  assert (rows >= 0).all() and len(set(rows.tolist())) == NUM_IDS  # distinct ids, distinct rows, on the ps's maps
+  # The map stayed on the ps: each of the 120 batches did its bookkeeping once on each shard, in its round's discovery.
+  assert [int(shard.clock.numpy()) for shard in layer.shards] == [120, 120]
+  assert int(model.optimizer.iterations.numpy()) == 120
 
 
 def model_fn(features, labels, mode, params):
@@ -92,3 +100,19 @@ def test_estimator_path_trains_checkpoints_and_exports_the_table(cluster, tmp_pa
   served = tf.saved_model.load(exported).signatures["serving_default"](ids=tf.constant(np.append(RAW, 5)))
   prob = list(served.values())[0].numpy()
   assert np.mean((prob[:-1] > 0.5) == LABELS) == pytest.approx(results["accuracy"], abs=1e-6)
+
+
+def test_geo_push_skips_rows_given_to_another_id_during_the_round():
+  """A geo round's cached rows are pushed as differences, except rows whose id changed on the ps since the pull
+  (evicted and given to another id: that id's fresh row must not get the old id's training)."""
+  from tfps.training import geo  # pylint: disable=import-outside-toplevel
+  rows = tf.Variable(tf.zeros([6, 2]))
+  owners = tf.Variable([10, 11, 12, 13, 14, 15], dtype=tf.int64)  # the id each row belongs to
+  table = geo._Table(rows, tf.constant([4, 1, 3, 1]), lambda shard: [], geo._LocalNames(),
+                     owners=lambda k, local: tf.gather(owners, local))
+  (_, handle, local_ids, *_), = table.caches
+  assert local_ids.numpy().tolist() == [1, 3, 4]
+  tf.raw_ops.AssignVariableOp(resource=handle, value=tf.ones([3, 2]))  # the round trained all three rows
+  owners.scatter_update(tf.IndexedSlices(tf.constant([99], tf.int64), [3]))  # row 3 evicted, given to id 99
+  table.push()
+  assert rows.numpy()[:, 0].tolist() == [0, 1, 0, 0, 1, 0]

@@ -12,7 +12,8 @@ when its shard has no free row (counted in `fallbacks`), it reads the default: a
 Eviction: with `steps_to_live`, a row whose id was not seen in the last `steps_to_live` training calls of its shard is
 freed (the rows are scanned every `steps_to_live // 10` calls, so an id goes between `steps_to_live` and 1.1x that
 many calls after it was last seen); the next id given the row starts from a fresh value and fresh optimizer slots.
-Inference (`training=False`) only looks up. Under a runner (async, sync) a step's bookkeeping runs once per shard even
+Inference (`training=False`) only looks up. Geo training (`tables.answering`) asks for the rows of a round's ids
+(`rows_of`) and reads its local copies of them (`lookup_rows`); the map is never copied. Under a runner (async, sync, geo) a step's bookkeeping runs once per shard even
 when a worker failure makes ParameterServerStrategy run the step again (`tfps.training.tables.StepMarks`). A model_fn
 (Estimator path) builds the layer on every call; its calls share one `_Table` (`tfps.training.tables.build_state`).
 """
@@ -341,14 +342,24 @@ class DynamicEmbedding(tf_keras.layers.Layer):
     return tf.reshape(tf.gather(unique_rows, positions), tf.shape(keys))
 
   def call(self, ids, training=None):
+    answer = tables.current_answer() if training else None
+    if answer is not None:  # geo training: it finds the rows and reads its local copies of them
+      return answer(self, ids)
     keys = self._keys(ids)
     unique, positions = tf.unique(tf.reshape(keys, [-1]), out_idx=tf.int64)
-    unique_rows = self.rows_of(unique, training=bool(training))
-    found = tf.where(unique_rows >= 0)
-    vectors = tf.nn.embedding_lookup(self.embeddings, tf.gather_nd(unique_rows, found))
-    unique_vectors = tf.scatter_nd(found, vectors, [tf.size(unique, out_type=tf.int64), self.dim])
+    unique_vectors = self.lookup_rows(self.rows_of(unique, training=bool(training)))
     shape = tf.concat([tf.shape(keys), [self.dim]], axis=0)
     return tf.reshape(tf.gather(unique_vectors, positions), shape)
+
+  def lookup_rows(self, rows):
+    """Vectors of global `rows` (a vector) of `embeddings`, zeros where a row is -1 (the default)."""
+    found = tf.where(rows >= 0)
+    vectors = tf.nn.embedding_lookup(self.embeddings, tf.gather_nd(rows, found))
+    return tf.scatter_nd(found, vectors, [tf.size(rows, out_type=tf.int64), self.dim])
+
+  def row_owners(self, index, rows):
+    """The ids rows `rows` (local to row shard `index`) were last given to, read from the shard's ps now."""
+    return tf.gather(self.shards[index].row_keys, rows)
 
   def table_metrics(self) -> Dict[str, int]:
     """`occupancy` (rows in use), `admitted`, `evicted` and `fallbacks` over all shards, read from the ps."""

@@ -8,7 +8,9 @@ One scheduled function is one round on one worker:
    loaded from the ps by the worker's first round only: each worker keeps its own, as geo-SGD's local optimizer does.
 2. Discover: the round's batches run forward once with every tf-keras `Embedding` answering zeros, which yields the
    ids each table is looked up with; the rows of those ids (and of the optimizer's slots of the table) are gathered
-   from the ps into a local cache of the touched rows only, never a table-sized buffer.
+   from the ps into a local cache of the touched rows only, never a table-sized buffer. A table layer with its id map
+   on the ps (`tfps.layers.DynamicEmbedding`) finds its ids' rows there in this pass (admitting and evicting, once
+   per batch and shard), and its rows are cached alike; the map itself is never copied.
 3. Train: `geo_steps` steps of the user's own step (Keras `train_step`, or the model_fn's loss and optimizer) run
    with every variable, slot and table redirected to its local copy; lookups go to the cached rows.
 4. Push: the difference between each local copy and what was pulled is added to the ps (dense variables whole,
@@ -25,7 +27,7 @@ again from its pull; a round whose push was recorded (`tfps.training.exactly_onc
 import contextlib
 import itertools
 import uuid
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import tensorflow as tf
 
@@ -34,8 +36,10 @@ from tfps.errors import UsageError
 from tfps.training import exactly_once
 from tfps.training import steps as steps_lib
 from tfps.training import strategy as strategy_lib
+from tfps.training import tables as tables_lib
 
 LARGE_DENSE_ELEMENTS = 1 << 20  # a variable this large and not an Embedding table is not copied to every worker
+MARK_STRIDE = 1 << 20  # table layers' bookkeeping mark of a round's batch: `seq * MARK_STRIDE + batch + 1`
 
 
 class _LocalNames:
@@ -82,9 +86,14 @@ class _Dense:
 
 
 class _Table:
-  """The touched rows of one embedding table (sharded or not) and of its optimizer slots, cached locally."""
+  """The touched rows of one embedding table (sharded or not) and of its optimizer slots, cached locally.
 
-  def __init__(self, table, ids: tf.Tensor, slots: Callable, names: _LocalNames):
+  `owners(k, rows)`, for a table layer keeping an id map on the ps: the ids rows `rows` of shard k belong to now. A
+  row whose id changed between the pull and the push (evicted and given to another id meanwhile) is not pushed: the
+  difference trained for the old id would land in the new id's fresh row.
+  """
+
+  def __init__(self, table, ids: tf.Tensor, slots: Callable, names: _LocalNames, owners: Optional[Callable] = None):
     self.shards = strategy_lib.shards_of(table)
     rows = [shard.shape[0] for shard in self.shards]
     self.offsets = [sum(rows[:k]) for k in range(len(rows) + 1)]
@@ -92,15 +101,18 @@ class _Table:
     self.ids = tf.sort(self.ids)
     # Where each shard's ids start in the sorted ids.
     self.starts = tf.searchsorted(self.ids, tf.constant(self.offsets, tf.int64), out_type=tf.int64)
-    self.caches = []  # (variable, handle, local ids, filled value, fill op)
+    self.caches = []  # (variable, handle, local ids, filled value, fill op, shard index)
+    self.owners = owners
+    self.owned = []  # per shard: the ids its cached rows belonged to at the pull (with `owners`)
     for k, shard in enumerate(self.shards):
       local_ids = self.ids[self.starts[k]:self.starts[k + 1]] - self.offsets[k]
+      self.owned.append(owners(k, local_ids) if owners else None)
       for variable in [shard] + slots(shard):
         handle = names.handle(variable, "rows", tf.TensorShape([None]).concatenate(variable.shape[1:]),
                               variable.dtype)
         filled = tf.gather(variable, local_ids)
         fill = tf.raw_ops.AssignVariableOp(resource=handle, value=filled)
-        self.caches.append((variable, handle, local_ids, filled, fill))
+        self.caches.append((variable, handle, local_ids, filled, fill, k))
 
   def virtual_ids(self, ids: tf.Tensor) -> tf.Tensor:
     """Ids under which the cached rows answer `ids`: shard k's row p of the cache is id `offsets[k] + p` (the rows
@@ -113,20 +125,43 @@ class _Table:
 
   def push(self) -> List:
     pushes = []
-    for variable, handle, local_ids, filled, fill in self.caches:
+    locals_ = []
+    for variable, handle, local_ids, filled, fill, k in self.caches:
       with tf.control_dependencies([fill]):
-        local = tf.raw_ops.ReadVariableOp(resource=handle, dtype=variable.dtype)
-      pushes.append(variable.scatter_add(tf.IndexedSlices(local - filled, local_ids)))
+        locals_.append(tf.raw_ops.ReadVariableOp(resource=handle, dtype=variable.dtype))
+    kept = {}
+    with tf.control_dependencies(locals_):  # the owners are read once the round's training is done
+      for k, owned in enumerate(self.owned):
+        if owned is not None:
+          local_ids = self.ids[self.starts[k]:self.starts[k + 1]] - self.offsets[k]
+          kept[k] = tf.equal(self.owners(k, local_ids), owned)
+    for (variable, handle, local_ids, filled, fill, k), local in zip(self.caches, locals_):
+      delta = local - filled
+      if k in kept:
+        delta, local_ids = tf.boolean_mask(delta, kept[k]), tf.boolean_mask(local_ids, kept[k])
+      pushes.append(variable.scatter_add(tf.IndexedSlices(delta, local_ids)))
     return pushes
 
 
-def _recording(record: Callable):
-  """While tracing: every tf-keras Embedding layer calls `record(layer, ids)` and answers zeros, reading no table."""
+@contextlib.contextmanager
+def _recording(record: Callable, rows_of: Callable = lambda layer, ids: ids):
+  """While tracing: every tf-keras Embedding layer calls `record(layer, ids)` and answers zeros, reading no table;
+  every table layer with an id map on the ps (`tfps.training.tables.answering`) calls `record(layer, rows_of(layer,
+  ids))` (the rows of its ids on the ps, for the round's own trace) and answers zeros."""
+  def zeros(ids, width, dtype):
+    return tf.zeros(tf.concat([tf.shape(ids), [width]], 0), dtype)
+
   def answer(layer, ids, original):
     del original
     record(layer, ids)
-    return tf.zeros(tf.concat([tf.shape(ids), [layer.output_dim]], 0), layer.compute_dtype)
-  return _tf_private.embedding_calls(answer)
+    return zeros(ids, layer.output_dim, layer.compute_dtype)
+
+  def table_answer(layer, ids):
+    record(layer, rows_of(layer, ids))
+    return zeros(ids, layer.dim, layer.compute_dtype)
+
+  with _tf_private.embedding_calls(answer), tables_lib.answering(table_answer):
+    yield
 
 
 def _key(table) -> tuple:
@@ -148,15 +183,15 @@ class GeoRunner(steps_lib.Runner):
 
   def __init__(self, step: steps_lib.Step, **kwargs):
     super().__init__(step, **kwargs)
-    for table in step.tables():
-      raise UsageError(f"sync_mode=geo cannot train {table.name}, a table with its id map on the ps: a worker's local "
-                       "copy of it would give one row to different ids; use sync_mode=async or sync")
+    if self.mode.geo_steps >= MARK_STRIDE:
+      raise UsageError(f"`geo_steps` ({self.mode.geo_steps}) must be below {MARK_STRIDE}")
     optimizer = step.optimizer()
     if not hasattr(optimizer, "get_slot_names"):
       raise UsageError(f"sync_mode=geo needs a tf_keras.optimizers.legacy optimizer, got {type(optimizer).__name__}")
     with self.strategy.scope():
       _tf_private.create_optimizer_slots(optimizer, step.trainable_variables())
       self.progress = exactly_once.StepProgress(1, step.counter)
+    self.table_marks = tables_lib.StepMarks(self.strategy)  # table layers' bookkeeping, once per batch and shard
     self._names = _LocalNames()
     self._functions: Dict[int, Callable] = {}
 
@@ -186,13 +221,14 @@ class GeoRunner(steps_lib.Runner):
 
     `seq` is `progress.next_sequence()`: a round run again after its push was recorded does nothing.
     """
+    slot, first = self.progress.begin(seq, 1)
+
     def run():
-      return self._round(iterator, num_steps)
+      return self._round(iterator, num_steps, slot, seq)
 
     def skip():
       return tf.constant(0.0), tf.constant(0, tf.int64), self.step.counter.read_value()
 
-    slot, first = self.progress.begin(seq, 1)
     loss, examples, counter = tf.cond(first > 0, skip, run)
     recorded = self.progress.record(slot, [counter])
     with tf.control_dependencies([recorded]):
@@ -203,10 +239,13 @@ class GeoRunner(steps_lib.Runner):
     found = {}
 
     def forward(batch):
-      self.strategy.run(self.step.forward, args=(batch,))
+      with _recording(lambda layer, ids: found.setdefault(_key(layer.embeddings), layer.embeddings)):
+        self.step.forward(batch)
 
-    with _recording(lambda layer, ids: found.setdefault(_key(layer.embeddings), layer.embeddings)):
-      tf.function(forward).get_concrete_function(tf.nest.map_structure(tf.TensorSpec.from_tensor, batch))
+    def replicated(batch):
+      self.strategy.run(forward, args=(batch,))
+
+    tf.function(replicated).get_concrete_function(tf.nest.map_structure(tf.TensorSpec.from_tensor, batch))
     return found
 
   def _dense_copies(self, optimizer, batch) -> List[_Dense]:
@@ -229,23 +268,37 @@ class GeoRunner(steps_lib.Runner):
         dense.append(_Dense(part, self._names, resident=resident))
     return dense
 
-  def _round(self, iterator, num_steps: int):
+  def _round(self, iterator, num_steps: int, slot, seq):
     optimizer = self.step.optimizer()
     batches = [next(iterator) for _ in range(num_steps)]
     dense = self._dense_copies(optimizer, batches[0])  # 1. Pull.
     with contextlib.ExitStack() as swaps:
       for copy in dense:
         swaps.enter_context(_tf_private.swapped_handle(copy.variable, copy.handle))
-      # 2. Discover the ids of every table (on the local dense copies); cache their rows.
+      # 2. Discover the ids of every table (on the local dense copies); cache their rows. A table layer with an id
+      # map on the ps finds (admits, evicts) the rows of its ids there, once per batch and shard (`table_marks`).
       seen: Dict[tuple, list] = {}
+      owners: Dict[tuple, Callable] = {}
+      table_rows: Dict[tuple, list] = {}  # the rows of each call of a table layer, in the order of the calls
 
       def record(layer, ids):
         seen.setdefault(_key(layer.embeddings), [layer.embeddings]).append(tf.reshape(ids, [-1]))
 
-      with tf.control_dependencies([copy.pull for copy in dense]), _recording(record):
-        for batch in batches:
-          self.strategy.run(self.step.forward, args=(batch,))
-      tables = {key: _Table(entry[0], tf.concat(entry[1:], 0), self._slots, self._names)
+      def rows_of(layer, ids):
+        rows = layer.rows_of(ids, training=True)
+        owners[_key(layer.embeddings)] = layer.row_owners
+        table_rows.setdefault(_key(layer.embeddings), []).append(rows)
+        flat = tf.reshape(rows, [-1])
+        return tf.boolean_mask(flat, flat >= 0)
+
+      def forward(batch, mark):  # the contexts entered in the replica's thread, where the layers read them
+        with _recording(record, rows_of), self.table_marks.marking(slot, mark):
+          self.step.forward(batch)
+
+      with tf.control_dependencies([copy.pull for copy in dense]):
+        for index, batch in enumerate(batches):
+          self.strategy.run(forward, args=(batch, seq * MARK_STRIDE + index + 1))
+      tables = {key: _Table(entry[0], tf.concat(entry[1:], 0), self._slots, self._names, owners.get(key))
                 for key, entry in seen.items()}
       fills = [copy.pull for copy in dense] + [cache[4] for table in tables.values() for cache in table.caches]
       for table in tables.values():
@@ -256,11 +309,21 @@ class GeoRunner(steps_lib.Runner):
       def lookup(layer, ids, original):
         return original(layer, tables[_key(layer.embeddings)].virtual_ids(ids))
 
+      def lookup_rows(layer, ids):  # the rows its call of the same batch found in step 2
+        key = _key(layer.embeddings)
+        rows = tf.reshape(table_rows[key].pop(0), [-1])
+        local = tf.where(rows >= 0, tables[key].virtual_ids(tf.maximum(rows, 0)), -1)
+        return tf.reshape(layer.lookup_rows(local), tf.concat([tf.shape(ids), [layer.dim]], 0))
+
+      def train(batch):
+        with tables_lib.answering(lookup_rows):
+          return self.step.run(batch)
+
       losses, examples = [], []
       with _tf_private.embedding_calls(lookup), _tf_private.identity_gradient_aggregation(optimizer):
         for batch in batches:
           with tf.control_dependencies(fills + losses[-1:]):
-            loss, count = self.strategy.run(self.step.run, args=(batch,))
+            loss, count = self.strategy.run(train, args=(batch,))
           losses.append(tf.cast(loss, tf.float32))
           examples.append(tf.cast(count, tf.int64))
     # 4. Push the differences (the variables answer from the ps again).

@@ -5,11 +5,12 @@ Such a layer has two methods, so the paths never need to know its class:
   is traced (the layer resets the optimizer's slot rows of rows it gives out);
 - `table_metrics()`: its statistics as `{name: number}`, read from the ps (logged as `<layer>/<name>`).
 
-And it reads two contexts the paths open while they trace:
+And it reads three contexts the paths open while they trace:
 - `current_step()`: the step being traced, as `StepMarks` give it (a runner's record of the steps each table shard
   did its bookkeeping for), so a step run again after a worker failure does not count or admit twice;
 - `build_state(make)`: the table's state (rows and maps), made by `make()` unless a `keeping_state` keeper (the
-  Estimator path, whose model_fn builds its layers again on every call) hands back the state of an earlier call.
+  Estimator path, whose model_fn builds its layers again on every call) hands back the state of an earlier call;
+- `current_answer()`: geo training's stand-in for the layer's training call (`answering`).
 """
 
 import contextlib
@@ -57,6 +58,9 @@ class StepMarks:
 
   def vector_beside(self, variable) -> tf.Variable:
     """The record beside `variable` (a table shard's variable, on its ps), made when first asked for."""
+    if id(variable) not in self._vectors and tf.distribute.in_cross_replica_context() is False \
+        and tf.distribute.has_strategy():  # in a replica's thread: made by the strategy's thread, as variables are
+      tf.distribute.get_replica_context().merge_call(lambda _: self.vector_beside(variable))
     if id(variable) not in self._vectors:
       with tf.init_scope(), self._strategy.scope(), self._strategy.extended.colocate_vars_with(variable):
         self._vectors[id(variable)] = tf.Variable(tf.zeros([exactly_once.SLOTS], tf.int64), trainable=False,
@@ -64,15 +68,9 @@ class StepMarks:
                                                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     return self._vectors[id(variable)]
 
-  @contextlib.contextmanager
   def marking(self, slot, mark):
     """While a step is traced: table layers do their bookkeeping for `(slot, mark)` once per shard."""
-    previous = getattr(_context, "step", None)
-    _context.step = StepMark(self, tf.reshape(tf.cast(slot, tf.int64), [1]), tf.cast(mark, tf.int64))
-    try:
-      yield
-    finally:
-      _context.step = previous
+    return _setting("step", StepMark(self, tf.reshape(tf.cast(slot, tf.int64), [1]), tf.cast(mark, tf.int64)))
 
 
 def current_step() -> Optional[StepMark]:
@@ -80,18 +78,40 @@ def current_step() -> Optional[StepMark]:
   return getattr(_context, "step", None)
 
 
-@contextlib.contextmanager
 def keeping_state(keeper: Callable[[Callable], object]):
   """Table layers built inside get their state from `keeper(make)` instead of `make()`."""
-  previous = getattr(_context, "keeper", None)
-  _context.keeper = keeper
-  try:
-    yield
-  finally:
-    _context.keeper = previous
+  return _setting("keeper", keeper)
 
 
 def build_state(make: Callable[[], object]):
   """`make()`, or what the open `keeping_state` keeper gives for it."""
   keeper = getattr(_context, "keeper", None)
   return make() if keeper is None else keeper(make)
+
+
+def answering(answer: Callable):
+  """While tracing: a table layer's training call returns `answer(layer, ids)` instead of reading its rows itself.
+
+  Geo training (`tfps.training.geo`) finds the rows a round's ids have on the ps this way, then trains on local
+  copies of those rows. Such a layer has, besides the two methods above:
+  - `rows_of(ids, training=True)`: the global rows of `ids` (-1: the default), its bookkeeping done on the ps;
+  - `lookup_rows(rows)`: the vectors of global `rows` of its `embeddings` (zeros for -1);
+  - `row_owners(index, rows)`: the ids that rows `rows` of row shard `index` belong to now, read from the ps.
+  """
+  return _setting("answer", answer)
+
+
+def current_answer() -> Optional[Callable]:
+  """The open `answering` stand-in (None: the layer reads its rows itself)."""
+  return getattr(_context, "answer", None)
+
+
+@contextlib.contextmanager
+def _setting(name: str, value):
+  """`_context.<name>` is `value` inside (in this thread: a context read in a replica's function is entered there)."""
+  previous = getattr(_context, name, None)
+  setattr(_context, name, value)
+  try:
+    yield
+  finally:
+    setattr(_context, name, previous)
