@@ -7,7 +7,8 @@ Such a layer has two methods, so the paths never need to know its class:
 
 And it reads two contexts the paths open while they trace:
 - `current_step()`: the step being traced, as `StepMarks` give it (a runner's record of the steps each table shard
-  did its bookkeeping for), so a step run again after a worker failure does not count or admit twice;
+  did its bookkeeping for), so a step run again after a worker failure does not count or admit twice; per thread, so
+  a runner hands `strategy.run` the step function wrapped by `StepMarks.marked`;
 - `build_state(make)`: the table's state (rows and maps), made by `make()` unless a `keeping_state` keeper (the
   Estimator path, whose model_fn builds its layers again on every call) hands back the state of an earlier call.
 """
@@ -58,6 +59,9 @@ class StepMarks:
   def vector_beside(self, variable) -> tf.Variable:
     """The record beside `variable` (a table shard's variable, on its ps), made when first asked for."""
     if id(variable) not in self._vectors:
+      replica_context = tf.distribute.get_replica_context()
+      if replica_context is not None:  # traced inside strategy.run: variables are made in cross-replica context
+        return replica_context.merge_call(lambda _: self.vector_beside(variable))
       with tf.init_scope(), self._strategy.scope(), self._strategy.extended.colocate_vars_with(variable):
         self._vectors[id(variable)] = tf.Variable(tf.zeros([exactly_once.SLOTS], tf.int64), trainable=False,
                                                   name="tfps_table_steps",
@@ -66,13 +70,21 @@ class StepMarks:
 
   @contextlib.contextmanager
   def marking(self, slot, mark):
-    """While a step is traced: table layers do their bookkeeping for `(slot, mark)` once per shard."""
+    """While a step is traced in this thread: table layers do their bookkeeping for `(slot, mark)` once per shard."""
     previous = getattr(_context, "step", None)
     _context.step = StepMark(self, tf.reshape(tf.cast(slot, tf.int64), [1]), tf.cast(mark, tf.int64))
     try:
       yield
     finally:
       _context.step = previous
+
+  def marked(self, fn: Callable, slot, mark) -> Callable:
+    """`fn` run inside `marking(slot, mark)`: what a runner gives `strategy.run`, which traces `fn` in a replica thread
+    of its own (`mirrored_run`), where a `marking` opened around `strategy.run` is not seen."""
+    def run(*args, **kwargs):
+      with self.marking(slot, mark):
+        return fn(*args, **kwargs)
+    return run
 
 
 def current_step() -> Optional[StepMark]:
