@@ -13,6 +13,7 @@ import tf_keras
 
 import tfps
 from tfps.keras import callbacks as callbacks_lib
+from tfps.training import tables
 
 DIM = 8
 SHARDED = 8192  # 8192 x 8 floats = 256 KiB: sharded over both ps by the default partitioner
@@ -66,6 +67,27 @@ def test_distinct_raw_ids_get_distinct_rows_on_both_ps(strategy):
   vectors = layer(tf.constant(ids[:50]))
   expected = tf.gather(tf.convert_to_tensor(layer.embeddings), rows[:50])
   np.testing.assert_allclose(vectors.numpy(), expected.numpy())
+
+
+def test_a_step_run_again_inside_strategy_run_only_looks_up(strategy):
+  """A runner's step calls the layer inside `strategy.run`, which traces it in a replica thread: the step's mark
+  reaches the bookkeeping there, so a step run again with its mark neither ticks the clock nor counts sightings."""
+  strategy, coordinator = strategy
+  layer = make_layer(strategy, min_count=5)
+  with strategy.scope():
+    marks = tables.StepMarks(strategy)
+  ids = np.array([10**12 + k for k in range(6)], np.int64)
+
+  @tf.function
+  def step(keys, mark):
+    return strategy.run(marks.marked(lambda keys: layer(keys, training=True), tf.constant([3]), mark), args=(keys,))
+
+  for mark in [1, 1, 2, 2, 2, 3]:  # steps 1 and 2 run again; 3 steps in all
+    coordinator.schedule(step, args=(tf.constant(ids), tf.constant(mark, tf.int64)))
+    coordinator.join()  # one at a time: a step is run again after its first run
+  assert [int(shard.clock.numpy()) for shard in layer.shards] == [3, 3]
+  sightings = sum(shard.counts.lookup(tf.constant(ids)).numpy() for shard in layer.shards)  # 0 where not kept
+  assert sightings.tolist() == [3] * 6
 
 
 def test_string_ids_and_admission_after_min_count(strategy):

@@ -34,9 +34,8 @@ class AsyncRunner(steps_lib.Runner):
     def body(index, loss_sum, examples):
       mark = seq * progress.stride + index + 1
       with exactly_once.updates_after_every_gradient(step.optimizer()), \
-          progress.ps_records.skipping_applied(strategy, slot, mark) as ps_applied, \
-          self.table_marks.marking(slot, mark):
-        loss, count = strategy.run(step.run, args=(next(iterator),))
+          progress.ps_records.skipping_applied(strategy, slot, mark) as ps_applied:
+        loss, count = strategy.run(self.table_marks.marked(step.run, slot, mark), args=(next(iterator),))
         counted = None
         if not step.counts_itself:
           # Counted after the step's updates (so not before all its gradients are on their ps), through the

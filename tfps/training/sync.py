@@ -155,9 +155,9 @@ class SyncRunner(steps_lib.Runner):
     def compute():
       writes = []
       with _redirected(self.step.optimizer(),
-                       lambda pairs: writes.extend(self.buffers.write(slot, pairs)) or tf.no_op()), \
-          self.table_marks.marking(slot, step + 1):
-        loss, count = self.strategy.run(self.step.run, args=(next(iterator),))
+                       lambda pairs: writes.extend(self.buffers.write(slot, pairs)) or tf.no_op()):
+        loss, count = self.strategy.run(self.table_marks.marked(self.step.run, slot, step + 1),
+                                        args=(next(iterator),))
       with tf.control_dependencies(writes):
         marked = self.marks.scatter_update(tf.IndexedSlices(tf.reshape(step, [1]), tf.reshape(slot, [1])))
       with tf.control_dependencies([marked]):

@@ -7,7 +7,8 @@ Such a layer has two methods, so the paths never need to know its class:
 
 And it reads three contexts the paths open while they trace:
 - `current_step()`: the step being traced, as `StepMarks` give it (a runner's record of the steps each table shard
-  did its bookkeeping for), so a step run again after a worker failure does not count or admit twice;
+  did its bookkeeping for), so a step run again after a worker failure does not count or admit twice; per thread, so
+  a runner hands `strategy.run` the step function wrapped by `StepMarks.marked`;
 - `build_state(make)`: the table's state (rows and maps), made by `make()` unless a `keeping_state` keeper (the
   Estimator path, whose model_fn builds its layers again on every call) hands back the state of an earlier call;
 - `current_answer()`: geo training's stand-in for the layer's training call (`answering`).
@@ -69,8 +70,16 @@ class StepMarks:
     return self._vectors[id(variable)]
 
   def marking(self, slot, mark):
-    """While a step is traced: table layers do their bookkeeping for `(slot, mark)` once per shard."""
+    """While a step is traced in this thread: table layers do their bookkeeping for `(slot, mark)` once per shard."""
     return _setting("step", StepMark(self, tf.reshape(tf.cast(slot, tf.int64), [1]), tf.cast(mark, tf.int64)))
+
+  def marked(self, fn: Callable, slot, mark) -> Callable:
+    """`fn` run inside `marking(slot, mark)`: what a runner gives `strategy.run`, which traces `fn` in a replica thread
+    of its own (`mirrored_run`), where a `marking` opened around `strategy.run` is not seen."""
+    def run(*args, **kwargs):
+      with self.marking(slot, mark):
+        return fn(*args, **kwargs)
+    return run
 
 
 def current_step() -> Optional[StepMark]:
