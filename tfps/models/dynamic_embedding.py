@@ -13,9 +13,10 @@ Eviction: with `steps_to_live`, a row whose id was not seen in the last `steps_t
 freed (the rows are scanned every `steps_to_live // 10` calls, so an id goes between `steps_to_live` and 1.1x that
 many calls after it was last seen); the next id given the row starts from a fresh value and fresh optimizer slots.
 Inference (`training=False`) only looks up. Geo training (`tables.answering`) asks for the rows of a round's ids
-(`rows_of`) and reads its local copies of them (`lookup_rows`); the map is never copied. Under a runner (async, sync, geo) a step's bookkeeping runs once per shard even
-when a worker failure makes ParameterServerStrategy run the step again (`tfps.training.tables.StepMarks`). A model_fn
-(Estimator path) builds the layer on every call; its calls share one `_Table` (`tfps.training.tables.build_state`).
+(`rows_of`) and reads its local copies of them (`lookup_rows`); the map is never copied. Under a runner (async, sync,
+geo) a step's bookkeeping runs once per shard even when a worker failure makes ParameterServerStrategy run the step
+again (`tfps.training.tables.StepMarks`). A model_fn (Estimator path) builds the layer on every call; its calls share
+one `_Table` (`tfps.training.tables.build_state`).
 """
 
 import contextlib
@@ -95,8 +96,12 @@ class _Shard(tf.Module):
     Inside a runner's step (`tables.current_step()`), the bookkeeping runs once per step on this shard: a step run
     again after a worker failure, whose first run got here, only looks up (it neither counts, admits, evicts nor
     ticks the clock), as its updates are skipped on a ps that applied them."""
-    def bookkeeping():
-      clock = self.clock.assign_add(1)
+    def bookkeeping(last=lambda: []):
+      # The writes a step run again must not repeat (the clock's tick, the sightings, and `last()`: the step's mark)
+      # come last and together, each waiting only for the rest: a step cancelled in the middle of its bookkeeping
+      # (its worker died) leaves them all undone, and what ran before them (admission, eviction, `last_seen`) comes
+      # out the same when the step runs again.
+      clock = self.clock.read_value() + 1
       evicted = tf.no_op()
       if steps_to_live is not None:  # a scan of the shard's rows every `steps_to_live // 10` calls, not every call
         every = max(1, steps_to_live // EVICTION_SCANS_PER_LIFETIME)
@@ -105,19 +110,19 @@ class _Shard(tf.Module):
       with tf.control_dependencies([evicted]):
         rows = _lookup(self.map, keys)
       missing = tf.boolean_mask(keys, rows < 0)
-      counted = tf.no_op()
-      ready = missing
+      ready, sightings = missing, None
       if min_count > 1:
         seen = _lookup(self.counts, missing) + 1
-        counted = self.counts.insert(missing, seen)
         ready = tf.boolean_mask(missing, seen >= min_count)
-      with tf.control_dependencies([counted]):
-        admitted = self._admit(ready, rows_variable, initializer, slots, remove_counts=min_count > 1)
+        sightings = (tf.boolean_mask(missing, seen < min_count), tf.boolean_mask(seen, seen < min_count))
+      admitted = self._admit(ready, rows_variable, initializer, slots, remove_counts=min_count > 1)
       with tf.control_dependencies([admitted]):
         rows = _lookup(self.map, keys)
       live = tf.boolean_mask(rows, rows >= 0)
       seen_now = self.last_seen.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(live), clock), live))
-      with tf.control_dependencies([seen_now]):
+      with tf.control_dependencies([seen_now, rows]):
+        final = [self.clock.assign_add(1)] + ([self.counts.insert(*sightings)] if sightings else []) + last()
+      with tf.control_dependencies(final):
         return tf.identity(rows)
 
     step = tables.current_step()
@@ -128,11 +133,7 @@ class _Shard(tf.Module):
 
       def body():
         def marked():
-          rows = bookkeeping()
-          with tf.control_dependencies([rows]):
-            done = record.scatter_max(tf.IndexedSlices(tf.reshape(step.mark, [1]), step.slot))
-          with tf.control_dependencies([done]):
-            return tf.identity(rows)
+          return bookkeeping(last=lambda: [record.scatter_max(tf.IndexedSlices(tf.reshape(step.mark, [1]), step.slot))])
         return tf.cond(record.sparse_read(step.slot)[0] >= step.mark, lambda: _lookup(self.map, keys), marked)
 
     with self._placed():

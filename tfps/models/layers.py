@@ -28,8 +28,6 @@ import tf_keras
 
 from tfps import checks
 from tfps.errors import UsageError
-from tfps.models.dynamic_embedding import DynamicEmbedding
-from tfps.training import strategy as strategy_lib
 
 def check_spec(categorical: Mapping[str, int], dense: Mapping[str, int]) -> None:
   """Raises ValueError, quoting the entry, unless every vocabulary size and dense width is a positive int."""
@@ -59,10 +57,15 @@ class DynamicTables:
   min_count: int = 1
   steps_to_live: Optional[int] = None
   num_shards: int = 1
-  min_shard_bytes: int = strategy_lib.DEFAULT_MIN_SHARD_BYTES
+  min_shard_bytes: Optional[int] = None  # None: the strategy's default
 
-  def table(self, vocabulary: int, dim: int, name: str, init_scale: float = 0.05) -> DynamicEmbedding:
-    partitioner = strategy_lib.ShardLargeVariables(self.num_shards, self.min_shard_bytes)
+  def table(self, vocabulary: int, dim: int, name: str, init_scale: float = 0.05) -> tf_keras.layers.Layer:
+    # Imported here: a model with hashed tables (bench/plain_pss_train.py's peer among others) loads none of tfps's
+    # training machinery.
+    from tfps.models.dynamic_embedding import DynamicEmbedding  # pylint: disable=import-outside-toplevel
+    from tfps.training import strategy as strategy_lib  # pylint: disable=import-outside-toplevel
+    min_shard_bytes = strategy_lib.DEFAULT_MIN_SHARD_BYTES if self.min_shard_bytes is None else self.min_shard_bytes
+    partitioner = strategy_lib.ShardLargeVariables(self.num_shards, min_shard_bytes)
     capacity = min(vocabulary, self.capacity)
     shards = partitioner([capacity, dim], tf.float32)[0]
     if shards > 1 and capacity == vocabulary:
