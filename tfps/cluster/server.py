@@ -3,6 +3,7 @@
 import os
 import signal
 import sys
+import time
 from typing import NoReturn
 
 from absl import logging
@@ -14,6 +15,7 @@ from tfps.cluster import ports
 from tfps.errors import AddressInUseError
 
 SERVER_JOBS = ("ps", "worker")
+_SIGNAL_POLL_SECONDS = 0.5
 
 
 def build_server(config: cluster_lib.ClusterConfig) -> tf.distribute.Server:
@@ -47,7 +49,8 @@ def run_server(config: cluster_lib.ClusterConfig) -> NoReturn:
     logging.warning(warning)
   sys.stdout.flush()
   # Not `server.join()`: it blocks inside TensorFlow, where Python never runs a signal handler, so SIGTERM waited for
-  # the launcher's SIGKILL. The server serves from its own threads; this one only waits for a signal.
+  # the launcher's SIGKILL. Not `signal.pause()` either: the kernel may deliver the signal to one of TensorFlow's
+  # threads, and then pause() never returns. The handler runs in this thread at the latest when a short sleep ends.
   while server:  # holds the server: dropping it would ask TensorFlow to stop it
-    signal.pause()
+    time.sleep(_SIGNAL_POLL_SECONDS)
   raise RuntimeError("the server was dropped")
