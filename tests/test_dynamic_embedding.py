@@ -205,7 +205,7 @@ def trained(cluster, tmp_path_factory):
   with pytest.MonkeyPatch.context() as patch:
     lines = []
     patch.setattr(callbacks_lib.logging, "info", lambda text, *args: lines.append(text % args))
-    history = tfps.fit(build_dynamic_model, click_train_fn, epochs=3, steps_per_epoch=40, cluster=cluster,
+    history = tfps.fit(build_dynamic_model, click_train_fn, epochs=4, steps_per_epoch=40, cluster=cluster,
                        log_every_secs=60, model_dir=str(model_dir))
   return history, model_dir, "\n".join(lines)
 
