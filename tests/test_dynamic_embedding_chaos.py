@@ -41,7 +41,9 @@ def _task(launcher: subprocess.Popen, name: str):
   return None
 
 
-def _wait_for(condition, what: str, launcher: subprocess.Popen, out: pathlib.Path, timeout_secs: float = 240):
+def _wait_for(condition, what: str, launcher: subprocess.Popen, out: pathlib.Path, timeout_secs: float = 480):
+  # A bound, not a timing: geo's first epoch (tracing a round on each worker) took 54 s at a load average of 3 and
+  # more than 220 s at 18-20 on 2 shared cores.
   deadline = time.monotonic() + timeout_secs
   while not (found := condition()):
     assert launcher.poll() is None, f"{what}: the run ended first\n{out.read_text()[-3000:]}"
