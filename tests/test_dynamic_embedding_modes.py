@@ -102,6 +102,7 @@ def test_estimator_path_trains_checkpoints_and_exports_the_table(cluster, tmp_pa
   assert np.mean((prob[:-1] > 0.5) == LABELS) == pytest.approx(results["accuracy"], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_estimator_path_in_geo_mode_learns_each_raw_ids_label_with_exact_clocks(cluster, tmp_path):
   """Geo on the Estimator path: the model_fn's table finds its rows on the ps in each round's discovery (once per
   batch and shard), and the rounds train local copies of those rows."""
