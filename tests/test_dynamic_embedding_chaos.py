@@ -1,10 +1,11 @@
-"""DynamicEmbedding under real worker kills (tfps-launch, 2 workers, 2 ps): a training function run again after its
-worker died neither counts sightings nor admits twice, nor applies a table update twice.
+"""DynamicEmbedding under real worker kills (tfps-launch, 2 workers, 2 ps), in async, sync and geo mode: a training
+function run again after its worker died neither counts sightings nor admits twice, nor applies a table update twice.
 
-The run (tests/fixtures/dynamic_kills_train.py) sees the same 8 raw ids in every step, so after `n` applied steps
-every table shard's clock reads `n`, every id was sighted `n` times, and each admitted row (min_count 3) received
-exactly `n - 2` updates of gradient 1 (its Adagrad accumulator says how many). The same holds after a ps restart
-that resumes from the last epoch's backup.
+The run (tests/fixtures/dynamic_kills_train.py) sees the same 8 raw ids in every batch, so after `n` applied steps of
+`b` batches each (async and geo: 1; sync: one per worker, 2) every table shard's clock reads `n * b`, every id was
+sighted `n * b` times, and each admitted row (min_count 3, so admitted in the batch that sights it a third time)
+received exactly one update of gradient 1 per step from the first step whose batches all see its row (its Adagrad
+accumulator says how many). The same holds after a ps restart that resumes from the last epoch's backup.
 """
 
 import json
@@ -19,6 +20,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 EPOCHS, STEPS, MIN_COUNT = 3, 100, 3
+BATCHES_PER_STEP = {"async": 1, "sync": 2, "geo": 1}  # sync: one batch per worker slot, 2 workers
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +41,9 @@ def _task(launcher: subprocess.Popen, name: str):
   return None
 
 
-def _wait_for(condition, what: str, launcher: subprocess.Popen, out: pathlib.Path, timeout_secs: float = 240):
+def _wait_for(condition, what: str, launcher: subprocess.Popen, out: pathlib.Path, timeout_secs: float = 480):
+  # A bound, not a timing: geo's first epoch (tracing a round on each worker) took 54 s at a load average of 3 and
+  # more than 220 s at 18-20 on 2 shared cores.
   deadline = time.monotonic() + timeout_secs
   while not (found := condition()):
     assert launcher.poll() is None, f"{what}: the run ended first\n{out.read_text()[-3000:]}"
@@ -48,14 +52,14 @@ def _wait_for(condition, what: str, launcher: subprocess.Popen, out: pathlib.Pat
   return found
 
 
-def _run(tmp_path, env, kills) -> tuple:
+def _run(tmp_path, env, kills, sync_mode="async", steps_per_epoch=STEPS) -> tuple:
   """Trains the fixture under tfps-launch, SIGKILLing task `name` 0.2 s after checkpoint `epoch` for each
   `(epoch, name)` of `kills`; returns the launcher's output and the counts the chief wrote."""
   counts, out, model_dir = tmp_path / "counts.json", tmp_path / "out.txt", tmp_path / "run"
   command = [sys.executable, "-m", "tfps.cluster.launch", "--num_workers=2", "--num_ps=2", "--max_restarts=5",
              f"--log_dir={tmp_path / 'logs'}", "tests/fixtures/dynamic_kills_train.py", "--",
              f"--model_dir={model_dir}", f"--counts_json={counts}", f"--epochs={EPOCHS}",
-             f"--steps_per_epoch={STEPS}"]
+             f"--steps_per_epoch={steps_per_epoch}", f"--sync_mode={sync_mode}"]
   with open(out, "w", encoding="utf-8") as output:
     launcher = subprocess.Popen(command, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
@@ -78,12 +82,14 @@ def _run(tmp_path, env, kills) -> tuple:
   return out.read_text(), json.loads(counts.read_text())
 
 
-def _assert_each_step_counted_once(result):
-  steps = EPOCHS * STEPS
+def _assert_each_step_counted_once(result, sync_mode="async", steps_per_epoch=STEPS):
+  steps, per_step = EPOCHS * steps_per_epoch, BATCHES_PER_STEP[sync_mode]
+  batches = steps * per_step
   assert result["iterations"] == steps, result
-  assert result["clocks"] == [steps] * 4, result  # 2 tables x 2 shards: one tick per applied step
-  assert result["sightings"] == [steps] * 8, result
-  assert result["updates_after_admission"] == [steps - MIN_COUNT + 1] * 8, result
+  assert result["clocks"] == [batches] * 4, result  # 2 tables x 2 shards: one tick per batch of an applied step
+  assert result["sightings"] == [batches] * 8, result
+  admitted_in_step = (MIN_COUNT - 1) // per_step  # the step whose batches sight an id for the MIN_COUNT-th time
+  assert result["updates_after_admission"] == [steps - admitted_in_step] * 8, result
   assert (result["admitting"]["admitted"], result["admitting"]["fallbacks"]) == (8, 0), result
   assert result["counting"]["admitted"] == 0, result
 
@@ -92,6 +98,16 @@ def test_worker_kills_neither_double_count_sightings_nor_double_apply_table_upda
   output, result = _run(tmp_path, subprocess_env, [(1, "worker:1"), (2, "worker:0")])
   assert output.count("restarting worker:") == 2
   _assert_each_step_counted_once(result)
+
+
+@pytest.mark.parametrize("sync_mode", ["sync", "geo"])
+def test_worker_kills_in_sync_and_geo_mode_count_each_batch_once(tmp_path, subprocess_env, sync_mode):
+  """Sync: a gradient function run again for a worker slot whose first run reached a shard only looks up there (and
+  a batch filling a dead worker's slot counts where the dead worker's batch did not). Geo: a round cut short runs
+  again from its pull, its discovery only looking up where its first run did the bookkeeping, and pushes once."""
+  output, result = _run(tmp_path, subprocess_env, [(1, "worker:1"), (2, "worker:0")], sync_mode, steps_per_epoch=40)
+  assert output.count("restarting worker:") == 2
+  _assert_each_step_counted_once(result, sync_mode, steps_per_epoch=40)
 
 
 def test_ps_restart_restores_maps_counts_and_rows_with_the_step(tmp_path, subprocess_env):

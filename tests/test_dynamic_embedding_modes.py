@@ -102,10 +102,27 @@ def test_estimator_path_trains_checkpoints_and_exports_the_table(cluster, tmp_pa
   assert np.mean((prob[:-1] > 0.5) == LABELS) == pytest.approx(results["accuracy"], abs=1e-6)
 
 
+@pytest.mark.slow
+def test_estimator_path_in_geo_mode_learns_each_raw_ids_label_with_exact_clocks(cluster, tmp_path):
+  """Geo on the Estimator path: the model_fn's table finds its rows on the ps in each round's discovery (once per
+  batch and shard), and the rounds train local copies of those rows."""
+  config = tfps.RunConfig(save_checkpoints_steps=1000, sync_mode="geo", geo_steps=10)
+  estimator = tfps.Estimator(model_fn, model_dir=str(tmp_path / "model"), config=config, cluster=cluster)
+  results = tfps.train_and_evaluate(estimator, tfps.TrainSpec(train_input_fn, max_steps=160),
+                                    tfps.EvalSpec(eval_input_fn, steps=None, throttle_secs=0))
+  assert results["global_step"] == 160
+  assert results["accuracy"] >= 0.95, results
+  table, = estimator.distributed_model().model.variables.tables
+  assert table.table_metrics()["occupancy"] == NUM_IDS
+  assert table.table_metrics()["fallbacks"] == 0
+  # Each of the 160 batches did its bookkeeping once on each shard, in its round's discovery.
+  assert [int(shard.clock.numpy()) for shard in table.shards] == [160, 160]
+
+
 def test_geo_push_skips_rows_given_to_another_id_during_the_round():
   """A geo round's cached rows are pushed as differences, except rows whose id changed on the ps since the pull
   (evicted and given to another id: that id's fresh row must not get the old id's training)."""
-  from tfps.training import geo  # pylint: disable=import-outside-toplevel
+  from tfps.training import exactly_once, geo  # pylint: disable=import-outside-toplevel
   rows = tf.Variable(tf.zeros([6, 2]))
   owners = tf.Variable([10, 11, 12, 13, 14, 15], dtype=tf.int64)  # the id each row belongs to
   table = geo._Table(rows, tf.constant([4, 1, 3, 1]), lambda shard: [], geo._LocalNames(),
@@ -114,5 +131,9 @@ def test_geo_push_skips_rows_given_to_another_id_during_the_round():
   assert local_ids.numpy().tolist() == [1, 3, 4]
   tf.raw_ops.AssignVariableOp(resource=handle, value=tf.ones([3, 2]))  # the round trained all three rows
   owners.scatter_update(tf.IndexedSlices(tf.constant([99], tf.int64), [3]))  # row 3 evicted, given to id 99
-  table.push()
-  assert rows.numpy()[:, 0].tolist() == [0, 1, 0, 0, 1, 0]
+  records = exactly_once.PsRecords()
+  for _ in range(2):  # the round's push, then the same push run again (its worker died before the round's record)
+    once = records.once_per_ps(tf.constant([0], tf.int64), tf.constant(1, tf.int64))
+    once.run_all(table.updates())
+    once.records()
+    assert rows.numpy()[:, 0].tolist() == [0, 1, 0, 0, 1, 0]

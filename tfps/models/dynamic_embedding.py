@@ -126,18 +126,30 @@ class _Shard(tf.Module):
         return tf.identity(rows)
 
     step = tables.current_step()
-    if step is None:
-      body = bookkeeping
-    else:
-      record = step.marks.vector_beside(rows_variable)
+    with self._placed():
+      # Everything the bookkeeping reads is on this ps before the lock is taken, so nothing inside waits for the
+      # worker. A worker's tensor read inside would come through a `tf.cond` switch placed on the worker: a worker
+      # dying after the clock's tick and before that tensor came left the tick without the step's mark (seen in geo
+      # under kills: a shard's clock one ahead).
+      inputs = [tf.identity(keys)]
+      if step is not None:
+        record = step.marks.vector_beside(rows_variable)
+        inputs += [tf.identity(step.mark), tf.identity(step.slot)]
+      keys = inputs[0]
 
       def body():
-        def marked():
-          return bookkeeping(last=lambda: [record.scatter_max(tf.IndexedSlices(tf.reshape(step.mark, [1]), step.slot))])
-        return tf.cond(record.sparse_read(step.slot)[0] >= step.mark, lambda: _lookup(self.map, keys), marked)
+        if step is None:
+          return bookkeeping()
+        mark, slot = inputs[1:]
 
-    with self._placed():
-      return self.lock.execute(body) if self.lock is not None else body()
+        def marked():
+          return bookkeeping(last=lambda: [record.scatter_max(tf.IndexedSlices(tf.reshape(mark, [1]), slot))])
+        return tf.cond(record.sparse_read(slot)[0] >= mark, lambda: _lookup(self.map, keys), marked)
+
+      if self.lock is None:
+        return body()
+      with tf.control_dependencies(inputs):
+        return self.lock.execute(body)
 
   def _admit(self, ready, rows_variable, initializer, slots, remove_counts: bool):
     """Gives free rows to `ready` ids: fresh row values, optimizer slot rows back to their initial values."""

@@ -210,35 +210,73 @@ class PsRecords:
                                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     return self.vectors[variable.device]
 
+  def once_per_ps(self, slot, mark) -> "OncePerPs":
+    """Updates (`OncePerPs.run`) that each ps applies once for `mark` (`seq * stride + step index + 1`), however many
+    times the scheduled function runs."""
+    return OncePerPs(self, slot, mark)
+
   @contextlib.contextmanager
   def skipping_applied(self, strategy, slot, mark):
     """While a step is traced: each variable update through `strategy.extended.update` (how tf-keras optimizers apply a
     gradient) runs only if its ps has not applied this step yet; `mark` is `seq * stride + step index + 1`. Yields
     `records()`, which makes each ps's record of the step, after that ps's updates."""
-    applied: Dict[str, list] = {}
-    already: Dict[str, tf.Tensor] = {}
+    once = self.once_per_ps(slot, mark)
 
     def conditional(update, var, fn, args, kwargs, group):
-      device, vector = var.device, self._vector(var)
-
-      def apply():
-        result = update(var, fn, args=args, kwargs=kwargs, group=group)
-        with tf.control_dependencies([r for r in tf.nest.flatten(result) if r is not None]):
-          return tf.constant(True)
-
-      with tf.device(device):
-        if device not in already:
-          already[device] = vector.sparse_read(slot)[0] >= mark
-        done = tf.cond(already[device], lambda: tf.constant(False), apply)
-      applied.setdefault(device, []).append(done)
+      done = once.run(var, lambda: update(var, fn, args=args, kwargs=kwargs, group=group))
       return done if group else (done,)  # as ParameterServerStrategy returns them
 
-    def records() -> List[tf.Operation]:
-      made = []
-      for device, done in sorted(applied.items()):
-        with tf.device(device), tf.control_dependencies(done):
-          made.append(self.vectors[device].scatter_max(tf.IndexedSlices(tf.reshape(mark, [1]), slot)))
-      return made
-
     with _tf_private.intercepting_updates(strategy, conditional):
-      yield records
+      yield once.records
+
+
+class OncePerPs:
+  """In a tf.function: updates that run on each ps only if that ps has not recorded `mark` in `slot` yet, and, after
+  them, each ps's record of it (`records()`). A ps decides once per function (its first `run`), so the updates of
+  one mark on one ps all run or are all skipped together."""
+
+  def __init__(self, records: PsRecords, slot, mark):
+    self._records, self._slot, self._mark = records, slot, mark
+    self._already: Dict[str, tf.Tensor] = {}
+    self._applied: Dict[str, list] = {}
+
+  def run(self, variable, update) -> tf.Tensor:
+    """`update()` (the ops updating `variable`, made on its ps) unless its ps applied the mark; True where it ran."""
+    device, vector = variable.device, self._records._vector(variable)  # pylint: disable=protected-access
+
+    def apply():
+      result = update()
+      with tf.control_dependencies([r for r in tf.nest.flatten(result) if r is not None]):
+        return tf.constant(True)
+
+    with tf.device(device):
+      if device not in self._already:
+        self._already[device] = vector.sparse_read(self._slot)[0] >= self._mark
+      done = tf.cond(self._already[device], lambda: tf.constant(False), apply)
+    self._applied.setdefault(device, []).append(done)
+    return done
+
+  def run_all(self, updates) -> List[tf.Tensor]:
+    """`run` for each `(variable, inputs, update)` of `updates`: `update(*inputs)`, reading copies of `inputs` made on
+    the variable's ps. A ps starts its updates once all of its inputs are there, so a worker that dies while sending
+    them leaves none of that ps's updates applied (not some of them, which a run again would apply twice)."""
+    moved, arrived = [], {}
+    for variable, inputs, update in updates:
+      with tf.device(variable.device):
+        copies = [tf.identity(tensor) for tensor in inputs]
+      arrived.setdefault(variable.device, []).extend(copies)
+      moved.append((variable, copies, update))
+    done = []
+    for variable, copies, update in moved:
+      with tf.control_dependencies(arrived[variable.device]):
+        done.append(self.run(variable, lambda update=update, copies=copies: update(*copies)))
+    return done
+
+  def records(self) -> List[tf.Operation]:
+    """Each ps's record of the mark, made after that ps's updates."""
+    made = []
+    for device, done in sorted(self._applied.items()):
+      with tf.device(device), tf.control_dependencies(done):
+        made.append(self._records.vectors[device].scatter_max(tf.IndexedSlices(tf.reshape(self._mark, [1]),
+                                                                                self._slot)))
+    return made

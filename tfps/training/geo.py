@@ -21,7 +21,9 @@ rows with their slot rows, against the dense parameters and the batch's rows rea
 every step in async training. A table's slot rows are pushed additively, which is exact for Adagrad's accumulators
 and an approximation for momentum-like slots. The ps keeps the dense variables' optimizer state of the time training
 started (checkpoints hold it as such): each worker's is its own. A round that a worker failure cut short is run
-again from its pull; a round whose push was recorded (`tfps.training.exactly_once`) is not run again.
+again from its pull; a round whose push was recorded (`tfps.training.exactly_once`) is not run again, and each ps
+takes a round's push whole and once (`exactly_once.OncePerPs.run_all`): a round cut short in the middle of its push,
+run again, pushes only to the ps that did not take it.
 """
 
 import contextlib
@@ -77,12 +79,13 @@ class _Dense:
       self.pulled = variable.read_value()
       self.pull = tf.raw_ops.AssignVariableOp(resource=self.handle, value=self.pulled)
 
-  def push(self):
+  def updates(self) -> List[tuple]:
+    """The push: `(variable, [difference], add)` for `OncePerPs.run_all` (none for a resident copy)."""
     if self.resident:
-      return self.pull
+      return []
     with tf.control_dependencies([self.pull]):
       local = tf.raw_ops.ReadVariableOp(resource=self.handle, dtype=self.variable.dtype)
-    return self.variable.assign_add(local - self.pulled)
+    return [(self.variable, [local - self.pulled], self.variable.assign_add)]
 
 
 class _Table:
@@ -123,7 +126,8 @@ class _Table:
     position = tf.searchsorted(self.ids, flat, out_type=tf.int64) - tf.gather(self.starts, shard)
     return tf.reshape(tf.gather(tf.constant(self.offsets[:-1], tf.int64), shard) + position, tf.shape(ids))
 
-  def push(self) -> List:
+  def updates(self) -> List[tuple]:
+    """The push: `(variable, [difference, rows], add)` per cached variable, for `OncePerPs.run_all`."""
     pushes = []
     locals_ = []
     for variable, handle, local_ids, filled, fill, k in self.caches:
@@ -139,7 +143,8 @@ class _Table:
       delta = local - filled
       if k in kept:
         delta, local_ids = tf.boolean_mask(delta, kept[k]), tf.boolean_mask(local_ids, kept[k])
-      pushes.append(variable.scatter_add(tf.IndexedSlices(delta, local_ids)))
+      pushes.append((variable, [delta, local_ids],
+                     lambda delta, rows, variable=variable: variable.scatter_add(tf.IndexedSlices(delta, rows))))
     return pushes
 
 
@@ -191,6 +196,7 @@ class GeoRunner(steps_lib.Runner):
     with self.strategy.scope():
       _tf_private.create_optimizer_slots(optimizer, step.trainable_variables())
       self.progress = exactly_once.StepProgress(1, step.counter)
+    self.progress.ps_records = exactly_once.PsRecords()  # each ps takes a round's push once
     self.table_marks = tables_lib.StepMarks(self.strategy)  # table layers' bookkeeping, once per batch and shard
     self._names = _LocalNames()
     self._functions: Dict[int, Callable] = {}
@@ -326,10 +332,15 @@ class GeoRunner(steps_lib.Runner):
             loss, count = self.strategy.run(train, args=(batch,))
           losses.append(tf.cast(loss, tf.float32))
           examples.append(tf.cast(count, tf.int64))
-    # 4. Push the differences (the variables answer from the ps again).
+    # 4. Push the differences (the variables answer from the ps again), once per ps: each ps adds them once all of its
+    # differences are there, and a round run again after its worker died in the middle of its push skips the ps that
+    # took it (the round's mark is `seq + 1`).
+    once = self.progress.ps_records.once_per_ps(slot, seq + 1)
     with tf.control_dependencies(losses):
-      pushes = [copy.push() for copy in dense] + [op for table in tables.values() for op in table.push()]
-    with tf.control_dependencies(pushes):
-      counted = self.step.count(num_steps)  # where the optimizer does not count (its `iterations` is pushed)
-    with tf.control_dependencies(pushes + ([counted] if counted is not None else [])):
+      updates = [update for part in list(dense) + list(tables.values()) for update in part.updates()]
+      pushes = [copy.pull for copy in dense if copy.resident] + once.run_all(updates)
+    if not self.step.counts_itself:  # where the optimizer does not count (its `iterations` is pushed)
+      with tf.control_dependencies(pushes):
+        pushes.append(once.run(self.step.counter, lambda: self.step.count(num_steps)))
+    with tf.control_dependencies(pushes + once.records()):
       return tf.add_n(losses), tf.add_n(examples), self.step.counter.read_value()
