@@ -57,6 +57,8 @@ _JSON_OUT = flags.DEFINE_string("json_out", os.path.join(ROOT, "bench", "results
 _LOG_DIR = flags.DEFINE_string("logs", os.path.join(tempfile.gettempdir(), "tfps_quality_logs"),
                                "Logs of both sides (tfps: one file per task).")
 _TIMEOUT = flags.DEFINE_float("timeout_secs", 1800, "Longest each side may run.", lower_bound=1)
+_AT_ONCE = flags.DEFINE_boolean("sides_at_once", False, "Run both sides at the same time (smoke runs: their "
+                                "train_secs then share the machine).")
 
 AUC_TARGET = 0.005  # absolute
 TOP_100_TARGET = 0.02  # relative
@@ -82,27 +84,44 @@ def commands(workdir: str) -> Dict[str, List[str]]:
   return {"single": single, "tfps": tfps}
 
 
-def run_side(name: str, command: Sequence[str], out: str) -> dict:
-  """Runs one side to completion (its log in `--log_dir/<name>.log`); returns its JSON."""
+def start_side(name: str, command: Sequence[str]) -> subprocess.Popen:
+  """Starts one side in a session of its own, its log in `--log_dir/<name>.log`."""
   os.makedirs(_LOG_DIR.value, exist_ok=True)
-  log_path = os.path.join(_LOG_DIR.value, f"{name}.log")
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2")
   print(f"[{name}] {' '.join(command)}", flush=True)
-  with open(log_path, "w", encoding="utf-8") as log:
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                               start_new_session=True)
-    try:
-      status = process.wait(timeout=_TIMEOUT.value)
-    except (subprocess.TimeoutExpired, KeyboardInterrupt):
-      os.killpg(process.pid, signal.SIGTERM)  # tfps-launch stops every task it started on SIGTERM
-      process.wait(timeout=60)
-      raise
+  with open(os.path.join(_LOG_DIR.value, f"{name}.log"), "w", encoding="utf-8") as log:
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
+
+
+def finish_side(name: str, process: subprocess.Popen, out: str) -> dict:
+  """Waits for a side `start_side` started; returns its JSON."""
+  status = process.wait(timeout=_TIMEOUT.value)
+  log_path = os.path.join(_LOG_DIR.value, f"{name}.log")
   if status != 0 or not os.path.isfile(out):
     with open(log_path, encoding="utf-8", errors="replace") as log:
       tail = "".join(log.readlines()[-30:])
     raise RuntimeError(f"the {name} side exited with status {status}; end of {log_path}:\n{tail}")
   with open(out, encoding="utf-8") as f:
     return json.load(f)
+
+
+def run_sides(workdir: str) -> Dict[str, dict]:
+  """Runs the sides one after the other (or both at once with `--sides_at_once`); returns each side's JSON."""
+  started, results = {}, {}
+  try:
+    for name, command in commands(workdir).items():
+      started[name] = start_side(name, command)
+      if not _AT_ONCE.value:
+        results[name] = finish_side(name, started[name], os.path.join(workdir, f"{name}.json"))
+    for name, process in started.items():
+      if name not in results:
+        results[name] = finish_side(name, process, os.path.join(workdir, f"{name}.json"))
+  finally:
+    for process in started.values():
+      if process.poll() is None:  # a timeout, an interrupt or the other side's failure
+        os.killpg(process.pid, signal.SIGTERM)  # tfps-launch stops every task it started on SIGTERM
+        process.wait(timeout=60)
+  return results
 
 
 def summarize(values: Sequence[float]) -> dict:
@@ -167,8 +186,7 @@ def main(argv):
   if unknown:
     raise app.UsageError(f"--models names {unknown[0]!r}; allowed: {', '.join(METRICS)}")
   with tempfile.TemporaryDirectory(prefix="tfps_quality_") as workdir:
-    results = {name: run_side(name, command, os.path.join(workdir, f"{name}.json"))
-               for name, command in commands(workdir).items()}
+    results = run_sides(workdir)
   rows = compare(results["single"], results["tfps"])
   print(table(rows, len(_SEEDS.value)), flush=True)
   report = build_report(results, rows)

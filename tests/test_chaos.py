@@ -97,22 +97,36 @@ class Run:
 def run(tmp_path, subprocess_env):
   runs = []
 
-  def start(*args, **kwargs):
-    runs.append(Run(tmp_path, subprocess_env, *args, **kwargs))
+  def start(*args, folder="", **kwargs):
+    (tmp_path / folder).mkdir(exist_ok=True)
+    runs.append(Run(tmp_path / folder, subprocess_env, *args, **kwargs))
     return runs[-1]
   yield start
   leftovers = [p for r in runs for p in r.cleanup()]
   assert not leftovers, f"processes left behind: {leftovers}"
 
 
+def kill_after_checkpoints(plan, timeout_secs=240):
+  """`plan`: {job: [(checkpoint number, task name), ...]}. Kills each task just after its job wrote that checkpoint,
+  watching every job at once (runs side by side); fails when a job ends or waits `timeout_secs` for a checkpoint."""
+  left = {job: list(kills) for job, kills in plan.items()}
+  deadline = time.monotonic() + timeout_secs
+  while any(left.values()):
+    for job, kills in left.items():
+      if kills and (job.model_dir / "checkpoints" / f"ckpt-{kills[0][0]}.index").exists():
+        time.sleep(0.2)  # into the next epoch, which lasts seconds
+        job.kill(kills.pop(0)[1])
+        deadline = time.monotonic() + timeout_secs
+      assert not kills or job.process.poll() is None, job.output()[-3000:]
+    assert time.monotonic() < deadline, f"no checkpoint after {timeout_secs}s; kills left: {list(left.values())}"
+    time.sleep(0.05)
+
+
 def test_workers_killed_several_times_every_step_is_applied_and_counted_once(run, tmp_path):
   """bench/worker_kills.py repeats this run and counts the outcomes."""
   counts = tmp_path / "counts.json"
   job = run("--max_restarts=5", script=COUNTING_ARGS, script_args=[f"--counts_json={counts}"])
-  for epoch in (1, 2, 3):
-    job.wait_for_checkpoint(epoch)
-    time.sleep(0.2)  # into the next epoch, which lasts seconds
-    job.kill(f"worker:{epoch % 2}")
+  kill_after_checkpoints({job: [(epoch, f"worker:{epoch % 2}") for epoch in (1, 2, 3)]})
   code, final = job.finish()
   assert code == 0, job.output()[-3000:]
   assert job.output().count("restarting worker:") == 3
@@ -123,35 +137,35 @@ def test_workers_killed_several_times_every_step_is_applied_and_counted_once(run
   assert (counted["iterations"], counted["applied_steps"]) == (EPOCHS * STEPS, EPOCHS * STEPS), counted
 
 
-@pytest.mark.parametrize("mode", ["sync", "geo"])
-def test_sync_and_geo_modes_survive_worker_kills(run, mode):
-  job = run("--max_restarts=5", script_args=[f"--sync_mode={mode}"])
-  for epoch in (1, 2):
-    job.wait_for_checkpoint(epoch)
-    time.sleep(0.2)
-    job.kill(f"worker:{epoch % 2}")
-  code, final = job.finish()
-  assert code == 0, job.output()[-3000:]
-  assert job.output().count("restarting worker:") == 2
-  # sync: an update applies only while the step counter equals its step, and a worker's slot is filled once per
-  # step; geo: a round is recorded like an async function. The bound allows for the one step (sync) or round (geo)
-  # that could be on its way to the ps when a re-run starts.
-  assert EPOCHS * STEPS <= final["step"] <= EPOCHS * STEPS + (2 if mode == "sync" else 10)  # 400 in 2 of 2
+def test_sync_and_geo_modes_survive_worker_kills(run):
+  """Both runs side by side."""
+  jobs = {mode: run("--max_restarts=5", script_args=[f"--sync_mode={mode}"], folder=mode) for mode in ("sync", "geo")}
+  kill_after_checkpoints({job: [(epoch, f"worker:{epoch % 2}") for epoch in (1, 2)] for job in jobs.values()})
+  for mode, job in jobs.items():
+    code, final = job.finish()
+    assert code == 0, (mode, job.output()[-3000:])
+    assert job.output().count("restarting worker:") == 2, mode
+    # sync: an update applies only while the step counter equals its step, and a worker's slot is filled once per
+    # step; geo: a round is recorded like an async function. The bound allows for the one step (sync) or round (geo)
+    # that could be on its way to the ps when a re-run starts.
+    assert EPOCHS * STEPS <= final["step"] <= EPOCHS * STEPS + (2 if mode == "sync" else 10), (mode, final)  # 400
 
 
-@pytest.mark.parametrize("victim", ["ps:0", "chief:0"])
-def test_ps_or_chief_killed_resumes_from_the_backup(run, victim):
-  job = run()
-  job.wait_for_checkpoint(2)
-  time.sleep(0.2)  # into epoch 3, which lasts seconds: a kill after the end would find no backup to resume from
-  job.kill(victim)
-  code, final = job.finish()
-  output = job.output()
-  assert code == 0, output[-3000:]
-  assert f"restart 1/3: {victim} failed; restarting the training cluster" in output
-  resumed = [line for line in output.splitlines() if "Resumed from the backup at epoch" in line]
-  assert len(resumed) == 1 and ("epoch 3/4 (step 200)" in resumed[0] or "epoch 4/4 (step 300)" in resumed[0])
-  assert final["step"] == EPOCHS * STEPS  # at most one epoch was run again, none twice in the count
+def test_ps_or_chief_killed_resumes_from_the_backup(run):
+  """One run with its ps killed and one with its chief killed, side by side; each kill lands in epoch 3, which lasts
+  seconds (a kill after the end would find no backup to resume from)."""
+  victims = ("ps:0", "chief:0")
+  jobs = {victim: run(folder=victim.replace(":", "")) for victim in victims}
+  kill_after_checkpoints({job: [(2, victim)] for victim, job in jobs.items()})
+  for victim, job in jobs.items():
+    code, final = job.finish()
+    output = job.output()
+    assert code == 0, (victim, output[-3000:])
+    assert f"restart 1/3: {victim} failed; restarting the training cluster" in output
+    resumed = [line for line in output.splitlines() if "Resumed from the backup at epoch" in line]
+    assert len(resumed) == 1 and ("epoch 3/4 (step 200)" in resumed[0] or "epoch 4/4 (step 300)" in resumed[0]), (
+        victim, resumed)
+    assert final["step"] == EPOCHS * STEPS, victim  # at most one epoch was run again, none twice in the count
 
 
 def test_ps_killed_after_training_ended_does_not_train_again(run):

@@ -4,6 +4,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,6 +50,30 @@ def launched():
   assert not leftovers, f"processes left behind: {leftovers}"
 
 
+@pytest.fixture
+def popen(tmp_path, subprocess_env):
+  """`popen(name, argv)` starts a program in the repository, its stderr to `tmp_path/<name>.err` (`finish` waits for
+  it); any still running at the end of the test are killed."""
+  started = []
+
+  def start(name, argv):
+    with open(tmp_path / f"{name}.err", "w") as err:
+      started.append(subprocess.Popen(argv, cwd=REPO, env=subprocess_env, stdout=subprocess.DEVNULL, stderr=err))
+    started[-1].err_path = tmp_path / f"{name}.err"
+    return started[-1]
+  yield start
+  for process in started:
+    if process.poll() is None:
+      process.kill()
+      process.wait()
+
+
+def finish(process, timeout_secs):
+  """The exit status and stderr of a process `popen` started."""
+  code = process.wait(timeout=timeout_secs)
+  return code, process.err_path.read_text()
+
+
 def wait_for(predicate, timeout_secs, what):
   deadline = time.monotonic() + timeout_secs
   while time.monotonic() < deadline:
@@ -85,7 +110,7 @@ def test_killed_chief_resumes_at_the_next_epoch(tmp_path, subprocess_env, launch
   assert final["last_checkpoint"].endswith("ckpt-4")
 
 
-def test_main_job_trains_and_the_sidecar_reports_auc(tmp_path, subprocess_env, launched):
+def test_main_job_trains_and_the_sidecar_reports_auc(tmp_path, subprocess_env, launched, popen):
   model_dir = tmp_path / "run"
   args = ["--num_ps=1", "--num_workers=2", "--evaluator", f"--log_dir={tmp_path / 'logs'}", "scripts/train.py", "--",
           "--flagfile=configs/main.cfg", f"--model_dir={model_dir}", f"--data_dir={tmp_path / 'data'}",
@@ -110,9 +135,16 @@ def test_main_job_trains_and_the_sidecar_reports_auc(tmp_path, subprocess_env, l
   assert f"final validation metrics: auc {val_auc:.4f}" in summary
   assert f"sidecar best checkpoint: {model_dir}/checkpoints/ckpt-" in summary and "restarts: none" in summary
   assert f"TensorBoard logs: {model_dir}/logs" in summary and f"checkpoints: {model_dir}/checkpoints" in summary
-  report = subprocess.run([sys.executable, "-m", "tfps.report.cli", str(model_dir)], cwd=REPO, env=subprocess_env,
-                          capture_output=True, text=True, timeout=120)
-  assert report.returncode == 0, report.stderr
+  # The report, the standalone sidecar on the finished run (every checkpoint, best by loss) and the standalone sidecar
+  # refusing an unknown metric run side by side; the refusal on a copy of the run: it evaluates (and records) a
+  # checkpoint before it refuses.
+  shutil.copytree(model_dir, tmp_path / "copy")
+  sidecar = [sys.executable, "scripts/sidecar_eval.py", "--flagfile=configs/main.cfg",
+             f"--data_dir={tmp_path / 'data'}", "--synthetic_rows=40000", "--batch_size=256", "--poll_secs=0.1"]
+  report = popen("report", [sys.executable, "-m", "tfps.report.cli", str(model_dir)])
+  refused = popen("refused", sidecar + [f"--model_dir={tmp_path / 'copy'}", "--best_metric=nope"])
+  code, report_err = finish(report, 120)
+  assert code == 0, report_err
   assert (model_dir / "run" / "report.png").read_bytes()[:4] == b"\x89PNG"
   sidecar_auc = series.build_series(run_records.read_run(str(model_dir))).panels["auc"][-1]
   assert sidecar_auc.label == "sidecar auc" and sidecar_auc.values == [e["metrics"]["auc"] for e in evaluations]
@@ -122,22 +154,18 @@ def test_main_job_trains_and_the_sidecar_reports_auc(tmp_path, subprocess_env, l
   assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == [
       "chief-0.log", "evaluator-0.log", "ps-0.log", "worker-0.log", "worker-1.log"]
 
-  # The standalone sidecar on the finished run: every checkpoint, best by loss.
-  sidecar = [sys.executable, "scripts/sidecar_eval.py", "--flagfile=configs/main.cfg", f"--model_dir={model_dir}",
-             f"--data_dir={tmp_path / 'data'}", "--synthetic_rows=40000", "--batch_size=256", "--poll_secs=0.1"]
-  result = subprocess.run(sidecar + ["--evaluate_every_checkpoint", "--best_metric=loss"], cwd=REPO,
-                          env=subprocess_env, capture_output=True, text=True, timeout=300)
+  result = subprocess.run(sidecar + [f"--model_dir={model_dir}", "--evaluate_every_checkpoint", "--best_metric=loss"],
+                          cwd=REPO, env=subprocess_env, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   again = [json.loads(line) for line in (model_dir / "eval" / "metrics.jsonl").read_text().splitlines()]
   assert [os.path.basename(e["checkpoint"]) for e in again[len(evaluations):]] == ["ckpt-1", "ckpt-2"]
   best = json.loads((model_dir / "best" / "best.json").read_text())
   assert best["metric"] == "loss"
   assert best["value"] == min(e["metrics"]["loss"] for e in again[len(evaluations):])
-  result = subprocess.run(sidecar + ["--best_metric=nope"], cwd=REPO, env=subprocess_env, capture_output=True,
-                          text=True, timeout=300)
-  assert result.returncode == 2
-  assert "sidecar_eval.py: `best_metric` 'nope' is not one of the model's metrics: auc, loss" in result.stderr
-  assert "Traceback" not in result.stderr
+  code, refused_err = finish(refused, 300)
+  assert code == 2
+  assert "sidecar_eval.py: `best_metric` 'nope' is not one of the model's metrics: auc, loss" in refused_err
+  assert "Traceback" not in refused_err
 
 
 def test_unreachable_ps_is_named_within_the_connect_timeout(tmp_path, subprocess_env):

@@ -1,5 +1,5 @@
-"""bench/quality.py end to end in a tiny mode: both sides (one process, and tfps-launch with 2 workers and 2 ps) train,
-and the report has every model's metrics, finite and in range, and no process is left behind."""
+"""bench/quality.py end to end in a tiny mode: both sides (one process, and tfps-launch with 2 workers and 2 ps) train
+at once, and the report has every model's metrics, finite and in range, and no process is left behind."""
 
 import json
 import math
@@ -20,7 +20,8 @@ def test_quality_bench_writes_both_sides_metrics(tmp_path, shared_data, subproce
     pytest.skip(f"no MovieLens 100K at {data_dir}")
   out = tmp_path / "quality.json"
   command = [sys.executable, "bench/quality.py", f"--data_dir={data_dir}", "--epochs=1", "--retrieval_epochs=2",
-             "--max_rows=2000", "--seeds=0", "--models=wide_deep,retrieval", f"--json_out={out}", f"--logs={tmp_path / 'logs'}"]
+             "--max_rows=2000", "--seeds=0", "--models=wide_deep,retrieval", f"--json_out={out}",
+             f"--logs={tmp_path / 'logs'}", "--sides_at_once"]
   result = subprocess.run(command, cwd=REPO, env=subprocess_env, capture_output=True, text=True, timeout=400)
   try:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -55,11 +55,26 @@ def servers(tmp_path_factory):
       process.wait()
 
 
-def _chief(servers, num_ps, *flags) -> subprocess.CompletedProcess:
-  return subprocess.run(
+def _start_chief(servers, num_ps, *flags) -> subprocess.Popen:
+  return subprocess.Popen(
       [sys.executable, str(TASK), "--job_name=chief", "--task_index=0", f"--ps_hosts={','.join(servers['ps'][:num_ps])}",
        f"--worker_hosts={servers['worker']}", f"--chief_hosts=127.0.0.1:{portpicker.pick_unused_port()}",
-       "--min_shard_bytes=0", *flags], env=servers["env"], capture_output=True, text=True, timeout=300, check=False)
+       "--min_shard_bytes=0", *flags], env=servers["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True)
+
+
+def _finish(process: subprocess.Popen) -> subprocess.CompletedProcess:
+  try:
+    stdout, stderr = process.communicate(timeout=300)
+  finally:
+    if process.poll() is None:
+      process.kill()
+      process.wait()
+  return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def _chief(servers, num_ps, *flags) -> subprocess.CompletedProcess:
+  return _finish(_start_chief(servers, num_ps, *flags))
 
 
 def _run_plan(servers, tmp_path, path, *flags):
@@ -91,25 +106,29 @@ def test_keras_run_moves_between_ps_counts(servers, tmp_path):
   marker = checkpoints_lib.read_final_marker(str(model_dir))
   assert marker["step"] == 4  # every step applied and counted once over the four runs
 
+  # A chief refused the checkpoint of a model of another shape, meanwhile: it reads the model_dir and writes nothing.
+  refused = _start_chief(servers, 2, "--path=keras", f"--model_dir={model_dir}", "--steps=5", "--embedding_dim=5",
+                         f"--loss_file={tmp_path / 'refused'}", "--optimizer=adam")
+
   def build():
     return reshard_model.build_model("adam")
 
-  evaluations = tfps.run_sidecar_evaluator(build, reshard_model.first_batch, str(model_dir),
-                                           evaluate_every_checkpoint=True, idle_timeout_secs=30)
-  assert [entry["step"] for entry in evaluations] == [1, 2, 3, 4]  # saved on 1, 2, 3 and 1 ps
-  _assert_resumed_where_saved(firsts, [float(entry["metrics"]["loss"]) for entry in evaluations])
+  try:
+    evaluations = tfps.run_sidecar_evaluator(build, reshard_model.first_batch, str(model_dir),
+                                             evaluate_every_checkpoint=True, idle_timeout_secs=30)
+    assert [entry["step"] for entry in evaluations] == [1, 2, 3, 4]  # saved on 1, 2, 3 and 1 ps
+    _assert_resumed_where_saved(firsts, [float(entry["metrics"]["loss"]) for entry in evaluations])
 
-  exported = tfps.export_saved_model(build, str(tmp_path / "export"), model_dir=str(model_dir),
-                                     dataset_fn=reshard_model.first_batch)
-  restored = build()
-  features = next(iter(reshard_model.first_batch()))[0]
-  restored(features)
-  tf.train.Checkpoint(model=restored).read(marker["last_checkpoint"]).expect_partial()
-  served = tf.saved_model.load(exported).signatures["serving_default"](**features)
-  np.testing.assert_allclose(list(served.values())[0].numpy(), restored(features).numpy(), atol=1e-6)
-
-  refused = _chief(servers, 2, "--path=keras", f"--model_dir={model_dir}", "--steps=5", "--embedding_dim=5",
-                   f"--loss_file={tmp_path / 'refused'}", "--optimizer=adam")
+    exported = tfps.export_saved_model(build, str(tmp_path / "export"), model_dir=str(model_dir),
+                                       dataset_fn=reshard_model.first_batch)
+    restored = build()
+    features = next(iter(reshard_model.first_batch()))[0]
+    restored(features)
+    tf.train.Checkpoint(model=restored).read(marker["last_checkpoint"]).expect_partial()
+    served = tf.saved_model.load(exported).signatures["serving_default"](**features)
+    np.testing.assert_allclose(list(served.values())[0].numpy(), restored(features).numpy(), atol=1e-6)
+  finally:
+    refused = _finish(refused)
   assert refused.returncode == 2
   last_line = refused.stderr.strip().splitlines()[-1]
   assert "ckpt-4 does not fit this model" in last_line and "[800, 4] in the checkpoint and [800, 5]" in last_line
