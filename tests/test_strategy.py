@@ -99,7 +99,8 @@ def test_import_tfps_adds_grpc_keepalive_to_the_users_grpc_options():
   result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
   assert result.returncode == 0, result.stderr
   assert result.stdout.strip() == ("grpc.keepalive_time_ms=20000,grpc.max_receive_message_length=7,"
-                                   "grpc.keepalive_timeout_ms=5000,grpc.min_reconnect_backoff_ms=2000")
+                                   "grpc.keepalive_timeout_ms=5000,grpc.min_reconnect_backoff_ms=2000,"
+                                   "grpc.max_reconnect_backoff_ms=5000")
 
 
 def test_tensorflow_already_running_keras_3_is_refused():

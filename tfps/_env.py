@@ -21,8 +21,11 @@ GRPC_OPTIONS = "TF_GRPC_DEFAULT_OPTIONS"  # gRPC channel arguments TensorFlow re
 # unlimited pings every 1 s failed; with the default a 27 s function ran clean).
 # gRPC's minimum connect timeout (20 s by default) bounds how long after a silent host is back it is reached again:
 # a connection attempt started while it was silent waits that long for an answer that never comes.
+# gRPC's reconnect backoff grows 1.6x per failed attempt up to 120 s by default, so a worker back after a 30 s cut could
+# wait ~15 s, after minutes up to 2 min, before the coordinator's channel tries it again; capped at 5 s (one connect
+# attempt to a silent host every 5 s costs nothing).
 GRPC_KEEPALIVE = (("grpc.keepalive_time_ms", 5000), ("grpc.keepalive_timeout_ms", 5000),
-                  ("grpc.min_reconnect_backoff_ms", 2000))
+                  ("grpc.min_reconnect_backoff_ms", 2000), ("grpc.max_reconnect_backoff_ms", 5000))
 
 
 def grpc_options(given: str) -> str:
