@@ -139,6 +139,18 @@ def test_a_swapped_handle_redirects_reads_and_updates_to_another_variable():
   assert (float(variable.numpy()), float(other.numpy())) == (1.0, 6.0)
 
 
+def test_a_variable_read_through_another_read_is_converted_to_it_and_its_own_read_keeps_its_gradient():
+  layer = tf_keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
+  layer.build((None, 2))
+  inputs = tf.ones((1, 2))
+  with _tf_private.reading_through(layer.kernel, lambda: tf.fill([2, 1], 3.0)):
+    assert float(layer(inputs)[0, 0]) == 6.0  # the layer's own conversion of its kernel
+    with tf.GradientTape() as tape:
+      read = _tf_private.own_value(layer.kernel) * 2.0
+    assert tape.gradient(read, layer.kernel).numpy().tolist() == [[2.0], [2.0]]
+  assert float(layer(inputs)[0, 0]) == 2.0
+
+
 def test_an_uninitialized_variable_takes_its_value_from_an_assignment():
   variable = _tf_private.uninitialized_variable(shape=[2], dtype=tf.float32, name="later")
   variable.assign([3.0, 4.0])

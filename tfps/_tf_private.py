@@ -154,6 +154,24 @@ def swapped_handle(variable, handle):
   return swapped(unwrapped(variable), "_handle", handle)
 
 
+def reading_through(variable, read: Callable[[], tf.Tensor]):
+  """While tracing: every whole read of `variable` (`tf.convert_to_tensor`, `value()`: how tf-keras layers read their
+  weights) returns `read()`; `own_value` still reads the variable itself.
+
+  tfps reads the small dense variables of a ps in one transfer per step (`tfps.training.packing`); a layer holds its
+  variables and converts them to tensors itself, and TensorFlow has no public hook on that conversion. Replaced on the
+  variable instance (unwrapped, as `swapped_handle`).
+  """
+  return swapped(unwrapped(variable), "value", read)
+
+
+def own_value(variable) -> tf.Tensor:
+  """The variable's own read (its `ReadVariableOp`, recorded on any gradient tape that is open), whatever
+  `reading_through` put in front of it."""
+  variable = unwrapped(variable)
+  return type(variable).value(variable)
+
+
 def unwrapped(variable):
   """The variable itself: ParameterServerStrategy hands out its variables wrapped in a `CachingVariable`, which
   passes every op to the wrapped one (`_v`)."""

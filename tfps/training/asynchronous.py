@@ -1,10 +1,12 @@
 """Async training (ParameterServerStrategy's own): every worker step applies its gradients at once, each step applied
 and counted once even when a worker dies (`tfps.training.exactly_once`, all four rules; table layers' bookkeeping
-once per step and shard: `tfps.training.tables.StepMarks`)."""
+once per step and shard: `tfps.training.tables.StepMarks`). The small dense variables of each ps are read, and their
+gradients sent, in one transfer per ps and step (`tfps.training.packing`)."""
 
 import tensorflow as tf
 
 from tfps.training import exactly_once
+from tfps.training import packing
 from tfps.training import steps as steps_lib
 from tfps.training import tables
 
@@ -23,6 +25,7 @@ class AsyncRunner(steps_lib.Runner):
       self.progress = exactly_once.StepProgress(self.steps_per_execution, step.counter)
     self.progress.ps_records = exactly_once.PsRecords()
     self.table_marks = tables.StepMarks(self.strategy)  # table layers' bookkeeping, once per step and shard
+    self.packed_reads = packing.PackedReads()  # the small dense variables of a ps read in one transfer per step
     self.function = tf.function(self._steps, autograph=False)  # a step's errors surface unwrapped
     self._start = (0, 0)
 
@@ -34,7 +37,8 @@ class AsyncRunner(steps_lib.Runner):
     def body(index, loss_sum, examples):
       mark = seq * progress.stride + index + 1
       with exactly_once.updates_after_every_gradient(step.optimizer()), \
-          progress.ps_records.skipping_applied(strategy, slot, mark) as ps_applied:
+          progress.ps_records.skipping_applied(strategy, slot, mark) as ps_applied, \
+          self.packed_reads.reading(step.trainable_variables()):
         loss, count = strategy.run(self.table_marks.marked(step.run, slot, mark), args=(next(iterator),))
         counted = None
         if not step.counts_itself:

@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfps import _tf_private
+from tfps.training import packing
 from tfps.training import strategy as strategy_lib
 
 SLOTS = 16_384  # more than the functions scheduled between two joins of the coordinator
@@ -158,13 +159,9 @@ def _on_their_ps(grads_and_vars):
         moved[position] = (tf.identity(gradient, name="tfps_gradient_in"), variable)
       by_device.setdefault(variable.device, []).append(moved[position][0])
   for (device, _), positions in sorted(dense.items(), key=lambda item: (item[0][0], item[0][1].name)):
-    gradients = [moved[position][0] for position in positions]
-    packed = tf.concat([tf.reshape(gradient, [-1]) for gradient in gradients], 0)  # where the gradients are
-    with tf.device(device):
-      packed = tf.identity(packed, name="tfps_gradients_in")
-      parts = tf.split(packed, [gradient.shape.num_elements() for gradient in gradients])
-      for position, gradient, part in zip(positions, gradients, parts):
-        moved[position] = (tf.reshape(part, gradient.shape), moved[position][1])
+    packed, parts = packing.transferred([moved[position][0] for position in positions], destination=device)
+    for position, part in zip(positions, parts):
+      moved[position] = (part, moved[position][1])
     by_device.setdefault(device, []).append(packed)
   return moved, _grouped(by_device)
 

@@ -1,0 +1,48 @@
+"""The small dense variables of each ps are read in one transfer per step (`tfps.training.packing`); that they train
+to the same weights as one process is `test_exactly_once.test_gradients_packed_per_ps_reach_their_own_variables`."""
+
+from test_exactly_once import async_runner
+import tfps
+from tfps.training import packing
+import tensorflow as tf
+import tf_keras
+
+
+def _loop_body(concrete):
+  """The FunctionDef of the scheduled function's step loop body."""
+  library = {function.signature.name: function for function in concrete.graph.as_graph_def().library.function}
+  (loop,) = [op for op in concrete.graph.get_operations() if op.type in ("While", "StatelessWhile")]
+  return library[loop.get_attr("body").name]
+
+
+def _data_consumers(body, name):
+  return [node for node in body.node_def if any(source.split(":")[0] == name for source in node.input)]
+
+
+def test_the_dense_variables_of_each_ps_cross_to_the_worker_in_one_tensor_per_step(cluster):
+  strategy, coordinator = tfps.build_strategy(cluster)
+  with strategy.scope():
+    model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(4, activation="tanh"),
+                                 tf_keras.layers.Dense(2, activation="tanh"), tf_keras.layers.Dense(1)])
+    model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "mse")
+    runner = async_runner(model, coordinator)
+  devices = {variable.device for variable in model.trainable_variables}
+  assert len(devices) == 2, devices
+  iterator = iter(tf.data.Dataset.from_tensors((tf.ones((8, 3)), tf.ones((8, 1)))).repeat())
+  body = _loop_body(runner.function.get_concrete_function(iterator, tf.constant(5, tf.int64), tf.constant(0, tf.int64)))
+
+  reads = [node for node in body.node_def if node.op == "ReadVariableOp" and node.name.startswith("while/sequential/")]
+  assert len(reads) == len(model.trainable_variables)  # each variable read once per step
+  for read in reads:  # ... and used where it is, on its ps: none crosses alone
+    assert {consumer.device for consumer in _data_consumers(body, read.name)} <= devices, read.name
+  packs = [node for node in body.node_def if node.op == "ConcatV2" and node.device in devices]
+  assert sorted(pack.device for pack in packs) == sorted(devices)  # one packed read per ps
+  for pack in packs:
+    assert {consumer.device for consumer in _data_consumers(body, pack.name)} == {"/device:CPU:0"}  # to the worker
+
+
+def test_a_variable_too_large_to_pack_or_not_trainable_is_read_as_before():
+  assert packing.packable(tf.Variable(tf.zeros([packing.MAX_PACKED_BYTES // 4])))
+  assert not packing.packable(tf.Variable(tf.zeros([packing.MAX_PACKED_BYTES // 4 + 1])))
+  assert not packing.packable(tf.Variable(tf.zeros([3]), trainable=False))
+  assert not packing.packable(tf.Variable(tf.zeros([3], tf.int64)))

@@ -1,0 +1,86 @@
+"""Fewer transfers per step: tensors that cross between a worker and one ps together travel packed in one tensor.
+
+Each tensor crossing between processes is one gRPC `RecvTensor` call with its own rendezvous, and on a recommender's
+small dense layers that per-tensor cost, not the bytes, is most of what a ps spends per step. Both training paths use
+these helpers through `tfps.training.asynchronous.AsyncRunner`:
+
+- `transferred`: a list of tensors of one dtype moved to another device in one tensor (the dense gradients of a ps go
+  there this way, `tfps.training.exactly_once`).
+- `PackedReads.reading`: while a step is traced, the small dense variables of each ps are read in one transfer per step:
+  at the step's first read of any of them, all of that ps's are read and concatenated on the ps, and split on the
+  worker; every whole read (`tf.convert_to_tensor`, `value()`, what tf-keras layers do) of one of them returns its
+  part. The reads are the variables' own `ReadVariableOp`s, made where the step's first read is (inside its gradient
+  tape), so gradients flow back to the variables as before, each step reads the latest values, and tf.function still
+  orders them before the step's updates. Variables, checkpoints and everything outside the traced step are unchanged.
+"""
+
+import contextlib
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from tfps import _tf_private
+from tfps.training import strategy as strategy_lib
+
+# The largest variable (or shard) read packed. A table read by gathers would be read whole every step if it were packed,
+# so only parts as small as tfps's unsharded dense weights are; a small table under it costs at most this many bytes.
+MAX_PACKED_BYTES = 512 * 1024
+
+
+def transferred(tensors: Sequence[tf.Tensor], destination: Optional[str],
+                source: Optional[str] = None) -> Tuple[tf.Tensor, List[tf.Tensor]]:
+  """In a tf.function: `(packed, parts)`, `tensors` (fully defined shapes, one dtype) concatenated on device `source`
+  and split again on `destination` (None: where the caller's ops run), so that one tensor crosses between the two.
+  `packed` is the tensor on `destination`; `parts` are `tensors` there, in order and shape."""
+  with _on(source):
+    packed = tf.concat([tf.reshape(tensor, [-1]) for tensor in tensors], 0)
+  with _on(destination):
+    packed = tf.identity(packed, name="tfps_packed_in")
+    parts = tf.split(packed, [tensor.shape.num_elements() for tensor in tensors])
+    return packed, [tf.reshape(part, tensor.shape) for part, tensor in zip(parts, tensors)]
+
+
+def _on(device: Optional[str]):
+  return contextlib.nullcontext() if device is None else tf.device(device)
+
+
+def packable(variable) -> bool:
+  """Whether `variable` (a variable or a shard) is read packed: trainable, floating, of known shape, at most
+  `MAX_PACKED_BYTES`."""
+  return (variable.trainable and variable.dtype.is_floating and variable.shape.is_fully_defined()
+          and variable.shape.num_elements() * variable.dtype.size <= MAX_PACKED_BYTES)
+
+
+class PackedReads:
+  """Reads the small dense variables of each ps in one transfer per step (see the module docstring)."""
+
+  @contextlib.contextmanager
+  def reading(self, variables: Iterable[tf.Variable]):
+    """While a step is traced: every whole read of one of `variables` (or of a shard of one) that is `packable` returns
+    its part of its ps's packed read, made once per graph being traced (a step, a loop body, a branch)."""
+    groups: Dict[Tuple[str, tf.DType], list] = {}
+    seen = set()
+    for variable in variables:
+      for part in strategy_lib.shards_of(variable):
+        part = _tf_private.unwrapped(part)
+        if id(part) not in seen and packable(part):
+          seen.add(id(part))
+          groups.setdefault((part.device, part.dtype), []).append(part)
+    groups = {key: parts for key, parts in groups.items() if len(parts) > 1}  # one variable alone gains nothing
+    packs: Dict[tuple, Dict[int, tf.Tensor]] = {}
+
+    def read(part, key):
+      graph = tf.compat.v1.get_default_graph()
+      if (graph, key) not in packs:
+        members = groups[key]
+        with tf.device(key[0]):
+          values = [_tf_private.own_value(member) for member in members]
+        _, parts = transferred(values, destination=None, source=key[0])
+        packs[(graph, key)] = {id(member): value for member, value in zip(members, parts)}
+      return packs[(graph, key)][id(part)]
+
+    with contextlib.ExitStack() as reads:
+      for key, parts in groups.items():
+        for part in parts:
+          reads.enter_context(_tf_private.reading_through(part, lambda part=part, key=key: read(part, key)))
+      yield
