@@ -15,9 +15,9 @@ import tensorflow as tf
 import tf_keras
 
 
-def async_runner(model, coordinator, steps_per_execution=5):
+def async_runner(model, coordinator, steps_per_execution=5, mode=None):
   """The async runner of `model`'s step, driving its `fit` (as tfps.fit sets it up)."""
-  runner = runners.build_runner(tfps.TrainingMode("async"), keras_steps.keras_step(model),
+  runner = runners.build_runner(mode or tfps.TrainingMode("async"), keras_steps.keras_step(model),
                                 strategy=model.distribute_strategy, coordinator=coordinator, num_workers=2,
                                 steps_per_execution=steps_per_execution)
   keras_steps.drive_fit(model, runner)

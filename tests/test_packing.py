@@ -19,26 +19,38 @@ def _data_consumers(body, name):
   return [node for node in body.node_def if any(source.split(":")[0] == name for source in node.input)]
 
 
-def test_the_dense_variables_of_each_ps_cross_to_the_worker_in_one_tensor_per_step(cluster):
+def _built(cluster, packed_reads):
+  """A model of 3 dense layers over 2 ps, and its runner's step loop body."""
   strategy, coordinator = tfps.build_strategy(cluster)
   with strategy.scope():
     model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(4, activation="tanh"),
-                                 tf_keras.layers.Dense(2, activation="tanh"), tf_keras.layers.Dense(1)])
+                                 tf_keras.layers.Dense(2, activation="tanh"), tf_keras.layers.Dense(1)],
+                                name="dense_model")
     model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "mse")
-    runner = async_runner(model, coordinator)
-  devices = {variable.device for variable in model.trainable_variables}
-  assert len(devices) == 2, devices
+    runner = async_runner(model, coordinator, mode=tfps.TrainingMode(packed_reads=packed_reads))
   iterator = iter(tf.data.Dataset.from_tensors((tf.ones((8, 3)), tf.ones((8, 1)))).repeat())
   body = _loop_body(runner.function.get_concrete_function(iterator, tf.constant(5, tf.int64), tf.constant(0, tf.int64)))
-
-  reads = [node for node in body.node_def if node.op == "ReadVariableOp" and node.name.startswith("while/sequential/")]
+  reads = [node for node in body.node_def if node.op == "ReadVariableOp" and node.name.startswith("while/dense_model/")]
   assert len(reads) == len(model.trainable_variables)  # each variable read once per step
+  return model, body, reads
+
+
+def test_the_dense_variables_of_each_ps_cross_to_the_worker_in_one_tensor_per_step(cluster):
+  model, body, reads = _built(cluster, packed_reads=True)
+  devices = {variable.device for variable in model.trainable_variables}
+  assert len(devices) == 2, devices
   for read in reads:  # ... and used where it is, on its ps: none crosses alone
     assert {consumer.device for consumer in _data_consumers(body, read.name)} <= devices, read.name
   packs = [node for node in body.node_def if node.op == "ConcatV2" and node.device in devices]
   assert sorted(pack.device for pack in packs) == sorted(devices)  # one packed read per ps
   for pack in packs:
     assert {consumer.device for consumer in _data_consumers(body, pack.name)} == {"/device:CPU:0"}  # to the worker
+
+
+def test_without_packed_reads_each_dense_variable_crosses_on_its_own(cluster):
+  _, body, reads = _built(cluster, packed_reads=False)
+  for read in reads:  # read on its ps, used on the worker
+    assert "/device:CPU:0" in {consumer.device for consumer in _data_consumers(body, read.name)}, read.name
 
 
 def test_a_variable_too_large_to_pack_or_not_trainable_is_read_as_before():

@@ -128,7 +128,8 @@ def strategy_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> 
 
 
 def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """--sync_mode, --geo_steps and --replicas_to_aggregate (`tfps.training.modes`); calling it again is harmless."""
+  """--sync_mode, --geo_steps, --replicas_to_aggregate and --packed_reads (`tfps.training.modes`); calling it again is
+  harmless."""
   if "sync_mode" in flag_values:
     return
   flags.DEFINE_string("sync_mode", "async", f"How the ps applies the workers' work: {', '.join(modes.MODES)}.",
@@ -137,6 +138,8 @@ def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                        flag_values=flag_values)
   flags.DEFINE_integer("replicas_to_aggregate", None, "sync: worker batches per step (default: every worker's).",
                        flag_values=flag_values)
+  flags.DEFINE_boolean("packed_reads", True, "async: read the small dense variables of each ps in one transfer per "
+                       "step (--nopacked_reads: one each, as ParameterServerStrategy does).", flag_values=flag_values)
   declare_program_flags(flag_values, __name__)
 
 
@@ -149,7 +152,7 @@ def mode_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> modes.Traini
   if "sync_mode" not in flag_values:
     return modes.TrainingMode()
   return modes.TrainingMode(flag_values["sync_mode"].value, flag_values["geo_steps"].value,
-                            flag_values["replicas_to_aggregate"].value)
+                            flag_values["replicas_to_aggregate"].value, flag_values["packed_reads"].value)
 
 
 def define_launch_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:

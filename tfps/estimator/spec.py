@@ -129,6 +129,7 @@ class RunConfig:
     sync_mode: "async" (default), "sync" or "geo" (`tfps.training.modes`; tfps).
     geo_steps: geo: local steps between two pushes of a worker's difference (default 10).
     replicas_to_aggregate: sync: worker batches averaged per step (default: one per worker).
+    packed_reads: async: the small dense variables of each ps read in one transfer per step (default True; tfps).
   """
 
   model_dir: Optional[str] = None
@@ -142,10 +143,11 @@ class RunConfig:
   sync_mode: str = "async"
   geo_steps: Optional[int] = None
   replicas_to_aggregate: Optional[int] = None
+  packed_reads: bool = True
 
   @property
   def training_mode(self) -> modes.TrainingMode:
-    return modes.TrainingMode(self.sync_mode, self.geo_steps, self.replicas_to_aggregate)
+    return modes.TrainingMode(self.sync_mode, self.geo_steps, self.replicas_to_aggregate, self.packed_reads)
 
   def __post_init__(self):
     _ = self.training_mode  # raises on a mode that makes no sense

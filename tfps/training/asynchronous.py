@@ -3,6 +3,8 @@ and counted once even when a worker dies (`tfps.training.exactly_once`, all four
 once per step and shard: `tfps.training.tables.StepMarks`). The small dense variables of each ps are read, and their
 gradients sent, in one transfer per ps and step (`tfps.training.packing`)."""
 
+import contextlib
+
 import tensorflow as tf
 
 from tfps.training import exactly_once
@@ -25,7 +27,8 @@ class AsyncRunner(steps_lib.Runner):
       self.progress = exactly_once.StepProgress(self.steps_per_execution, step.counter)
     self.progress.ps_records = exactly_once.PsRecords()
     self.table_marks = tables.StepMarks(self.strategy)  # table layers' bookkeeping, once per step and shard
-    self.packed_reads = packing.PackedReads()  # the small dense variables of a ps read in one transfer per step
+    # the small dense variables of a ps read in one transfer per step (unless the mode says not to)
+    self.packed_reads = packing.PackedReads() if self.mode.packed_reads else None
     self.function = tf.function(self._steps, autograph=False)  # a step's errors surface unwrapped
     self._start = (0, 0)
 
@@ -38,7 +41,7 @@ class AsyncRunner(steps_lib.Runner):
       mark = seq * progress.stride + index + 1
       with exactly_once.updates_after_every_gradient(step.optimizer()), \
           progress.ps_records.skipping_applied(strategy, slot, mark) as ps_applied, \
-          self.packed_reads.reading(step.trainable_variables()):
+          (self.packed_reads.reading(step.trainable_variables()) if self.packed_reads else contextlib.nullcontext()):
         loss, count = strategy.run(self.table_marks.marked(step.run, slot, mark), args=(next(iterator),))
         counted = None
         if not step.counts_itself:

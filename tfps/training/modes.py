@@ -25,11 +25,14 @@ class TrainingMode:
     sync_mode: "async", "sync" or "geo".
     geo_steps: local steps between two pushes of a worker's difference (geo only; default 10).
     replicas_to_aggregate: worker batches averaged into one sync step (sync only; default: the number of workers).
+    packed_reads: async: the small dense variables of each ps are read in one transfer per step
+      (`tfps.training.packing`); False reads each one on its own, as ParameterServerStrategy does (default True).
   """
 
   sync_mode: str = "async"
   geo_steps: Optional[int] = None
   replicas_to_aggregate: Optional[int] = None
+  packed_reads: bool = True
 
   def __post_init__(self):
     checks.one_of("sync_mode", self.sync_mode, MODES)
@@ -40,6 +43,10 @@ class TrainingMode:
     if self.replicas_to_aggregate is not None and self.sync_mode != "sync":
       raise UsageError(f"`replicas_to_aggregate` ({self.replicas_to_aggregate}) applies only to sync_mode=sync, "
                        f"not {self.sync_mode}")
+    if not isinstance(self.packed_reads, bool):
+      raise UsageError(f"`packed_reads` ({self.packed_reads!r}) must be True or False")
+    if not self.packed_reads and self.sync_mode != "async":
+      raise UsageError(f"`packed_reads` (False) applies only to sync_mode=async, not {self.sync_mode}")
     if self.sync_mode == "geo" and self.geo_steps is None:
       object.__setattr__(self, "geo_steps", DEFAULT_GEO_STEPS)
 
