@@ -137,6 +137,30 @@ def test_a_full_table_falls_back_to_the_default_and_counts(strategy):
   assert layer.table_metrics()["occupancy"] == 3
 
 
+def test_a_step_cancelled_after_its_admissions_counts_its_fallbacks_once(strategy):
+  """A step whose first run got through admission (rows handed out, ids left without one) and was cancelled before
+  its last writes runs again: the ids that found no row are counted in `fallbacks` once, by the run that finishes."""
+  strategy, coordinator = strategy
+  layer = make_layer(strategy, capacity=2)  # one shard
+  with strategy.scope():
+    marks = tables.StepMarks(strategy)
+
+  @tf.function
+  def step(keys, mark):
+    return strategy.run(marks.marked(lambda keys: layer(keys, training=True), tf.constant([0]), mark), args=(keys,))
+
+  shard = layer.shards[0]
+  ids = tf.constant([1, 2, 3, 4, 5], tf.int64)
+  with shard._placed():  # the cancelled first run: its admission's writes landed, its last writes did not
+    shard._admit(ids, layer._row_shards[0], layer._fresh_rows, layer._slots(0), remove_counts=False)
+  assert layer.table_metrics() == {"occupancy": 2, "admitted": 2, "evicted": 0, "fallbacks": 0}
+  for _ in range(2):  # the step run again to its end, then once more (as if its result was lost): mark 1 both times
+    coordinator.schedule(step, args=(ids, tf.constant(1, tf.int64)))
+    coordinator.join()
+  assert layer.table_metrics() == {"occupancy": 2, "admitted": 2, "evicted": 0, "fallbacks": 3}
+  assert int(shard.clock.numpy()) == 1
+
+
 def test_checkpoint_round_trip_restores_map_counts_and_rows(strategy, tmp_path):
   _, coordinator = strategy
   layer = make_layer(strategy[0], min_count=2)
