@@ -62,9 +62,10 @@ class TwoTowerRetrieval(tfrs.models.Model):
     self.task = tfrs.tasks.Retrieval()
 
   def call(self, features: Mapping[str, tf.Tensor], training: bool = False) -> tf.Tensor:
-    if not self.candidate_tower.built:  # the first call (building the model) makes the candidate tower's tables
-      self.candidate_tower(features, training=False)
-    return self.query_tower(features, training=training)
+    query = self.query_tower(features, training=training)
+    if not self.candidate_tower.built:  # the first call (building the model) makes the candidate tower's tables,
+      self.candidate_tower(features, training=False)  # after the query tower's, as `compute_loss` makes them
+    return query
 
   def compute_loss(self, inputs, training: bool = False) -> tf.Tensor:
     """The in-batch softmax loss of a `(features, label)` batch (the label is ignored)."""
