@@ -137,6 +137,30 @@ def test_a_full_table_falls_back_to_the_default_and_counts(strategy):
   assert layer.table_metrics()["occupancy"] == 3
 
 
+def test_a_step_cancelled_after_its_admissions_counts_its_fallbacks_once(strategy):
+  """A step whose first run got through admission (rows handed out, ids left without one) and was cancelled before
+  its last writes runs again: the ids that found no row are counted in `fallbacks` once, by the run that finishes."""
+  strategy, coordinator = strategy
+  layer = make_layer(strategy, capacity=2)  # one shard
+  with strategy.scope():
+    marks = tables.StepMarks(strategy)
+
+  @tf.function
+  def step(keys, mark):
+    return strategy.run(marks.marked(lambda keys: layer(keys, training=True), tf.constant([0]), mark), args=(keys,))
+
+  shard = layer.shards[0]
+  ids = tf.constant([1, 2, 3, 4, 5], tf.int64)
+  with shard._placed():  # the cancelled first run: its admission's writes landed, its last writes did not
+    shard._admit(ids, layer._row_shards[0], layer._fresh_rows, layer._slots(0), remove_counts=False)
+  assert layer.table_metrics() == {"occupancy": 2, "admitted": 2, "evicted": 0, "fallbacks": 0}
+  for _ in range(2):  # the step run again to its end, then once more (as if its result was lost): mark 1 both times
+    coordinator.schedule(step, args=(ids, tf.constant(1, tf.int64)))
+    coordinator.join()
+  assert layer.table_metrics() == {"occupancy": 2, "admitted": 2, "evicted": 0, "fallbacks": 3}
+  assert int(shard.clock.numpy()) == 1
+
+
 def test_checkpoint_round_trip_restores_map_counts_and_rows(strategy, tmp_path):
   _, coordinator = strategy
   layer = make_layer(strategy[0], min_count=2)
@@ -262,3 +286,25 @@ def test_an_unseen_id_goes_between_steps_to_live_and_one_tenth_more_calls():
       gone_at = clock
   assert 21 <= gone_at <= 23  # last seen at 1: stale from clock 22 on, found at the next even clock
   assert layer.table_metrics() == {"occupancy": 1, "admitted": 2, "evicted": 1, "fallbacks": 0}
+
+
+def test_a_checkpoint_of_dynamic_tables_in_other_shard_counts_is_refused_in_one_line(tmp_path):
+  """Each shard's map holds the ids hashed to it: a checkpoint restores only into as many shards (2 saved here, then
+  1 and 3 asked for), refused before anything is restored."""
+  from tfps.training import resharding  # pylint: disable=g-import-not-at-top
+
+  def model(num_shards):
+    built = tf_keras.Sequential([tfps.layers.DynamicEmbedding(90, DIM, num_shards=num_shards, name="ids_table")])
+    built(tf.constant([1, 2], tf.int64), training=True)
+    return built
+
+  path = tf.train.Checkpoint(model=model(2)).write(str(tmp_path / "ckpt"))
+  resharding.check_compatible(path, tf.train.Checkpoint(model=model(2)))  # the same layout fits
+  for num_shards in (1, 3):
+    with pytest.raises(tfps.CheckpointMismatchError) as raised:
+      resharding.check_compatible(path, tf.train.Checkpoint(model=model(num_shards)))
+    message = str(raised.value)
+    assert "\n" not in message
+    assert (f"dynamic table 'ids_table' (model/layer_with_weights-0) in 2 shard(s) and this run makes {num_shards} "
+            in message), message
+    assert "resume with the number of ps (and --num_shards) the checkpoint was saved with" in message

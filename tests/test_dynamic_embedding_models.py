@@ -26,9 +26,7 @@ def _parse(argv):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--embedding=dynamic", "--model=retrieval", "--data=movielens", "--data_dir=x"],
-     r"--embedding=dynamic is for --model=wide_deep or dcn without --stack_tables \(given --model=retrieval\)"),
-    (["--embedding=dynamic", "--stack_tables"], r"\(given --model=wide_deep --stack_tables\)"),
+    (["--embedding=dynamic", "--stack_tables"], "--embedding=dynamic and --stack_tables exclude each other"),
     (["--embedding=table"], "value should be one of <hashed|dynamic>"),
 ])
 def test_flag_errors(argv, message):

@@ -92,6 +92,19 @@ def test_estimator_path_trains_checkpoints_and_exports_the_table(cluster, tmp_pa
   assert results["accuracy"] >= 0.95, results  # evaluated on the workers: lookups of the ps's maps
   table, = estimator.distributed_model().model.variables.tables  # one table, though model_fn ran in several traces
   assert table.table_metrics()["occupancy"] == NUM_IDS
+  # The table's metrics end each step-log line (steps 100 and 200) and go to TensorBoard beside the loss.
+  lines = (tmp_path / "model" / "loss.log").read_text().splitlines()
+  assert [line.split(" | ")[0] for line in lines] == ["step 100", "step 200"]
+  assert lines[-1].endswith(f"| ids_table/occupancy {NUM_IDS} | ids_table/admitted {NUM_IDS} | ids_table/evicted 0 "
+                            "| ids_table/fallbacks 0"), lines
+  scalars = {}
+  for events in (tmp_path / "model").glob("events.out.tfevents.*"):
+    for event in tf.compat.v1.train.summary_iterator(str(events)):
+      for value in event.summary.value:
+        scalars.setdefault(value.tag, []).append((event.step, float(tf.make_ndarray(value.tensor))))
+  assert sorted(scalars["ids_table/occupancy"])[-1] == (200, NUM_IDS), scalars.keys()
+  assert sorted(scalars["ids_table/fallbacks"])[-1] == (200, 0.0)
+  assert {"ids_table/admitted", "ids_table/evicted", "loss"} <= set(scalars)
   # A plain process restores the checkpoint (rows, maps) into a model of its own and evaluates it alike.
   local = estimator.evaluate(eval_input_fn)
   assert local["accuracy"] == pytest.approx(results["accuracy"], abs=1e-6)

@@ -177,6 +177,9 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
   validation = None
   if validation_dataset_fn is not None:
     if exact_evaluation:
+      # Its metrics are copied to the workers before any step: a model whose own train_step never updates the
+      # compiled metrics (the retrieval model's) would have them unbuilt at the first evaluation.
+      evaluation.ensure_metrics_built(model, validation_dataset_fn)
       validation_dataset_fn, shards = evaluation.plan_exact_evaluation(validation_dataset_fn, "validation_dataset_fn",
                                                                        config.num_workers)
       _tf_private.set_exact_evaluation_shards(model, shards)

@@ -8,11 +8,12 @@ the readers' `feature_spec` gives both. `embedding_tables(model)` lists the tabl
 `evaluate_top_k` measures a retrieval model against every candidate. Flags and flagfiles: `tfps.models.flags`.
 """
 
-from typing import Callable, Dict, Mapping, Sequence, Union
+from typing import Callable, Dict, Mapping, Optional, Sequence, Union
 
 import tensorflow as tf
 import tf_keras
 
+from tfps.models.layers import DynamicTables
 from tfps.models.ranking import DCN, RankingModel, WideDeep
 from tfps.models.retrieval import TwoTowerRetrieval, evaluate_top_k
 
@@ -36,8 +37,10 @@ def build_dcn(categorical: Mapping[str, int], dense: Mapping[str, int], **option
 
 def build_retrieval(categorical: Mapping[str, int], dense: Mapping[str, int], *,
                     candidate_features: Sequence[str] = ("movie_id", "movie_genres"), candidate_id: str = "movie_id",
-                    embedding_dim: int = 32, layer_sizes: Sequence[int] = (64, 32)) -> TwoTowerRetrieval:
-  """Two-tower retrieval: `candidate_features` feed the candidate tower, every other feature the query tower."""
+                    embedding_dim: int = 32, layer_sizes: Sequence[int] = (64, 32),
+                    dynamic: Optional[DynamicTables] = None) -> TwoTowerRetrieval:
+  """Two-tower retrieval: `candidate_features` feed the candidate tower, every other feature the query tower;
+  `dynamic`: `DynamicEmbedding` tables keyed by raw ids in both towers."""
   known = set(categorical) | set(dense)
   unknown = [name for name in candidate_features if name not in known]
   if unknown:
@@ -48,7 +51,7 @@ def build_retrieval(categorical: Mapping[str, int], dense: Mapping[str, int], *,
 
   return TwoTowerRetrieval((split(categorical, False), split(dense, False)),
                            (split(categorical, True), split(dense, True)), candidate_id=candidate_id,
-                           embedding_dim=embedding_dim, layer_sizes=layer_sizes)
+                           embedding_dim=embedding_dim, layer_sizes=layer_sizes, dynamic=dynamic)
 
 
 def embedding_tables(model: tf_keras.Model) -> Dict[str, tf.Variable]:

@@ -97,10 +97,10 @@ class _Shard(tf.Module):
     again after a worker failure, whose first run got here, only looks up (it neither counts, admits, evicts nor
     ticks the clock), as its updates are skipped on a ps that applied them."""
     def bookkeeping(last=lambda: []):
-      # The writes a step run again must not repeat (the clock's tick, the sightings, and `last()`: the step's mark)
-      # come last and together, each waiting only for the rest: a step cancelled in the middle of its bookkeeping
-      # (its worker died) leaves them all undone, and what ran before them (admission, eviction, `last_seen`) comes
-      # out the same when the step runs again.
+      # The writes a step run again must not repeat (the clock's tick, the sightings, the fallbacks counted, and
+      # `last()`: the step's mark) come last and together, each waiting only for the rest: a step cancelled in the
+      # middle of its bookkeeping (its worker died) leaves them all undone, and what ran before them (admission,
+      # eviction, `last_seen`) comes out the same when the step runs again.
       clock = self.clock.read_value() + 1
       evicted = tf.no_op()
       if steps_to_live is not None:  # a scan of the shard's rows every `steps_to_live // 10` calls, not every call
@@ -115,13 +115,14 @@ class _Shard(tf.Module):
         seen = _lookup(self.counts, missing) + 1
         ready = tf.boolean_mask(missing, seen >= min_count)
         sightings = (tf.boolean_mask(missing, seen < min_count), tf.boolean_mask(seen, seen < min_count))
-      admitted = self._admit(ready, rows_variable, initializer, slots, remove_counts=min_count > 1)
+      admitted, fallbacks = self._admit(ready, rows_variable, initializer, slots, remove_counts=min_count > 1)
       with tf.control_dependencies([admitted]):
         rows = _lookup(self.map, keys)
       live = tf.boolean_mask(rows, rows >= 0)
       seen_now = self.last_seen.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(live), clock), live))
       with tf.control_dependencies([seen_now, rows]):
-        final = [self.clock.assign_add(1)] + ([self.counts.insert(*sightings)] if sightings else []) + last()
+        final = ([self.clock.assign_add(1), self.fallbacks.assign_add(fallbacks)] +
+                 ([self.counts.insert(*sightings)] if sightings else []) + last())
       with tf.control_dependencies(final):
         return tf.identity(rows)
 
@@ -152,7 +153,10 @@ class _Shard(tf.Module):
         return self.lock.execute(body)
 
   def _admit(self, ready, rows_variable, initializer, slots, remove_counts: bool):
-    """Gives free rows to `ready` ids: fresh row values, optimizer slot rows back to their initial values."""
+    """Gives free rows to `ready` ids: fresh row values, optimizer slot rows back to their initial values.
+
+    Returns the op and how many ids found no free row: counted in `fallbacks` with the step's last writes, not here,
+    as the same ids find none again when the step runs again."""
     wanted = tf.size(ready, out_type=tf.int64)
     num_free = self.num_free.read_value()
     take = tf.minimum(wanted, num_free)
@@ -161,8 +165,7 @@ class _Shard(tf.Module):
     in_variable = new_rows + self.base
     with tf.control_dependencies([new_rows]):
       updates = [
-          self.num_free.assign_sub(take), self.admitted.assign_add(take),
-          self.fallbacks.assign_add(wanted - take), self.map.insert(keys, new_rows),
+          self.num_free.assign_sub(take), self.admitted.assign_add(take), self.map.insert(keys, new_rows),
           self.row_keys.scatter_update(tf.IndexedSlices(keys, new_rows)),
           rows_variable.scatter_update(tf.IndexedSlices(
               initializer([tf.cast(take, tf.int32), rows_variable.shape[1]], rows_variable.dtype), in_variable)),
@@ -172,7 +175,7 @@ class _Shard(tf.Module):
                   for slot, initial in slots]
       if remove_counts:
         updates.append(self.counts.remove(keys))
-    return tf.group(updates)
+    return tf.group(updates), wanted - take
 
   def _evict(self, stale_before):
     """Frees the rows of ids last seen before clock `stale_before`; returns how many."""

@@ -93,9 +93,9 @@ def _check_data(values: dict) -> bool:
   if (values["data"] == "csv") != bool(values["feature_spec"]):
     raise flags.ValidationError(f"--feature_spec ({values['feature_spec']!r}) goes with --data=csv, and --data=csv "
                                 f"needs it (given --data={values['data']})")
-  if values["embedding"] == "dynamic" and (values["model"] == "retrieval" or values["stack_tables"]):
-    raise flags.ValidationError(f"--embedding=dynamic is for --model=wide_deep or dcn without --stack_tables (given "
-                                f"--model={values['model']}{' --stack_tables' if values['stack_tables'] else ''})")
+  if values["embedding"] == "dynamic" and values["stack_tables"]:
+    raise flags.ValidationError("--embedding=dynamic and --stack_tables exclude each other: a dynamic table keeps one "
+                                "id map per feature")
   if len(values["num_buckets"]) not in (1, 26):
     raise flags.ValidationError(f"--num_buckets has {len(values['num_buckets'])} values; give 1 or 26")
   return True
@@ -207,9 +207,10 @@ def model_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS, num_ps
   sharded as the strategy's partitioner shards them: `--num_shards` ways, by default one per ps)."""
   fv = flag_values
   if fv.model == "retrieval":
-    return {"embedding_dim": fv.embedding_dim, "layer_sizes": _ints(fv, "tower_layers")}
-  options = {"embedding_dim": fv.embedding_dim, "deep_layers": _ints(fv, "deep_layers"),
-             "stack_tables": fv.stack_tables}
+    options = {"embedding_dim": fv.embedding_dim, "layer_sizes": _ints(fv, "tower_layers")}
+  else:
+    options = {"embedding_dim": fv.embedding_dim, "deep_layers": _ints(fv, "deep_layers"),
+               "stack_tables": fv.stack_tables}
   if fv.embedding == "dynamic":
     from tfps.models.layers import DynamicTables  # pylint: disable=g-import-not-at-top  (TensorFlow)
     strategy = flags_lib.strategy_options_from_flags(fv)

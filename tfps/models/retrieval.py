@@ -8,6 +8,11 @@ own step). `evaluate_top_k` therefore runs where the towers can be called direct
 `fit` calls, a sidecar, or a single process): it embeds every candidate, builds a `BruteForce` index *outside* any
 strategy scope and feeds `tfrs.metrics.FactorizedTopK`. The towers' variables stay on the ps; only the rows a batch
 needs are gathered.
+
+With `dynamic` (`--embedding=dynamic`) both towers' tables are `DynamicEmbedding`s keyed by the raw user and movie
+ids; the serving export (the query tower) then answers raw user ids, unknown ones reading zeros in their tables.
+The model's first call builds the candidate tower too (on the same batch, its output unused): its tables then
+exist before the first step, so the training paths bind the optimizer to them and restore them like any other.
 """
 
 import functools
@@ -18,15 +23,16 @@ import tensorflow as tf
 import tensorflow_recommenders as tfrs
 import tf_keras
 
-from tfps.models.layers import FeatureEmbeddings, mlp
+from tfps.models.layers import DynamicTables, FeatureEmbeddings, mlp
 
 
 def build_tower(categorical: Mapping[str, int], dense: Mapping[str, int], embedding_dim: int,
-                layer_sizes: Sequence[int], name: str) -> tf_keras.Sequential:
+                layer_sizes: Sequence[int], name: str, dynamic: Optional[DynamicTables] = None) -> tf_keras.Sequential:
   """Feature embeddings, then an MLP whose last layer (no activation) is the tower's output."""
   if not layer_sizes:
     raise ValueError(f"`layer_sizes` ({list(layer_sizes)!r}) must name at least the output width")
-  return tf_keras.Sequential([FeatureEmbeddings(categorical, dense, embedding_dim, name=f"{name}_features"),
+  return tf_keras.Sequential([FeatureEmbeddings(categorical, dense, embedding_dim, name=f"{name}_features",
+                                                dynamic=dynamic),
                               mlp(layer_sizes, name=f"{name}_mlp", final_activation=None)], name=name)
 
 
@@ -39,21 +45,27 @@ class TwoTowerRetrieval(tfrs.models.Model):
     candidate_id: the candidate feature that identifies a candidate (for top-K metrics).
     embedding_dim: width of every embedding table.
     layer_sizes: each tower's MLP; the last is the width of the tower outputs.
+    dynamic: `DynamicEmbedding` tables keyed by raw ids in both towers (None: tables of the vocabulary sizes).
   """
 
   def __init__(self, query, candidate, *, candidate_id: str = "movie_id", embedding_dim: int = 32,
-               layer_sizes: Sequence[int] = (64, 32), name: str = "retrieval"):
+               layer_sizes: Sequence[int] = (64, 32), dynamic: Optional[DynamicTables] = None,
+               name: str = "retrieval"):
     super().__init__(name=name)
     if candidate_id not in candidate[0]:
       raise ValueError(f"`candidate_id` ({candidate_id!r}) must be a categorical candidate feature: "
                        f"{', '.join(candidate[0]) or '(none)'}")
     self.candidate_id = candidate_id
-    self.query_tower = build_tower(*query, embedding_dim, layer_sizes, name="query_tower")
-    self.candidate_tower = build_tower(*candidate, embedding_dim, layer_sizes, name="candidate_tower")
+    self.query_tower = build_tower(*query, embedding_dim, layer_sizes, name="query_tower", dynamic=dynamic)
+    self.candidate_tower = build_tower(*candidate, embedding_dim, layer_sizes, name="candidate_tower",
+                                       dynamic=dynamic)
     self.task = tfrs.tasks.Retrieval()
 
   def call(self, features: Mapping[str, tf.Tensor], training: bool = False) -> tf.Tensor:
-    return self.query_tower(features, training=training)
+    query = self.query_tower(features, training=training)
+    if not self.candidate_tower.built:  # the first call (building the model) makes the candidate tower's tables,
+      self.candidate_tower(features, training=False)  # after the query tower's, as `compute_loss` makes them
+    return query
 
   def compute_loss(self, inputs, training: bool = False) -> tf.Tensor:
     """The in-batch softmax loss of a `(features, label)` batch (the label is ignored)."""

@@ -3,13 +3,14 @@
 What a step is (a `Step`) and how the mode drives steps (the `Runner`) are not this module's concern. It runs the
 runner in chunks up to each log or checkpoint boundary, joins the coordinator and lets the runner settle the step
 counter after each chunk, saves checkpoints at fixed step intervals and writes the step log
-(`step | loss | steps/s | ex/s`) to absl logging, `model_dir/loss.log` and TensorBoard.
+(`step | loss | steps/s | ex/s`, then any `metrics()` the caller gives, e.g. dynamic tables' `<layer>/occupancy`) to
+absl logging, `model_dir/loss.log` and TensorBoard.
 """
 
 import dataclasses
 import os
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from absl import logging
 import tensorflow as tf
@@ -57,8 +58,9 @@ class TrainLoop:
   """
 
   def __init__(self, *, runner: steps_lib.Runner, iterator, checkpoint_manager: tf.train.CheckpointManager,
-               config: LoopConfig, model_dir: str):
+               config: LoopConfig, model_dir: str, metrics: Optional[Callable[[], Dict[str, float]]] = None):
     self._runner = runner
+    self._metrics = metrics  # read at each step-log line, after its steps
     self._iterator = iterator
     self._global_step = runner.step.counter
     self._manager = checkpoint_manager
@@ -78,7 +80,7 @@ class TrainLoop:
     """
     step = self.step
     self._records = run_records.RunRecorder(self._model_dir, start_step=step)
-    self._examples, self._loss = 0, None
+    self._examples, self._loss, self._last_metrics = 0, None, {}
     last_saved = step
     clock = (time.monotonic(), step)
     while max_steps is None or step < max_steps:
@@ -101,7 +103,8 @@ class TrainLoop:
     if last_saved != step:
       self._save(step, after_checkpoint)
     self._writer.flush()
-    self._records.finish(step, {} if self._loss is None else {"loss": self._loss}, examples=self._examples,
+    self._records.finish(step, {} if self._loss is None else {"loss": self._loss, **self._last_metrics},
+                         examples=self._examples,
                          tensorboard=self._model_dir)
     return step
 
@@ -132,15 +135,19 @@ class TrainLoop:
             f"{format_rate(examples / seconds)} ex/s")
     if max_steps is not None:
       line += f" | eta {format_duration((max_steps - step) * seconds / steps)}"
+    extra = self._metrics() if self._metrics is not None else {}
+    line += "".join(f" | {name} {value:g}" for name, value in extra.items())
     logging.info(line)
-    self._examples, self._loss = self._examples + examples, loss
-    self._records.progress(step, {"loss": loss}, examples / seconds)
+    self._examples, self._loss, self._last_metrics = self._examples + examples, loss, extra
+    self._records.progress(step, {"loss": loss, **extra}, examples / seconds)
     with open(os.path.join(self._model_dir, LOSS_LOG), "a", encoding="utf-8") as log:
       log.write(line + "\n")
     with self._writer.as_default(step=step):
       tf.summary.scalar("loss", loss)
       tf.summary.scalar("global_step/sec", steps / seconds)
       tf.summary.scalar("examples/sec", examples / seconds)
+      for name, value in extra.items():
+        tf.summary.scalar(name, value)
     return now, step
 
   def _save(self, step: int, after_checkpoint: Optional[Callable[[int], None]]) -> None:

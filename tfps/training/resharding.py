@@ -12,6 +12,10 @@ and shards. Two things make a resume go wrong silently, and `restore` closes bot
    partly or not at all, and training went on from fresh values. `check_compatible` compares the checkpoint's objects,
    variable shapes and slots with the model's before anything is restored, and raises `CheckpointMismatchError`.
 
+Dynamic tables (`tfps.layers.DynamicEmbedding`) are the exception: each row shard's id map holds the ids whose hash
+falls in that shard, so their checkpoint restores only into as many shards; another count is refused with one line
+naming both counts (`check_compatible`), before anything is restored.
+
 Nothing else of tfps needs carrying: the exactly-once step records, sync gradient buffers and geo copies live only
 for one run (a new run starts them afresh from the restored step counter), and variables created in place
 (`tfps.training.initialization`) restore like any other.
@@ -24,6 +28,7 @@ import tf_keras
 
 from tfps import _tf_private
 from tfps.errors import CheckpointMismatchError
+from tfps.training import tables
 
 _SHOWN = 3  # differences named in the error (its count says how many more there are)
 
@@ -66,6 +71,7 @@ class _Comparison:
   """Walks the checkpoint's object graph and the live objects side by side, by the names the checkpoint uses."""
 
   def __init__(self, path: str):
+    self.path = path
     self.graph = _tf_private.checkpoint_object_graph(path)
     self.shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
     self.differences: List[str] = []
@@ -80,6 +86,7 @@ class _Comparison:
       return
     self._seen.add(node_id)
     node = self.graph.nodes[node_id]
+    self._check_table_shards(node, value, path)
     if _is_variable(value):
       for attribute in node.attributes:
         saved = self.shapes.get(attribute.checkpoint_key)
@@ -97,6 +104,23 @@ class _Comparison:
       if name not in saved_names and _holds_variables(child):
         self.differences.append(f"{path}/{name} is in the model but not in the checkpoint".lstrip("/"))
     self._compare_slots(node, value, path)
+
+  def _check_table_shards(self, node, value, path: str) -> None:
+    """A layer keeping an id map per row shard (`DynamicEmbedding`) restores only into as many shards: its ids went
+    to shards by hash of the id modulo their number, and its maps are not re-hashed into another layout."""
+    live = getattr(value, "shards", None)
+    if not (tables.is_table(value) and isinstance(live, (list, tuple))):
+      return
+    saved = [ref for ref in node.children if ref.local_name == "shards"]
+    if not saved:
+      return
+    count = len(self.graph.nodes[saved[0].node_id].children)
+    if count != len(live):
+      raise CheckpointMismatchError(
+          f"checkpoint {self.path} keeps the id maps of dynamic table {value.name!r} ({path}) in {count} shard(s) "
+          f"and this run makes {len(live)} (one per ps unless --num_shards says otherwise): dynamic tables do not "
+          f"move between ps counts; resume with the number of ps (and --num_shards) the checkpoint was saved with, "
+          f"or train in a new model_dir. The checkpoint is untouched")
 
   def _compare_slots(self, node, value, path: str) -> None:
     """A legacy optimizer's slots are saved beside their variables: compare the names of the slots it keeps."""

@@ -26,10 +26,14 @@ from tfps.training import exactly_once
 _context = threading.local()
 
 
+def is_table(value) -> bool:
+  """Whether `value` is a layer that keeps tables of its own."""
+  return callable(getattr(value, "bind_optimizer", None)) and callable(getattr(value, "table_metrics", None))
+
+
 def tables_of(model: tf_keras.Model) -> List[tf_keras.layers.Layer]:
   """The model's layers that keep tables of their own."""
-  return [layer for layer in model.submodules
-          if callable(getattr(layer, "bind_optimizer", None)) and callable(getattr(layer, "table_metrics", None))]
+  return [layer for layer in model.submodules if is_table(layer)]
 
 
 def bind_optimizers(model: tf_keras.Model) -> None:
