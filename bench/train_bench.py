@@ -5,7 +5,7 @@ measures. `--path`:
 
 * `single`: tf-keras `Model.fit` in this process, no strategy, no cluster (run it directly, not under tfps-launch);
 * `fit`: `tfps.fit`; also the time the chief spends inside `ClusterCoordinator.schedule` and its CPU time;
-* `estimator`: `tfps.Estimator.train` with the same model as a model_fn (rates from the loop's own `loss.log`);
+* `estimator`: `tfps.Estimator.train` with the same model as a model_fn (windows of one step-log line each);
 * `tutorial`: the hand-written loop of TensorFlow's PSS tutorial: one step per `schedule`, its loss fetched every step;
 * `trivial`: scheduled functions per second of a function that does nothing;
 * `idle`: connects to the cluster and waits (a ps's baseline memory).
@@ -115,8 +115,9 @@ def run_fit(config) -> dict:
 
 
 def _time_log_lines() -> list:
-  """Records `(time.time(), time.perf_counter(), CPU seconds, seconds inside schedule)` at every step-log line of the coordinator loop (after
-  each chunk's join, as a tf-keras epoch ends after its join): the Estimator path's windows, timed as fit's epochs."""
+  """Records `(time.time(), time.perf_counter(), CPU seconds, seconds inside schedule)` at every step-log line of the
+  coordinator loop (after each chunk's join, as a tf-keras epoch ends after its join): the Estimator path's windows,
+  timed as fit's epochs."""
   from bench import epoch_timer  # pylint: disable=g-import-not-at-top
   from tfps.training import loop  # pylint: disable=g-import-not-at-top
   marks = []
