@@ -40,7 +40,8 @@ _VARIANTS = flags.DEFINE_list(
     "variants", ["single", "single+per_feature", "fit_1x1", "fit_2x2", "estimator_1x1", "estimator_2x2",
                  "keras_pss_1x1", "keras_pss_2x2", "tutorial_1x1"],
     "Variants to run: PATH or PATH_<ps>x<workers> (keras_pss_<ps>x<workers>: the plain-PSS peer), `+per_feature` for one table per feature instead of stacked "
-    "(e.g. fit_1x1+per_feature). The tutorial loop runs at the smallest batch size only (its target is there).")
+    "(e.g. fit_1x1+per_feature), `+spe<N>` for N steps per scheduled function instead of the path's default (e.g. "
+    "estimator_1x1+spe50). The tutorial loop runs at the smallest batch size only (its target is there).")
 _START_SECS = flags.DEFINE_float("start_timeout_secs", 300.0, "Seconds every variant's processes may take to "
                                   "start and answer (a loaded machine starts TensorFlow slowly).", lower_bound=1)
 _QUICK = flags.DEFINE_boolean("quick", False, "Batch 256 only, 1 repetition, 1 window.")
@@ -67,6 +68,8 @@ def _run(variant: str, batch_size: int, repeat: int) -> dict:
       f"--batch_size={batch_size}", f"--steps={_steps(batch_size)}",
       f"--measure={1 if _QUICK.value else _MEASURE.value}", f"--vocab_size={_VOCAB.value}",
       f"--stack_tables={_STACK.value and option != 'per_feature'}"]
+  if option.startswith("spe"):
+    args.append(f"--steps_per_execution={int(option[3:])}")
   if plain:  # processes may start slowly on a shared machine; the tfps variants wait as long (--connect_timeout_secs)
     args.append(f"--start_timeout_secs={_START_SECS.value}")
   else:
@@ -116,10 +119,10 @@ def summarize(runs: dict) -> dict:
     row = {"variant": variant, "batch_size": batch, "examples_per_sec": rate, "vs_single": ratio,
            "runs": [r["examples_per_sec"] for r in results], "step_secs": statistics.median(
                r["step_secs"] for r in results)}
-    if variant.startswith("fit"):
+    if variant.startswith(("fit", "estimator")):
       row["chief_schedule_share"] = statistics.median(r["chief_schedule_share"] for r in results)
       row["chief_cpu_share"] = statistics.median(r["chief_cpu_share"] for r in results)
-    if variant.startswith(("fit", "keras_pss")):
+    if variant.startswith(("fit", "keras_pss", "estimator")):
       row["cores"] = _median_cores(results)
     rows.append(row)
   _add_peer_ratios(rows)
@@ -134,8 +137,8 @@ def _add_peer_ratios(rows) -> None:
   peer = {(_shape(row["variant"])[1:], row["batch_size"]): row["examples_per_sec"] for row in rows
           if row["variant"].startswith("keras_pss")}
   for row in rows:
-    path, *shape = _shape(row["variant"])
-    key = (tuple(shape), row["batch_size"])
+    path, num_ps, num_workers, option = _shape(row["variant"])
+    key = ((num_ps, num_workers, "" if option.startswith("spe") else option), row["batch_size"])
     if path in ("fit", "estimator") and key in peer:
       row["vs_keras_pss"] = row["examples_per_sec"] / peer[key]
 

@@ -5,7 +5,7 @@ measures. `--path`:
 
 * `single`: tf-keras `Model.fit` in this process, no strategy, no cluster (run it directly, not under tfps-launch);
 * `fit`: `tfps.fit`; also the time the chief spends inside `ClusterCoordinator.schedule` and its CPU time;
-* `estimator`: `tfps.Estimator.train` with the same model as a model_fn (rates from the loop's own `loss.log`);
+* `estimator`: `tfps.Estimator.train` with the same model as a model_fn (windows of one step-log line each);
 * `tutorial`: the hand-written loop of TensorFlow's PSS tutorial: one step per `schedule`, its loss fetched every step;
 * `trivial`: scheduled functions per second of a function that does nothing;
 * `idle`: connects to the cluster and waits (a ps's baseline memory).
@@ -114,12 +114,32 @@ def run_fit(config) -> dict:
               measured_span=timer.span)
 
 
+def _time_log_lines() -> list:
+  """Records `(time.time(), time.perf_counter(), CPU seconds, seconds inside schedule)` at every step-log line of the
+  coordinator loop (after each chunk's join, as a tf-keras epoch ends after its join): the Estimator path's windows,
+  timed as fit's epochs."""
+  from bench import epoch_timer  # pylint: disable=g-import-not-at-top
+  from tfps.training import loop  # pylint: disable=g-import-not-at-top
+  marks = []
+  log = loop.TrainLoop._log  # pylint: disable=protected-access
+
+  def timed(self, *args, **kwargs):
+    marks.append((time.time(), time.perf_counter(), epoch_timer.cpu_secs(), _SCHEDULE_SECS[0]))
+    return log(self, *args, **kwargs)
+
+  loop.TrainLoop._log = timed  # pylint: disable=protected-access
+  return marks
+
+
 def run_estimator(config) -> dict:
-  """`tfps.Estimator.train`; the rates are the loop's own, from the `loss.log` lines after the first."""
+  """`tfps.Estimator.train`, one step-log line per window (each after the join of its chunk); windows after the
+  first (the warm-up) are measured, as fit's epochs."""
   from bench import workload as workload_lib  # pylint: disable=g-import-not-at-top
   workload = _workload()
-  spe = _SPE.value or 10  # RunConfig's default
+  spe = _SPE.value or tfps.RunConfig().steps_per_execution
   total = (1 + _MEASURE.value) * _STEPS.value
+  marks = _time_log_lines()
+  _time_schedule_calls()
   with tempfile.TemporaryDirectory(prefix="tfps_bench_estimator_") as model_dir:
     run_config = tfps.RunConfig(save_checkpoints_steps=10 * total, log_step_count_steps=_STEPS.value,
                                 steps_per_execution=spe)
@@ -131,14 +151,13 @@ def run_estimator(config) -> dict:
       return workload_lib.dataset(workload)
 
     estimator.train(input_fn, max_steps=total)
-    with open(os.path.join(model_dir, "loss.log"), encoding="utf-8") as log:
-      lines = [line for line in log if "ex/s" in line]
-  rates = [float(line.split("|")[3].split()[0].replace(",", "")) for line in lines[1:]]
-  if not rates:
-    raise RuntimeError(f"loss.log has no measured window after the warm-up: {lines!r}")
-  step_secs = [_BATCH.value / rate for rate in rates]
-  return {"examples_per_sec": statistics.median(rates), "window_examples_per_sec": rates,
-          "step_secs": statistics.median(step_secs), "steps_per_execution": spe}
+  if len(marks) != 1 + _MEASURE.value:
+    raise RuntimeError(f"expected {1 + _MEASURE.value} step-log lines (one per window), got {len(marks)}")
+  seconds = [later[1] - earlier[1] for earlier, later in zip(marks, marks[1:])]
+  wall = marks[-1][1] - marks[0][1]
+  return dict(_rates(seconds), steps_per_execution=spe, measured_span=[marks[0][0], marks[-1][0]],
+              chief_schedule_share=(marks[-1][3] - marks[0][3]) / wall,
+              chief_cpu_share=(marks[-1][2] - marks[0][2]) / wall)
 
 
 def run_tutorial(config) -> dict:

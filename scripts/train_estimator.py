@@ -24,7 +24,7 @@ _BATCH = flags.DEFINE_integer("batch_size", 64, "Batch size per worker.", lower_
 _LEARNING_RATE = flags.DEFINE_float("learning_rate", 0.1, "Adagrad learning rate.", lower_bound=0)
 _CHECKPOINT_STEPS = flags.DEFINE_integer("save_checkpoints_steps", 500, "Steps between checkpoints.", lower_bound=1)
 _LOG_STEPS = flags.DEFINE_integer("log_step_count_steps", 100, "Steps between step-log lines.", lower_bound=1)
-_STEPS_PER_EXECUTION = flags.DEFINE_integer("steps_per_execution", 10, "Steps packed into one scheduled function.",
+_STEPS_PER_EXECUTION = flags.DEFINE_integer("steps_per_execution", 20, "Steps packed into one scheduled function.",
                                             lower_bound=1)
 _EVAL_EXAMPLES = flags.DEFINE_integer("eval_examples", 2000, "Examples in the (finite) evaluation set.",
                                       lower_bound=1)

@@ -1,6 +1,6 @@
-"""bench/throughput.py with the plain-PSS peer (bench/plain_pss_train.py) in a tiny mode: both sides train, each
-fit row gets its ratio to the peer of the same shape, the peer loads none of tfps's training code, and no process is
-left behind."""
+"""bench/throughput.py with the plain-PSS peer (bench/plain_pss_train.py) in a tiny mode: every side trains, each
+fit and Estimator row gets its ratio to the peer of the same shape, the peer loads none of tfps's training code, and no
+process is left behind."""
 
 import json
 import pathlib
@@ -22,18 +22,21 @@ _PEER_ALLOWED = ("tfps.models", "tfps.data", "tfps.checks", "tfps.errors", "tfps
 
 def test_throughput_compares_fit_with_the_plain_pss_peer(tmp_path, subprocess_env, processes_naming):
   env = dict(subprocess_env, TFPS_BENCH_LOGS=str(tmp_path / "logs"))
-  command = [sys.executable, "bench/throughput.py", "--variants=fit_1x1,keras_pss_1x1", "--batch_sizes=256",
-             "--repeats=1", "--measure=1", "--window_examples=10240", f"--out={tmp_path}"]
+  command = [sys.executable, "bench/throughput.py", "--variants=fit_1x1,estimator_1x1,keras_pss_1x1",
+             "--batch_sizes=256", "--repeats=1", "--measure=1", "--window_examples=10240", f"--out={tmp_path}"]
   result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=500)
   try:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((tmp_path / "throughput.json").read_text())
     rows = {row["variant"]: row for row in report["summary"]["rows"]}
-    assert set(rows) == {"fit_1x1", "keras_pss_1x1"}
+    assert set(rows) == {"fit_1x1", "estimator_1x1", "keras_pss_1x1"}
     fit, peer = rows["fit_1x1"], rows["keras_pss_1x1"]
     assert fit["examples_per_sec"] > 0 and peer["examples_per_sec"] > 0
     assert fit["vs_keras_pss"] == pytest.approx(fit["examples_per_sec"] / peer["examples_per_sec"])
     assert "vs_keras_pss" not in peer
+    estimator = rows["estimator_1x1"]  # timed per window as fit's epochs, with its tasks' cores
+    assert estimator["vs_keras_pss"] == pytest.approx(estimator["examples_per_sec"] / peer["examples_per_sec"])
+    assert set(estimator["cores"]) == {"chief:0", "ps:0", "worker:0"} and estimator["cores"]["ps:0"] > 0
     assert set(peer["cores"]) == {"chief:0", "ps:0", "worker:0"}  # the peer's processes carry their TF_CONFIG
     target = report["summary"]["targets"]["fit_1x1 >= 1.10 x keras_pss at batch 256"]
     assert target == [round(fit["vs_keras_pss"], 3), fit["vs_keras_pss"] >= 1.10]

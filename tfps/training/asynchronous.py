@@ -46,8 +46,11 @@ class AsyncRunner(steps_lib.Runner):
         counted = None
         if not step.counts_itself:
           # Counted after the step's updates (so not before all its gradients are on their ps), through the
-          # strategy's update too: skipped where the counter's ps applied this step already.
-          with tf.control_dependencies([loss] + exactly_once.after_updates(step.variables())):
+          # strategy's update too: skipped where the counter's ps applied this step already. Made on the counter's
+          # ps from nothing of the worker's: a count built on the worker would wait there for the updates and go back
+          # to the ps, a round trip in every step.
+          with tf.device(step.counter.device), \
+              tf.control_dependencies(exactly_once.after_updates(step.variables())):
             counted = step.count(1)
       after = exactly_once.after_updates(step.variables() + [step.counter]) + ps_applied()
       progress.record(slot, after + ([counted] if counted is not None else []))
