@@ -96,7 +96,7 @@ def run_single() -> dict:
 def run_fit(config) -> dict:
   """`tfps.fit`, timed per epoch; the chief's time in `schedule` and its CPU time per measured epoch."""
   from bench import workload as workload_lib  # pylint: disable=g-import-not-at-top
-  from tfps.keras import fitting  # pylint: disable=g-import-not-at-top
+  from tfps.training import modes  # pylint: disable=g-import-not-at-top
   workload = _workload()
   _time_schedule_calls()
   timer = _epoch_timer()
@@ -109,7 +109,7 @@ def run_fit(config) -> dict:
   batches_per_step = mode.replicas(config.num_workers) if mode.sync_mode == "sync" else 1  # a sync step averages
   return dict(_rates(timer.seconds, batches_per_step), sync_mode=mode.sync_mode,
               examples_per_step=batches_per_step * workload.batch_size,
-              steps_per_execution=_SPE.value or fitting.DEFAULT_STEPS_PER_EXECUTION,
+              steps_per_execution=_SPE.value or modes.DEFAULT_STEPS_PER_EXECUTION,
               chief_schedule_share=sum(timer.schedule) / wall, chief_cpu_share=sum(timer.cpu) / wall,
               measured_span=timer.span)
 
@@ -142,7 +142,7 @@ def run_estimator(config) -> dict:
   _time_schedule_calls()
   with tempfile.TemporaryDirectory(prefix="tfps_bench_estimator_") as model_dir:
     run_config = tfps.RunConfig(save_checkpoints_steps=10 * total, log_step_count_steps=_STEPS.value,
-                                steps_per_execution=spe)
+                                steps_per_execution=spe, packed_reads=tfps.mode_from_flags().packed_reads)
     estimator = tfps.Estimator(workload_lib.build_model_fn(workload), model_dir=model_dir, config=run_config,
                                cluster=config, strategy_options=tfps.strategy_options_from_flags())
 

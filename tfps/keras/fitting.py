@@ -32,7 +32,6 @@ from tfps.training import strategy as strategy_lib
 from tfps.training import tables
 from tfps.errors import ArgumentTypeError, UsageError
 
-DEFAULT_STEPS_PER_EXECUTION = 20
 BACKUP_SUBDIR = "backup"
 
 
@@ -167,7 +166,7 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
   initial_epoch = _resume(model, strategy, model_dir, steps_per_epoch)
   if steps_per_execution is None:
     model_steps = _tf_private.steps_per_execution(model)
-    steps_per_execution = model_steps if model_steps > 1 else min(DEFAULT_STEPS_PER_EXECUTION, steps_per_epoch)
+    steps_per_execution = model_steps if model_steps > 1 else min(modes.DEFAULT_STEPS_PER_EXECUTION, steps_per_epoch)
   with strategy.scope():
     runner = runners.build_runner(mode, keras_steps.keras_step(model), strategy=strategy, coordinator=coordinator,
                                   num_workers=config.num_workers, steps_per_execution=steps_per_execution)
