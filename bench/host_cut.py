@@ -3,7 +3,7 @@ side by side in one run on the Keras path (scripts/train_keras.py, small model):
 
   clean       no fault: wall time of the chief (the reference)
   loss        1% of the packets every host receives dropped (iptables): wall time, ratio to clean, steps
-  ps_cut      ps:1 cut off after checkpoint 2: seconds until the chief stops (one line, exit 2); the same commands
+  ps_cut      ps:1 cut off after checkpoint 2: seconds until the chief stops (one line, exit 3); the same commands
               started again: seconds until the job ends, steps, the epoch it resumed at
   worker_cut  worker:1 cut off for 30 s after checkpoint 1: seconds until the coordinator found it failed, steps the
               others trained meanwhile (the chief's progress records), seconds from the restore until worker:1 sends

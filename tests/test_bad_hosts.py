@@ -97,7 +97,7 @@ def test_bad_hosts_on_test_hosts_each_give_one_line_and_no_hang():
   for key, prefix in expected.items():
     result, secs = runs[key]
     last = result.stderr.strip().splitlines()[-1]
-    assert result.returncode == 2, (key, result.stderr[-2000:])
+    assert result.returncode == (2 if key == "ps on busy" else 3), (key, result.stderr[-2000:])  # refused / lost
     assert last.startswith(prefix), (key, last)
     assert "Traceback" not in result.stderr, key
     print(f"{key}: exit 2 after {secs:.1f}s (TensorFlow import included): {last}")

@@ -170,6 +170,18 @@ def test_dead_evaluator_is_restarted_alone(tmp_path, marked_env):
   assert "evaluator done" in (tmp_path / "logs" / "evaluator-0.log").read_text()
 
 
+@pytest.mark.parametrize("failing", ["chief:0", "worker:1"])
+def test_a_task_that_refuses_its_input_is_not_restarted(tmp_path, marked_env, failing):
+  args = ["--chief_exit=2", "--chief_secs=0.2"] if failing == "chief:0" else ["--fail_task=worker:1", "--fail_code=2",
+                                                                                "--fail_secs=0.1", "--chief_hang"]
+  proc = launch(tmp_path, "--max_restarts=3", script_args=args, env=marked_env)
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == 2, err
+  assert f"{failing} refused its input (exit status 2; its last line above says why); not restarting it" in err
+  assert "restart 1/" not in err
+  assert tasks_of(tmp_path) == []
+
+
 def test_restarts_are_bounded(tmp_path, marked_env):
   proc = launch(tmp_path, "--max_restarts=2", script_args=["--fail_task=worker:0", "--fail_secs=0.1", "--chief_hang"],
                 env=marked_env)

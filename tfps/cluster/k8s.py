@@ -3,7 +3,7 @@
 Imports no TensorFlow. Every task runs the same command (the training script and its flags, without cluster flags):
   - TFJob: the operator writes each pod's TF_CONFIG (names `<name>-<type>-<index>.<namespace>.svc:2222`, the
     evaluator in the cluster); restart policy OnFailure for every replica type: a failed ps or chief is started
-    again and the chief resumes from its last checkpoint (a lost ps makes the chief exit with status 2), a failed
+    again and the chief resumes from its last checkpoint (a lost ps makes the chief exit with status 3), a failed
     worker is started again alone and rejoins.
   - Plain Kubernetes: a headless Service `<name>`, a StatefulSet per server job (`<name>-ps`, `<name>-worker`:
     pods `<name>-ps-0`...) and an Indexed Job per finishing job (`<name>-chief`, `<name>-evaluator`: pods with

@@ -15,6 +15,8 @@ from absl import logging
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import failures
 from tfps.errors import ClusterConfigError
+from tfps.errors import EXIT_LOST_TASK
+from tfps.errors import EXIT_REFUSED
 from tfps.errors import TfpsError
 from tfps.errors import UnreachableTaskError
 
@@ -80,8 +82,9 @@ def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None
 
 
 def run_main(main: Callable[[Sequence[str]], Optional[int]], argv: Optional[Sequence[str]] = None) -> None:
-  """`absl.app.run(main)` for tfps scripts: a tfps error (bad argument, bad cluster, unreachable task) ends the process
-  with one line on stderr and exit status 2 instead of a traceback, as a bad flag does."""
+  """`absl.app.run(main)` for tfps scripts: a tfps error ends the process with one line on stderr instead of a
+  traceback, and exit status `EXIT_LOST_TASK` (3) for an unreachable or lost task (start it again once the task is
+  back), `EXIT_REFUSED` (2) for the rest (bad argument, bad cluster, a checkpoint that does not fit)."""
   def guarded(args):
     try:
       return main(args)
@@ -90,6 +93,6 @@ def run_main(main: Callable[[Sequence[str]], Optional[int]], argv: Optional[Sequ
       if isinstance(e, UnreachableTaskError):  # TensorFlow's exit would wait on the lost task forever
         logging.flush()
         sys.stdout.flush()
-        os._exit(2)
-      sys.exit(2)
+        os._exit(EXIT_LOST_TASK)
+      sys.exit(EXIT_REFUSED)
   app.run(guarded, argv=argv)

@@ -7,7 +7,9 @@ What survives what:
   again on their ports, and the chief resumes from its newest checkpoint (the Keras path's backup, the Estimator
   path's global step), losing at most one checkpoint interval;
 - an evaluator that dies is restarted alone;
-- after `max_restarts` restarts in all, the next failure stops everything.
+- after `max_restarts` restarts in all, the next failure stops everything;
+- a task that refused its input (exit status 2: its flags, cluster or checkpoint) is not restarted: it would refuse
+  again; a training task's refusal stops everything, an evaluator's fails the launch but not training.
 """
 
 import sys
@@ -17,6 +19,7 @@ from typing import List
 from absl import logging
 
 from tfps.cluster import tasks as tasks_lib
+from tfps.errors import EXIT_REFUSED
 
 POLL_SECS = 0.2
 TRAINING_JOBS = ("ps", "worker", "chief")
@@ -61,6 +64,13 @@ class Supervisor:
       logging.info("evaluator:0 finished")
       return None
     _say(self.group.describe_exit(task))
+    if code == EXIT_REFUSED:  # its flags, cluster or checkpoint: started again, it would refuse them again
+      _say(f"{task.label} refused its input (exit status {EXIT_REFUSED}; its last line above says why); not restarting "
+           "it: stopping every task")
+      if job == "evaluator":
+        self.evaluator_failed = True
+        return None
+      return EXIT_REFUSED
     if self.restarts >= self.max_restarts:
       if self.max_restarts:
         _say(f"no restarts left (--max_restarts={self.max_restarts}); stopping every task")

@@ -3,8 +3,8 @@
 TensorFlow's RPCs notice a ps whose host went silent (a cut link drops packets and nothing resets the connection) only
 through gRPC keepalive (`tfps._env`) and only while a call to it is in flight, so a thread also probes each ps with a
 fresh connection (`ports.check_speaks_grpc`) every few seconds. When
-one has not answered for `timeout_secs`, the chief prints one line naming it and its address and exits with status 2:
-an outside supervisor (Kubernetes' restart policy, tfps-launch) starts it again and it resumes from its checkpoint.
+one has not answered for `timeout_secs`, the chief prints one line naming it and its address and exits with status 3
+(`EXIT_LOST_TASK`): an outside supervisor (Kubernetes' restart policy, tfps-launch) starts it again and it resumes from its checkpoint.
 """
 
 import os
@@ -18,6 +18,7 @@ from absl import logging
 
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import ports
+from tfps.errors import EXIT_LOST_TASK
 
 DEFAULT_TIMEOUT_SECS = 30.0
 _WATCHED = set()  # address tuples already watched by this process
@@ -33,13 +34,14 @@ def lost_task_message(job: str, index: int, address: str, silent_secs: float, er
 def _exit_with(message: str) -> None:
   print(f"{os.path.basename(sys.argv[0])}: {message}", file=sys.stderr, flush=True)
   logging.flush()
-  os._exit(2)  # the main thread is blocked inside TensorFlow on the silent task, and exiting would wait on it
+  # the main thread is blocked inside TensorFlow on the silent task, and exiting would wait on it
+  os._exit(EXIT_LOST_TASK)
 
 
 def start_watchdog(config: cluster_lib.ClusterConfig, jobs: Sequence[str] = ("ps",),
                    timeout_secs: float = DEFAULT_TIMEOUT_SECS, interval_secs: float = 2.0,
                    on_lost: Optional[Callable[[str], None]] = None) -> Optional[threading.Thread]:
-  """Starts a daemon thread probing every task of `jobs`; calls `on_lost(message)` (default: print it, exit 2) when
+  """Starts a daemon thread probing every task of `jobs`; calls `on_lost(message)` (default: print it, exit 3) when
   one has not answered for `timeout_secs`. Returns None if this process already watches the same tasks."""
   tasks = [(job, index, address) for job in jobs for index, address in enumerate(config.hosts(job))]
   key = tuple(address for _, _, address in tasks)

@@ -98,7 +98,7 @@ def build_strategy(config: cluster_lib.ClusterConfig, num_shards: Optional[int] 
     num_shards: shards of each large variable; defaults to the number of ps.
     min_shard_bytes: variables smaller than this are not sharded (see `ShardLargeVariables`).
     connect_timeout_secs: how long to wait for every ps and worker to answer before raising.
-    lost_task_timeout_secs: a ps silent this long mid-run ends the chief (one line, exit status 2; see
+    lost_task_timeout_secs: a ps silent this long mid-run ends the chief (one line, exit status 3; see
       `tfps.cluster.watchdog`).
   """
   if config.task_type != "chief":
