@@ -4,7 +4,8 @@ TensorFlow's RPCs notice a ps whose host went silent (a cut link drops packets a
 through gRPC keepalive (`tfps._env`) and only while a call to it is in flight, so a thread also probes each ps with a
 fresh connection (`ports.check_speaks_grpc`) every few seconds. When
 one has not answered for `timeout_secs`, the chief prints one line naming it and its address and exits with status 3
-(`EXIT_LOST_TASK`): an outside supervisor (Kubernetes' restart policy, tfps-launch) starts it again and it resumes from its checkpoint.
+(`EXIT_LOST_TASK`): an outside supervisor (Kubernetes' restart policy, tfps-launch) starts it again and it resumes
+from its checkpoint.
 """
 
 import os
