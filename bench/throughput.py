@@ -41,7 +41,7 @@ _VARIANTS = flags.DEFINE_list(
                  "keras_pss_1x1", "keras_pss_2x2", "tutorial_1x1"],
     "Variants to run: PATH or PATH_<ps>x<workers> (keras_pss_<ps>x<workers>: the plain-PSS peer), `+per_feature` for one table per feature instead of stacked "
     "(e.g. fit_1x1+per_feature), `+spe<N>` for N steps per scheduled function instead of the path's default (e.g. "
-    "estimator_1x1+spe50), `+unpacked` for --nopacked_reads (each dense variable read on its own). The tutorial "
+    "estimator_1x1+spe50), `+packed` for --packed_reads (the dense variables of a ps read in one transfer). The tutorial "
     "loop runs at the smallest batch size only (its target is there).")
 _START_SECS = flags.DEFINE_float("start_timeout_secs", 300.0, "Seconds every variant's processes may take to "
                                   "start and answer (a loaded machine starts TensorFlow slowly).", lower_bound=1)
@@ -71,8 +71,8 @@ def _run(variant: str, batch_size: int, repeat: int) -> dict:
       f"--stack_tables={_STACK.value and option != 'per_feature'}"]
   if option.startswith("spe"):
     args.append(f"--steps_per_execution={int(option[3:])}")
-  if option == "unpacked":
-    args.append("--nopacked_reads")
+  if option == "packed":
+    args.append("--packed_reads")
   if plain:  # processes may start slowly on a shared machine; the tfps variants wait as long (--connect_timeout_secs)
     args.append(f"--start_timeout_secs={_START_SECS.value}")
   else:
@@ -141,7 +141,7 @@ def _add_peer_ratios(rows) -> None:
           if row["variant"].startswith("keras_pss")}
   for row in rows:
     path, num_ps, num_workers, option = _shape(row["variant"])
-    key = ((num_ps, num_workers, "" if option.startswith("spe") or option == "unpacked" else option),
+    key = ((num_ps, num_workers, "" if option.startswith("spe") or option == "packed" else option),
            row["batch_size"])
     if path in ("fit", "estimator") and key in peer:
       row["vs_keras_pss"] = row["examples_per_sec"] / peer[key]

@@ -8,6 +8,7 @@ received exactly one update of gradient 1 per step from the first step whose bat
 accumulator says how many). The same holds after a ps restart that resumes from the last epoch's backup.
 """
 
+import concurrent.futures
 import json
 import pathlib
 import signal
@@ -55,6 +56,7 @@ def _wait_for(condition, what: str, launcher: subprocess.Popen, out: pathlib.Pat
 def _run(tmp_path, env, kills, sync_mode="async", steps_per_epoch=STEPS) -> tuple:
   """Trains the fixture under tfps-launch, SIGKILLing task `name` 0.2 s after checkpoint `epoch` for each
   `(epoch, name)` of `kills`; returns the launcher's output and the counts the chief wrote."""
+  tmp_path.mkdir(parents=True, exist_ok=True)
   counts, out, model_dir = tmp_path / "counts.json", tmp_path / "out.txt", tmp_path / "run"
   command = [sys.executable, "-m", "tfps.cluster.launch", "--num_workers=2", "--num_ps=2", "--max_restarts=5",
              f"--log_dir={tmp_path / 'logs'}", "tests/fixtures/dynamic_kills_train.py", "--",
@@ -95,19 +97,20 @@ def _assert_each_step_counted_once(result, sync_mode="async", steps_per_epoch=ST
 
 
 def test_worker_kills_neither_double_count_sightings_nor_double_apply_table_updates(tmp_path, subprocess_env):
-  output, result = _run(tmp_path, subprocess_env, [(1, "worker:1"), (2, "worker:0")])
-  assert output.count("restarting worker:") == 2
-  _assert_each_step_counted_once(result)
+  """The async run, and beside it (side by side, to save time) the sync and the geo run with the same kills.
 
-
-@pytest.mark.parametrize("sync_mode", ["sync", "geo"])
-def test_worker_kills_in_sync_and_geo_mode_count_each_batch_once(tmp_path, subprocess_env, sync_mode):
-  """Sync: a gradient function run again for a worker slot whose first run reached a shard only looks up there (and
-  a batch filling a dead worker's slot counts where the dead worker's batch did not). Geo: a round cut short runs
-  again from its pull, its discovery only looking up where its first run did the bookkeeping, and pushes once."""
-  output, result = _run(tmp_path, subprocess_env, [(1, "worker:1"), (2, "worker:0")], sync_mode, steps_per_epoch=40)
-  assert output.count("restarting worker:") == 2
-  _assert_each_step_counted_once(result, sync_mode, steps_per_epoch=40)
+  Sync: a gradient function run again for a worker slot whose first run reached a shard only looks up there (and a
+  batch filling a dead worker's slot counts where the dead worker's batch did not). Geo: a round cut short runs again
+  from its pull, its discovery only looking up where its first run did the bookkeeping, and pushes once."""
+  runs = {"async": STEPS, "sync": 40, "geo": 40}  # steps per epoch
+  kills = [(1, "worker:1"), (2, "worker:0")]
+  with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
+    futures = {mode: pool.submit(_run, tmp_path / mode, subprocess_env, kills, mode, steps_per_epoch=steps)
+               for mode, steps in runs.items()}
+    done = {mode: future.result() for mode, future in futures.items()}
+  for mode, (output, result) in done.items():
+    assert output.count("restarting worker:") == 2, mode
+    _assert_each_step_counted_once(result, mode, steps_per_epoch=runs[mode])
 
 
 def test_ps_restart_restores_maps_counts_and_rows_with_the_step(tmp_path, subprocess_env):

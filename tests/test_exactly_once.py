@@ -5,6 +5,7 @@ import threading
 import time
 
 import held_gradients
+import pytest
 import tfps
 from tfps.keras import steps as keras_steps
 from tfps.training import exactly_once
@@ -216,9 +217,11 @@ def test_a_step_run_again_skips_the_updates_a_ps_applied_already(cluster):
       device: 11 for device in devices}
 
 
-def test_gradients_packed_per_ps_reach_their_own_variables(cluster):
-  """The dense gradients of each ps travel packed in one tensor and are split again there: every variable (kernels and
-  biases of several shapes, on both ps) ends where the same steps in one process, without a strategy, leave it."""
+@pytest.mark.parametrize("packed_reads", [False, True])
+def test_gradients_packed_per_ps_reach_their_own_variables(cluster, packed_reads):
+  """The dense gradients of each ps travel packed in one tensor and are split again there (and with `packed_reads`
+  the reads too): every variable (kernels and biases of several shapes, on both ps) ends where the same steps in one
+  process, without a strategy, leave it."""
   def build():
     model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(4, activation="tanh"),
                                  tf_keras.layers.Dense(2, activation="tanh"), tf_keras.layers.Dense(1)])
@@ -228,7 +231,7 @@ def test_gradients_packed_per_ps_reach_their_own_variables(cluster):
   strategy, coordinator = tfps.build_strategy(cluster)
   with strategy.scope():
     model = build()
-    runner = async_runner(model, coordinator)
+    runner = async_runner(model, coordinator, mode=tfps.TrainingMode(packed_reads=packed_reads))
   devices = {variable.device for variable in model.trainable_variables}
   assert len(devices) == 2, devices  # the layers' variables are spread over both ps
   initial = model.get_weights()

@@ -153,7 +153,7 @@ def test_geo_estimator_round_matches_single_process_on_one_worker_batch(cluster,
     (dict(sync_mode="async", geo_steps=5), "`geo_steps` (5) applies only to sync_mode=geo, not async"),
     (dict(sync_mode="geo", replicas_to_aggregate=2), "`replicas_to_aggregate` (2) applies only to sync_mode=sync"),
     (dict(sync_mode="geo", geo_steps=0), "`geo_steps` (0) must be a positive integer"),
-    (dict(sync_mode="geo", packed_reads=False), "`packed_reads` (False) applies only to sync_mode=async, not geo"),
+    (dict(sync_mode="geo", packed_reads=True), "`packed_reads` (True) applies only to sync_mode=async, not geo"),
     (dict(packed_reads="no"), "`packed_reads` ('no') must be True or False"),
 ])
 def test_modes_that_make_no_sense_are_refused(mode, message):
@@ -188,7 +188,7 @@ def test_sync_with_one_replica_per_step_uses_one_batch_per_update(cluster):
 @pytest.mark.parametrize("args, message", [
     (["--sync_mode=fast"], "`sync_mode` ('fast') must be one of async, sync, geo"),
     (["--geo_steps=5"], "`geo_steps` (5) applies only to sync_mode=geo, not async"),
-    (["--sync_mode=sync", "--nopacked_reads"], "`packed_reads` (False) applies only to sync_mode=async, not sync"),
+    (["--sync_mode=sync", "--packed_reads"], "`packed_reads` (True) applies only to sync_mode=async, not sync"),
 ])
 def test_a_script_given_a_bad_mode_says_so_in_one_line(args, message, subprocess_env):
   result = subprocess.run([sys.executable, "scripts/train_keras.py", *args], cwd=REPO, env=subprocess_env,

@@ -130,7 +130,7 @@ class RunConfig:
     sync_mode: "async" (default), "sync" or "geo" (`tfps.training.modes`; tfps).
     geo_steps: geo: local steps between two pushes of a worker's difference (default 10).
     replicas_to_aggregate: sync: worker batches averaged per step (default: one per worker).
-    packed_reads: async: the small dense variables of each ps read in one transfer per step (default True; tfps).
+    packed_reads: async: read the small dense variables of each ps in one transfer per step (default False; tfps).
   """
 
   model_dir: Optional[str] = None
@@ -144,7 +144,7 @@ class RunConfig:
   sync_mode: str = "async"
   geo_steps: Optional[int] = None
   replicas_to_aggregate: Optional[int] = None
-  packed_reads: bool = True
+  packed_reads: bool = False
 
   @property
   def training_mode(self) -> modes.TrainingMode:

@@ -1,7 +1,7 @@
 """Async training (ParameterServerStrategy's own): every worker step applies its gradients at once, each step applied
 and counted once even when a worker dies (`tfps.training.exactly_once`, all four rules; table layers' bookkeeping
-once per step and shard: `tfps.training.tables.StepMarks`). The small dense variables of each ps are read, and their
-gradients sent, in one transfer per ps and step (`tfps.training.packing`)."""
+once per step and shard: `tfps.training.tables.StepMarks`). The dense gradients of each ps are sent in one transfer
+per ps and step, and with `packed_reads` its small dense variables are read in one (`tfps.training.packing`)."""
 
 import contextlib
 
@@ -27,7 +27,7 @@ class AsyncRunner(steps_lib.Runner):
       self.progress = exactly_once.StepProgress(self.steps_per_execution, step.counter)
     self.progress.ps_records = exactly_once.PsRecords()
     self.table_marks = tables.StepMarks(self.strategy)  # table layers' bookkeeping, once per step and shard
-    # the small dense variables of a ps read in one transfer per step (unless the mode says not to)
+    # opt-in: the small dense variables of a ps read in one transfer per step
     self.packed_reads = packing.PackedReads() if self.mode.packed_reads else None
     self.function = tf.function(self._steps, autograph=False)  # a step's errors surface unwrapped
     self._start = (0, 0)

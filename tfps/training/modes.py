@@ -30,14 +30,15 @@ class TrainingMode:
     sync_mode: "async", "sync" or "geo".
     geo_steps: local steps between two pushes of a worker's difference (geo only; default 10).
     replicas_to_aggregate: worker batches averaged into one sync step (sync only; default: the number of workers).
-    packed_reads: async: the small dense variables of each ps are read in one transfer per step
-      (`tfps.training.packing`); False reads each one on its own, as ParameterServerStrategy does (default True).
+    packed_reads: async: read the small dense variables of each ps in one transfer per step
+      (`tfps.training.packing`; fewer transfers, but measured slower at 1 ps + 1 worker: docs/performance.md); False
+      (the default) reads each one on its own, as ParameterServerStrategy does.
   """
 
   sync_mode: str = "async"
   geo_steps: Optional[int] = None
   replicas_to_aggregate: Optional[int] = None
-  packed_reads: bool = True
+  packed_reads: bool = False
 
   def __post_init__(self):
     checks.one_of("sync_mode", self.sync_mode, MODES)
@@ -50,8 +51,8 @@ class TrainingMode:
                        f"not {self.sync_mode}")
     if not isinstance(self.packed_reads, bool):
       raise UsageError(f"`packed_reads` ({self.packed_reads!r}) must be True or False")
-    if not self.packed_reads and self.sync_mode != "async":
-      raise UsageError(f"`packed_reads` (False) applies only to sync_mode=async, not {self.sync_mode}")
+    if self.packed_reads and self.sync_mode != "async":
+      raise UsageError(f"`packed_reads` (True) applies only to sync_mode=async, not {self.sync_mode}")
     if self.sync_mode == "geo" and self.geo_steps is None:
       object.__setattr__(self, "geo_steps", DEFAULT_GEO_STEPS)
 
