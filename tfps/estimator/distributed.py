@@ -12,6 +12,7 @@ from tfps.training import runners
 from tfps.training import steps as steps_lib
 from tfps.training import resharding
 from tfps.training import strategy as strategy_lib
+from tfps.training import tables
 from tfps.estimator import calls
 from tfps.estimator.evaluation import ShardedEvaluation
 from tfps.estimator.model import ModelFnModel
@@ -102,16 +103,12 @@ class DistributedModel:
     loop_config = loop.LoopConfig(log_every_steps=self._config.log_step_count_steps,
                                   checkpoint_every_steps=self._config.save_checkpoints_steps)
     train_loop = loop.TrainLoop(runner=self.runner, iterator=iterator, checkpoint_manager=self._manager,
-                                config=loop_config, model_dir=self._config.model_dir, metrics=self._table_metrics)
+                                config=loop_config, model_dir=self._config.model_dir,
+                                metrics=lambda: tables.table_metrics(self.model.variables.tables))
     final_step = train_loop.run(max_steps, after_checkpoint)
     if max_steps is None or final_step >= max_steps:
       checkpoints_lib.write_final_marker(self._config.model_dir, self._manager.latest_checkpoint, step=final_step)
     return final_step
-
-  def _table_metrics(self) -> Dict[str, float]:
-    """Each table layer's statistics (`<layer>/occupancy`, admitted, evicted, fallbacks), read from the ps."""
-    return {f"{table.layer_name}/{name}": value for table in self.model.variables.tables
-            for name, value in table.table_metrics().items()}
 
   def evaluate(self, input_fn: Callable, steps: Optional[int], num_shards: Optional[int] = None) -> Dict[str, object]:
     """Evaluates the current variables on the workers, every batch exactly once; needs a `train` call first.

@@ -107,7 +107,7 @@ class DynamicTableMetrics(tf_keras.callbacks.Callback):
   def on_epoch_end(self, epoch, logs=None):
     if logs is None:
       return
-    logs.update(tables.table_metrics(self.model))
+    logs.update(tables.table_metrics(tables.tables_of(self.model)))
 
 
 def _fetch(value):

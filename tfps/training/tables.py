@@ -16,7 +16,7 @@ And it reads three contexts the paths open while they trace:
 
 import contextlib
 import threading
-from typing import Callable, Dict, List, NamedTuple, Optional
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional
 
 import tensorflow as tf
 import tf_keras
@@ -32,8 +32,9 @@ def is_table(value) -> bool:
 
 
 def tables_of(model: tf_keras.Model) -> List[tf_keras.layers.Layer]:
-  """The model's layers that keep tables of their own."""
-  return [layer for layer in model.submodules if is_table(layer)]
+  """The model's layers that keep tables of their own (each once: not also the table state a layer holds, which
+  `submodules` lists beside it)."""
+  return [layer for layer in model.submodules if isinstance(layer, tf_keras.layers.Layer) and is_table(layer)]
 
 
 def bind_optimizers(model: tf_keras.Model) -> None:
@@ -41,8 +42,10 @@ def bind_optimizers(model: tf_keras.Model) -> None:
     layer.bind_optimizer(model.optimizer)
 
 
-def table_metrics(model: tf_keras.Model) -> Dict[str, float]:
-  return {f"{layer.name}/{name}": value for layer in tables_of(model) for name, value in layer.table_metrics().items()}
+def table_metrics(tables: Iterable) -> Dict[str, float]:
+  """Each table's statistics as `<name>/<statistic>`: table layers (`tables_of`), or the states a model_fn's layers
+  share (named as their layer)."""
+  return {f"{table.name}/{name}": value for table in tables for name, value in table.table_metrics().items()}
 
 
 class StepMark(NamedTuple):
