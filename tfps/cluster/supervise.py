@@ -64,20 +64,17 @@ class Supervisor:
       logging.info("evaluator:0 finished")
       return None
     _say(self.group.describe_exit(task))
-    if code == EXIT_REFUSED:  # its flags, cluster or checkpoint: started again, it would refuse them again
+    refused = code == EXIT_REFUSED  # its flags, cluster or checkpoint: started again, it would refuse them again
+    if refused:
       _say(f"{task.label} refused its input (exit status {EXIT_REFUSED}; its last line above says why); not restarting "
            "it: stopping every task")
+    elif self.restarts >= self.max_restarts and self.max_restarts:
+      _say(f"no restarts left (--max_restarts={self.max_restarts}); stopping every task")
+    if refused or self.restarts >= self.max_restarts:
       if job == "evaluator":
         self.evaluator_failed = True
         return None
-      return EXIT_REFUSED
-    if self.restarts >= self.max_restarts:
-      if self.max_restarts:
-        _say(f"no restarts left (--max_restarts={self.max_restarts}); stopping every task")
-      if job == "evaluator":
-        self.evaluator_failed = True
-        return None
-      return tasks_lib.exit_status(code) if job == "chief" else 1
+      return tasks_lib.exit_status(code) if job == "chief" or refused else 1
     self.restarts += 1
     progress = f"restart {self.restarts}/{self.max_restarts}"
     alone = job in ("worker", "evaluator")

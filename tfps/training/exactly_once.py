@@ -196,7 +196,7 @@ class PsRecords:
   def __init__(self):
     self.vectors: Dict[str, tf.Variable] = {}
 
-  def _vector(self, variable) -> tf.Variable:
+  def vector_for(self, variable) -> tf.Variable:
     """The record of `variable`'s ps, made (beside it) the first time a step is traced: a model's variables may not all
     exist before its first step."""
     if variable.device not in self.vectors:
@@ -239,7 +239,7 @@ class OncePerPs:
 
   def run(self, variable, update) -> tf.Tensor:
     """`update()` (the ops updating `variable`, made on its ps) unless its ps applied the mark; True where it ran."""
-    device, vector = variable.device, self._records._vector(variable)  # pylint: disable=protected-access
+    device, vector = variable.device, self._records.vector_for(variable)
 
     def apply():
       result = update()
