@@ -123,3 +123,16 @@ def test_tfps_config_bad_tf_config_env():
   result = run_config_cli(env={"PATH": "/usr/bin", "TF_CONFIG": "{oops"})
   assert result.returncode == 2
   assert result.stderr.startswith("tfps-config: TF_CONFIG is not valid JSON")
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--bogus_flag=1", "train_keras.py: Unknown command line flag 'bogus_flag'"),
+    ("--task_index=x", "train_keras.py: flag --task_index=x: invalid literal for int()"),
+])
+def test_a_training_script_given_a_bad_flag_ends_with_one_line_and_status_2(flag, message, subprocess_env):
+  """Status 2 (`EXIT_REFUSED`), which tfps-launch does not restart; absl's own is two lines and status 1."""
+  result = subprocess.run([sys.executable, str(REPO / "scripts" / "train_keras.py"), flag], capture_output=True,
+                          text=True, env=subprocess_env, timeout=180, check=False)
+  assert result.returncode == 2, result.stderr
+  assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr
+  assert "Traceback" not in result.stderr and "Pass --helpshort" not in result.stderr

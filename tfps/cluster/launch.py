@@ -23,9 +23,12 @@ import portpicker
 from tfps.cluster import config as cluster_lib
 from tfps import flags as flags_lib
 from tfps.cluster import isolation
+from tfps.cluster import roles
 from tfps.cluster import summary
 from tfps.cluster import supervise
 from tfps.cluster import tasks as tasks_lib
+
+PROGRAM = "tfps-launch"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,18 +148,6 @@ def launch(config: LaunchConfig) -> int:
       signal.signal(sig, handler)
 
 
-def _usage_error(message: str) -> None:
-  print(f"tfps-launch: {message}", file=sys.stderr)
-  sys.exit(2)
-
-
-def _parse_flags(argv: Sequence[str]) -> List[str]:
-  try:
-    return flags.FLAGS(list(argv))
-  except flags.Error as e:
-    _usage_error(str(e).splitlines()[0])
-
-
 def _inner_command(command_line: Sequence[str]) -> List[str]:
   """This launch again, for inside the namespace; it imports this very tfps (not one the working directory holds)."""
   package_parent = str(pathlib.Path(__file__).resolve().parents[2])
@@ -175,14 +166,14 @@ def main(argv: Sequence[str], command_line: Optional[Sequence[str]] = None) -> i
       isolation.check_possible()
       return isolation.run_isolated(_inner_command(command_line or sys.argv), config.stop_grace_secs)
   except (app.UsageError, isolation.IsolationError) as e:
-    _usage_error(str(e))
+    roles.refuse(PROGRAM, str(e))
   return launch(config)
 
 
 def run(argv: Optional[Sequence[str]] = None) -> None:
   """Console-script entry point of `tfps-launch`: bad flags or arguments give one line on stderr and status 2."""
   flags_lib.define_launch_flags(flags.FLAGS)
-  app.run(lambda args: sys.exit(main(args, argv)), argv=argv, flags_parser=_parse_flags)
+  app.run(lambda args: sys.exit(main(args, argv)), argv=argv, flags_parser=roles.flags_parser(PROGRAM))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import sys
 from typing import Callable, Optional, Sequence, TypeVar
 
 from absl import app
+from absl import flags
 from absl import logging
 
 from tfps.cluster import config as cluster_lib
@@ -81,18 +82,37 @@ def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None
     raise UnreachableTaskError(message) from None
 
 
+def refuse(program: str, message: str) -> None:
+  """Ends the process with one line `program: message` on stderr and status `EXIT_REFUSED`."""
+  print(f"{program}: {message}", file=sys.stderr, flush=True)
+  sys.exit(EXIT_REFUSED)
+
+
+def flags_parser(program: str) -> Callable[[Sequence[str]], list]:
+  """absl's flag parsing for `absl.app.run(flags_parser=...)`, but a bad flag ends the process through `refuse`:
+  absl's own ends it with two lines and status 1, which a supervisor takes for a failure and restarts."""
+  def parse(argv: Sequence[str]) -> list:
+    try:
+      return flags.FLAGS(list(argv))
+    except flags.Error as e:
+      refuse(program, str(e).splitlines()[0])
+  return parse
+
+
 def run_main(main: Callable[[Sequence[str]], Optional[int]], argv: Optional[Sequence[str]] = None) -> None:
-  """`absl.app.run(main)` for tfps scripts: a tfps error ends the process with one line on stderr instead of a
-  traceback, and exit status `EXIT_LOST_TASK` (3) for an unreachable or lost task (start it again once the task is
-  back), `EXIT_REFUSED` (2) for the rest (bad argument, bad cluster, a checkpoint that does not fit)."""
+  """`absl.app.run(main)` for tfps scripts: a bad flag or a tfps error ends the process with one line on stderr
+  instead of a traceback, and exit status `EXIT_LOST_TASK` (3) for an unreachable or lost task (start it again once
+  the task is back), `EXIT_REFUSED` (2) for the rest (bad flag or argument, bad cluster, a checkpoint that does not
+  fit)."""
+  program = os.path.basename(sys.argv[0])
   def guarded(args):
     try:
       return main(args)
+    except UnreachableTaskError as e:
+      print(f"{program}: {e}", file=sys.stderr, flush=True)
+      logging.flush()
+      sys.stdout.flush()
+      os._exit(EXIT_LOST_TASK)  # TensorFlow's exit would wait on the lost task forever
     except TfpsError as e:
-      print(f"{os.path.basename(sys.argv[0])}: {e}", file=sys.stderr, flush=True)
-      if isinstance(e, UnreachableTaskError):  # TensorFlow's exit would wait on the lost task forever
-        logging.flush()
-        sys.stdout.flush()
-        os._exit(EXIT_LOST_TASK)
-      sys.exit(EXIT_REFUSED)
-  app.run(guarded, argv=argv)
+      refuse(program, str(e))
+  app.run(guarded, argv=argv, flags_parser=flags_parser(program))
