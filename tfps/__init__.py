@@ -23,7 +23,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "build_strategy": "tfps.training.strategy",
     "run_task": "tfps.cluster.roles",
-    "run_main": "tfps.cluster.roles",
+    "run_main": "tfps.flags",
     "resolve_cluster": "tfps.cluster.roles",
     "fit": "tfps.keras.fitting",
     "evaluate": "tfps.keras.fitting",

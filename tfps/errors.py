@@ -1,9 +1,17 @@
 """The exception types tfps users catch, and the exit statuses of a script that ends on one (`tfps.run_main`)."""
 
+import sys
+
 # A script ends on a tfps error with one line on stderr and one of these statuses; a supervisor (tfps-launch, a
 # restart loop) can tell from it whether starting the task again may help.
 EXIT_REFUSED = 2  # its input (flags, cluster, checkpoint, arguments) cannot be used: started again, it refuses again
 EXIT_LOST_TASK = 3  # a task of the cluster did not answer or was lost: started again once that task is back, it resumes
+
+
+def refuse(program: str, message: str) -> None:
+  """Ends the process with one line `program: message` on stderr and status `EXIT_REFUSED`."""
+  print(f"{program}: {message}", file=sys.stderr, flush=True)
+  sys.exit(EXIT_REFUSED)
 
 
 class TfpsError(Exception):

@@ -15,12 +15,14 @@ cross-field rules), `mode_from_flags` a `TrainingMode`, `strategy_options_from_f
 
 import os
 import sys
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from absl import flags
 
 from tfps.cluster import config as cluster_lib
+from tfps.cluster import roles
 from tfps.errors import ClusterConfigError
+from tfps.errors import refuse
 from tfps.training import modes
 
 _HOST_FLAGS = ("ps_hosts", "worker_hosts", "chief_hosts", "evaluator_hosts")
@@ -191,3 +193,20 @@ def define_report_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """Defines the flags of `tfps-report` in `flag_values`."""
   flags.DEFINE_string("out", None, "PNG file to write (default: MODEL_DIR/run/report.png).", flag_values=flag_values)
   declare_program_flags(flag_values, __name__)
+
+
+def command_line_parser(program: str) -> Callable[[Sequence[str]], list]:
+  """absl's flag parsing for `absl.app.run(flags_parser=...)`, but a bad flag (unknown, or a bad value) ends the
+  process with one line `program: ...` and status `EXIT_REFUSED`: absl's own ends it with two lines and status 1,
+  which a supervisor takes for a failure and restarts."""
+  def parse(argv: Sequence[str]) -> list:
+    try:
+      return flags.FLAGS(list(argv))
+    except flags.Error as e:
+      refuse(program, str(e).splitlines()[0])
+  return parse
+
+
+def run_main(main: Callable[[Sequence[str]], Optional[int]], argv: Optional[Sequence[str]] = None) -> None:
+  """`tfps.run_main`: `tfps.cluster.roles.run_main` with a bad flag refused in one line too (`command_line_parser`)."""
+  roles.run_main(main, argv, flags_parser=command_line_parser(os.path.basename(sys.argv[0])))

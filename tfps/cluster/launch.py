@@ -23,10 +23,10 @@ import portpicker
 from tfps.cluster import config as cluster_lib
 from tfps import flags as flags_lib
 from tfps.cluster import isolation
-from tfps.cluster import roles
 from tfps.cluster import summary
 from tfps.cluster import supervise
 from tfps.cluster import tasks as tasks_lib
+from tfps.errors import refuse
 
 PROGRAM = "tfps-launch"
 
@@ -166,14 +166,14 @@ def main(argv: Sequence[str], command_line: Optional[Sequence[str]] = None) -> i
       isolation.check_possible()
       return isolation.run_isolated(_inner_command(command_line or sys.argv), config.stop_grace_secs)
   except (app.UsageError, isolation.IsolationError) as e:
-    roles.refuse(PROGRAM, str(e))
+    refuse(PROGRAM, str(e))
   return launch(config)
 
 
 def run(argv: Optional[Sequence[str]] = None) -> None:
   """Console-script entry point of `tfps-launch`: bad flags or arguments give one line on stderr and status 2."""
   flags_lib.define_launch_flags(flags.FLAGS)
-  app.run(lambda args: sys.exit(main(args, argv)), argv=argv, flags_parser=roles.flags_parser(PROGRAM))
+  app.run(lambda args: sys.exit(main(args, argv)), argv=argv, flags_parser=flags_lib.command_line_parser(PROGRAM))
 
 
 if __name__ == "__main__":

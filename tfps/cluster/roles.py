@@ -10,7 +10,6 @@ import sys
 from typing import Callable, Optional, Sequence, TypeVar
 
 from absl import app
-from absl import flags
 from absl import logging
 
 from tfps.cluster import config as cluster_lib
@@ -19,6 +18,7 @@ from tfps.errors import ClusterConfigError
 from tfps.errors import EXIT_LOST_TASK
 from tfps.errors import EXIT_REFUSED
 from tfps.errors import TfpsError
+from tfps.errors import refuse
 from tfps.errors import UnreachableTaskError
 
 T = TypeVar("T")
@@ -82,28 +82,12 @@ def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None
     raise UnreachableTaskError(message) from None
 
 
-def refuse(program: str, message: str) -> None:
-  """Ends the process with one line `program: message` on stderr and status `EXIT_REFUSED`."""
-  print(f"{program}: {message}", file=sys.stderr, flush=True)
-  sys.exit(EXIT_REFUSED)
-
-
-def flags_parser(program: str) -> Callable[[Sequence[str]], list]:
-  """absl's flag parsing for `absl.app.run(flags_parser=...)`, but a bad flag ends the process through `refuse`:
-  absl's own ends it with two lines and status 1, which a supervisor takes for a failure and restarts."""
-  def parse(argv: Sequence[str]) -> list:
-    try:
-      return flags.FLAGS(list(argv))
-    except flags.Error as e:
-      refuse(program, str(e).splitlines()[0])
-  return parse
-
-
-def run_main(main: Callable[[Sequence[str]], Optional[int]], argv: Optional[Sequence[str]] = None) -> None:
-  """`absl.app.run(main)` for tfps scripts: a bad flag or a tfps error ends the process with one line on stderr
-  instead of a traceback, and exit status `EXIT_LOST_TASK` (3) for an unreachable or lost task (start it again once
-  the task is back), `EXIT_REFUSED` (2) for the rest (bad flag or argument, bad cluster, a checkpoint that does not
-  fit)."""
+def run_main(main: Callable[[Sequence[str]], Optional[int]], argv: Optional[Sequence[str]] = None,
+             flags_parser: Optional[Callable[[Sequence[str]], list]] = None) -> None:
+  """`absl.app.run(main)` for tfps scripts: a tfps error ends the process with one line on stderr instead of a
+  traceback, and exit status `EXIT_LOST_TASK` (3) for an unreachable or lost task (start it again once the task is
+  back), `EXIT_REFUSED` (2) for the rest (bad argument, bad cluster, a checkpoint that does not fit). `flags_parser`:
+  absl's `app.run` argument (`tfps.run_main` passes `tfps.flags.command_line_parser`, which refuses a bad flag alike)."""
   program = os.path.basename(sys.argv[0])
   def guarded(args):
     try:
@@ -115,4 +99,4 @@ def run_main(main: Callable[[Sequence[str]], Optional[int]], argv: Optional[Sequ
       os._exit(EXIT_LOST_TASK)  # TensorFlow's exit would wait on the lost task forever
     except TfpsError as e:
       refuse(program, str(e))
-  app.run(guarded, argv=argv, flags_parser=flags_parser(program))
+  app.run(guarded, argv=argv, **({"flags_parser": flags_parser} if flags_parser else {}))
