@@ -20,7 +20,6 @@ from typing import Callable, Mapping, Optional, Sequence
 from absl import flags
 
 from tfps.cluster import config as cluster_lib
-from tfps.cluster import roles
 from tfps.errors import ClusterConfigError
 from tfps.errors import refuse
 from tfps.training import modes
@@ -209,4 +208,6 @@ def command_line_parser(program: str) -> Callable[[Sequence[str]], list]:
 
 def run_main(main: Callable[[Sequence[str]], Optional[int]], argv: Optional[Sequence[str]] = None) -> None:
   """`tfps.run_main`: `tfps.cluster.roles.run_main` with a bad flag refused in one line too (`command_line_parser`)."""
+  from tfps.cluster import roles  # pylint: disable=g-import-not-at-top  (here: scripts that only read flags, such as
+  # the plain-PSS peer of bench/, load no task machinery)
   roles.run_main(main, argv, flags_parser=command_line_parser(os.path.basename(sys.argv[0])))
