@@ -39,10 +39,11 @@ _STACK = flags.DEFINE_boolean("stack_tables", True, "One deep and one wide table
 _VARIANTS = flags.DEFINE_list(
     "variants", ["single", "single+per_feature", "fit_1x1", "fit_2x2", "estimator_1x1", "estimator_2x2",
                  "keras_pss_1x1", "keras_pss_2x2", "tutorial_1x1"],
-    "Variants to run: PATH or PATH_<ps>x<workers> (keras_pss_<ps>x<workers>: the plain-PSS peer), `+per_feature` for one table per feature instead of stacked "
-    "(e.g. fit_1x1+per_feature), `+spe<N>` for N steps per scheduled function instead of the path's default (e.g. "
-    "estimator_1x1+spe50), `+packed` for --packed_reads (the dense variables of a ps read in one transfer). The tutorial "
-    "loop runs at the smallest batch size only (its target is there).")
+    "Variants to run: PATH or PATH_<ps>x<workers> (keras_pss_<ps>x<workers>: the plain-PSS peer), `+per_feature` "
+    "for one table per feature instead of stacked (e.g. fit_1x1+per_feature), `+spe<N>` for N steps per scheduled "
+    "function instead of the path's default (e.g. estimator_1x1+spe50), `+packed` for --packed_reads (the dense "
+    "variables of a ps read in one transfer), `+spin` for --thread_spinning (idle threads of ps and workers spin, "
+    "TensorFlow's default). The tutorial loop runs at the smallest batch size only (its target is there).")
 _START_SECS = flags.DEFINE_float("start_timeout_secs", 300.0, "Seconds every variant's processes may take to "
                                   "start and answer (a loaded machine starts TensorFlow slowly).", lower_bound=1)
 _QUICK = flags.DEFINE_boolean("quick", False, "Batch 256 only, 1 repetition, 1 window.")
@@ -73,6 +74,8 @@ def _run(variant: str, batch_size: int, repeat: int) -> dict:
     args.append(f"--steps_per_execution={int(option[3:])}")
   if option == "packed":
     args.append("--packed_reads")
+  if option == "spin":
+    args.append("--thread_spinning")
   if plain:  # processes may start slowly on a shared machine; the tfps variants wait as long (--connect_timeout_secs)
     args.append(f"--start_timeout_secs={_START_SECS.value}")
   else:
@@ -141,7 +144,7 @@ def _add_peer_ratios(rows) -> None:
           if row["variant"].startswith("keras_pss")}
   for row in rows:
     path, num_ps, num_workers, option = _shape(row["variant"])
-    key = ((num_ps, num_workers, "" if option.startswith("spe") or option == "packed" else option),
+    key = ((num_ps, num_workers, "" if option.startswith("spe") or option in ("packed", "spin") else option),
            row["batch_size"])
     if path in ("fit", "estimator") and key in peer:
       row["vs_keras_pss"] = row["examples_per_sec"] / peer[key]

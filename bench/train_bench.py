@@ -236,7 +236,7 @@ def main(argv):
   else:
     paths = {"fit": run_fit, "estimator": run_estimator, "tutorial": run_tutorial, "trivial": run_trivial,
              "idle": run_idle}
-    result = tfps.run_task(paths[_PATH.value], cluster=tfps.config_from_flags())
+    result = tfps.run_task(paths[_PATH.value], cluster=tfps.config_from_flags(), **tfps.server_options_from_flags())
   result = dict(result, path=_PATH.value, batch_size=_BATCH.value, vocab_size=_VOCAB.value,
                 big_table_rows=_BIG_TABLE.value, stack_tables=_STACK.value, steps=_STEPS.value)
   from bench import chief_result  # pylint: disable=g-import-not-at-top

@@ -37,6 +37,12 @@ def test_flagfile_from_configs():
   assert config.chief_hosts == ("127.0.0.1:2225",) and config.num_workers == 2 and config.address == "127.0.0.1:2225"
 
 
+def test_server_options_come_from_the_flags():
+  assert flags_lib.server_options_from_flags(parse()) == {"thread_spinning": False}
+  assert flags_lib.server_options_from_flags(parse("--thread_spinning")) == {"thread_spinning": True}
+  assert flags_lib.server_options_from_flags(flags.FlagValues()) == {}
+
+
 def test_define_flags_twice_is_harmless():
   flag_values = flags.FlagValues()
   flags_lib.define_flags(flag_values)

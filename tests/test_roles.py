@@ -39,3 +39,14 @@ def test_an_evaluation_only_script_runs_without_a_cluster(monkeypatch):
 def test_a_missing_role_function_is_named(task, kwargs, message):
   with pytest.raises(ClusterConfigError, match=message):
     roles.run_task(cluster=CLUSTER.for_task(task), **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,spinning", [({}, False), ({"thread_spinning": True}, True)])
+def test_a_server_task_gets_the_thread_spinning_setting(monkeypatch, kwargs, spinning):
+  from tfps.cluster import server  # pylint: disable=g-import-not-at-top
+  served = []
+  monkeypatch.setattr(server, "run_server", lambda config, thread_spinning: served.append((config, thread_spinning)))
+  ps = CLUSTER.for_task("ps")
+  roles.run_task(lambda c: "chief", cluster=ps, **kwargs)  # the stand-in returns; a real server never does
+  assert served[0] == (ps, spinning)
+  assert server.server_config(spinning).experimental.disable_thread_spinning is not spinning

@@ -14,7 +14,7 @@ from tfps.cluster.config import ClusterConfig  # pylint: disable=g-import-not-at
 from tfps.errors import (ArgumentTypeError, CheckpointMismatchError, ClusterConfigError, KerasVersionError, TfpsError,  # pylint: disable=g-import-not-at-top,wrong-import-position
                          UnreachableTaskError, UsageError)
 from tfps.flags import (config_from_flags, define_flags, define_mode_flags, mode_from_flags,  # pylint: disable=g-import-not-at-top,wrong-import-position
-                        strategy_options_from_flags)
+                        server_options_from_flags, strategy_options_from_flags)
 from tfps.training.modes import TrainingMode  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 __version__ = "0.1.0"

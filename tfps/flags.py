@@ -5,7 +5,7 @@ Flags are defined by calling `define_flags()` / `define_mode_flags()` (a user's 
 never as a side effect of importing tfps. Library functions never read flags: a script builds its settings here and
 passes them on, e.g.
 
-  tfps.run_task(chief, evaluator, cluster=tfps.config_from_flags())
+  tfps.run_task(chief, evaluator, cluster=tfps.config_from_flags(), **tfps.server_options_from_flags())
   tfps.fit(..., cluster=cluster, sync_mode=tfps.mode_from_flags(), **tfps.strategy_options_from_flags())
 
 A flag's way: absl parses it, `config_from_flags` builds a `ClusterConfig` (`tfps.cluster.config` checks the
@@ -54,6 +54,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_integer("min_shard_bytes", 256 << 10,
                        "Variables smaller than this are not sharded (0 shards every variable with >= 2 rows).",
                        lower_bound=0, flag_values=flag_values)
+  flags.DEFINE_boolean("thread_spinning", False, "ps and workers: idle threads spin waiting for work (TensorFlow's "
+                       "default) instead of sleeping; faster only where every task has cores of its own.",
+                       flag_values=flag_values)
   declare_program_flags(flag_values, __name__)
 
 
@@ -126,6 +129,13 @@ def strategy_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> 
   return {"num_shards": flag_values["num_shards"].value, "min_shard_bytes": flag_values["min_shard_bytes"].value,
           "connect_timeout_secs": flag_values["connect_timeout_secs"].value,
           "lost_task_timeout_secs": flag_values["lost_task_timeout_secs"].value}
+
+
+def server_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> dict:
+  """`thread_spinning` from the flags (empty where undefined), for `tfps.run_task(..., **options)`."""
+  if "thread_spinning" not in flag_values:
+    return {}
+  return {"thread_spinning": flag_values["thread_spinning"].value}
 
 
 def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:

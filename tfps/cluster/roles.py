@@ -45,7 +45,7 @@ def resolve_cluster(cluster: Optional[cluster_lib.ClusterConfig] = None) -> clus
 
 def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None,
              evaluator_fn: Optional[Callable[[Optional[cluster_lib.ClusterConfig]], T]] = None,
-             cluster: Optional[cluster_lib.ClusterConfig] = None) -> Optional[T]:
+             cluster: Optional[cluster_lib.ClusterConfig] = None, thread_spinning: bool = False) -> Optional[T]:
   """Runs this process's role; one call serves every role of a user's script.
 
   ps and worker tasks serve until stopped and never return; the chief returns `chief_fn(cluster)`; the evaluator
@@ -56,6 +56,9 @@ def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None
     chief_fn: trains (e.g. calls `tfps.fit(..., cluster=cluster)`); called on the chief.
     evaluator_fn: evaluates (e.g. `tfps.run_sidecar_evaluator`); called on the evaluator task.
     cluster: the cluster (e.g. `tfps.config_from_flags()`); default: TF_CONFIG.
+    thread_spinning: whether a ps or worker's idle threads spin waiting for work (TensorFlow's default) instead of
+      sleeping; spinning takes CPU from tasks that share cores (`--thread_spinning`:
+      `tfps.server_options_from_flags()`).
   """
   if chief_fn is None and evaluator_fn is None:
     raise TypeError("run_task needs `chief_fn`, `evaluator_fn` or both")
@@ -64,7 +67,7 @@ def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None
   config = resolve_cluster(cluster)
   if config.task_type in ("ps", "worker"):
     from tfps.cluster import server  # pylint: disable=g-import-not-at-top
-    server.run_server(config)
+    server.run_server(config, thread_spinning)
   if config.task_type == "evaluator":
     if evaluator_fn is None:
       raise ClusterConfigError("this task is an evaluator but the script gives no evaluation to run; pass "

@@ -18,15 +18,28 @@ SERVER_JOBS = ("ps", "worker")
 _SIGNAL_POLL_SECONDS = 0.5
 
 
-def build_server(config: cluster_lib.ClusterConfig) -> tf.distribute.Server:
-  """Starts the `tf.distribute.Server` of the ps or worker task `config` describes."""
+def server_config(thread_spinning: bool = False) -> tf.compat.v1.ConfigProto:
+  """The session config of a ps or worker server.
+
+  TensorFlow's thread pools spin by default: a thread out of work keeps polling for more before it sleeps. A ps and a
+  worker take turns within a step, so each one's idle threads spin while the other works, taking CPU from it where they
+  share cores (measured at 1 ps + 1 worker on 2 cores: docs/performance.md). `thread_spinning=False` lets them sleep.
+  """
+  config = tf.compat.v1.ConfigProto()
+  config.experimental.disable_thread_spinning = not thread_spinning
+  return config
+
+
+def build_server(config: cluster_lib.ClusterConfig, thread_spinning: bool = False) -> tf.distribute.Server:
+  """Starts the `tf.distribute.Server` of the ps or worker task `config` describes, with `server_config`."""
   if config.task_type not in SERVER_JOBS:
     raise ValueError(f"only ps and worker tasks run a server, not {config.task_type}:{config.task_index}")
   os.environ["GRPC_FAIL_FAST"] = "use_caller"  # else a dead worker is never reported to the coordinator
   ports.check_can_listen(config)
   try:
     return tf.distribute.Server(tf.train.ClusterSpec(config.training_cluster()), job_name=config.task_type,
-                                task_index=config.task_index, protocol="grpc", start=True)
+                                task_index=config.task_index, protocol="grpc", start=True,
+                                config=server_config(thread_spinning))
   except tf.errors.UnknownError as e:  # "Could not start gRPC server": the port was taken after the check
     raise AddressInUseError(f"{ports.address_in_use_message(config)} ({e.message})") from None
 
@@ -38,12 +51,13 @@ def _exit_on_signal(signum, frame):
   os._exit(0)  # a server cannot be stopped cleanly
 
 
-def run_server(config: cluster_lib.ClusterConfig) -> NoReturn:
+def run_server(config: cluster_lib.ClusterConfig, thread_spinning: bool = False) -> NoReturn:
   """Serves as the ps or worker task of `config` until SIGTERM or SIGINT; exits with status 0 then."""
-  server = build_server(config)
+  server = build_server(config, thread_spinning)
   signal.signal(signal.SIGTERM, _exit_on_signal)
   signal.signal(signal.SIGINT, _exit_on_signal)
-  logging.info("Serving %s at %s", config.describe(), config.address)
+  logging.info("Serving %s at %s (idle threads %s)", config.describe(), config.address,
+               "spin" if thread_spinning else "sleep")
   warning = isolation.exposure_warning(f"{config.task_type}:{config.task_index}", config.address)
   if warning:  # not inside tfps-launch's private namespace: other hosts may reach this port
     logging.warning(warning)
