@@ -174,3 +174,17 @@ def test_tf_keras_refuses_batch_callbacks_under_pss_unless_they_accept_remote_lo
   assert not callback._supports_tf_logs  # pylint: disable=protected-access
   _tf_private.accept_remote_logs(callback)
   assert callback._supports_tf_logs  # pylint: disable=protected-access
+
+
+def test_a_legacy_adagrad_applies_unique_rows_through_its_sparse_apply_method():
+  """`adagrad_rows_at_once` replaces `_resource_apply_sparse(grad, var, indices, apply_state=None)`, which the legacy
+  optimizer calls with the ids made unique, reading `_fallback_apply_state` and the "accumulator" slot."""
+  optimizer, variable = tf_keras.optimizers.legacy.Adagrad(0.1), tf.Variable(tf.zeros([5, 2]))
+  assert _parameters(type(optimizer)._resource_apply_sparse) == ["self", "grad", "var", "indices", "apply_state"]
+  seen = []
+  with _tf_private.swapped(optimizer, "_resource_apply_sparse",
+                           lambda grad, var, indices, apply_state=None: seen.append(indices.numpy().tolist())):
+    optimizer.apply_gradients([(tf.IndexedSlices(tf.ones([3, 2]), tf.constant([4, 1, 4])), variable)])
+  assert [sorted(ids) for ids in seen] == [[1, 4]]
+  coefficients = optimizer._fallback_apply_state(variable.device, variable.dtype.base_dtype)  # pylint: disable=protected-access
+  assert {"lr_t", "epsilon"} <= set(coefficients) and optimizer.get_slot(variable, "accumulator").shape == (5, 2)

@@ -145,6 +145,34 @@ def embedding_calls(answer: Callable):
   return swapped(tf_keras.layers.Embedding, "call", lambda layer, ids: answer(layer, ids, original))
 
 
+def adagrad_rows_at_once(optimizer):
+  """While tracing: a tf-keras legacy `Adagrad` applies a gradient of table rows by gathering the rows and their
+  accumulators, updating them all at once and scattering them back, instead of TensorFlow's sparse Adagrad kernel.
+
+  The kernel evaluates one Eigen expression per row (two: accumulator, then weights); for a batch's ~6,000 rows that
+  was 29% of a ps's CPU (docs/performance.md). The arithmetic is the kernel's, in its order, so the results are equal
+  bit for bit; the ids are unique there (the optimizer sums duplicates before `_resource_apply_sparse`, where the
+  kernel is called), so no row is gathered twice. Unlike the kernel (tf-keras asks it for the variable's lock), the
+  rows are read and written without a lock (`tfps.TrainingMode.locked_row_updates` keeps the kernel). The kernel is
+  called from that method, replaced on this optimizer instance; an optimizer of another class keeps its own.
+  """
+  if type(optimizer) is not tf_keras.optimizers.legacy.Adagrad:  # pylint: disable=unidiomatic-typecheck
+    return contextlib.nullcontext()
+
+  def apply_rows(grad, var, indices, apply_state=None):
+    device, dtype = var.device, var.dtype.base_dtype
+    coefficients = ((apply_state or {}).get((device, dtype))
+                    or optimizer._fallback_apply_state(device, dtype))  # pylint: disable=protected-access
+    accumulator = optimizer.get_slot(var, "accumulator")
+    accumulated = tf.raw_ops.ResourceGather(resource=accumulator.handle, indices=indices, dtype=dtype) + grad * grad
+    rows = tf.raw_ops.ResourceGather(resource=var.handle, indices=indices, dtype=dtype) - (
+        coefficients["lr_t"] * grad / (tf.sqrt(accumulated) + coefficients["epsilon"]))
+    return tf.group(tf.raw_ops.ResourceScatterUpdate(resource=accumulator.handle, indices=indices, updates=accumulated),
+                    tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=indices, updates=rows))
+
+  return swapped(optimizer, "_resource_apply_sparse", apply_rows)
+
+
 def swapped_handle(variable, handle):
   """While tracing: every op on `variable` (reads, the optimizer's updates) uses `handle` instead of its own.
 

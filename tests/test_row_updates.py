@@ -1,0 +1,96 @@
+"""A legacy Adagrad updates a batch's table rows all at once (`_tf_private.adagrad_rows_at_once`): the same values as
+TensorFlow's sparse kernel, bit for bit, in one process and on the cluster; `locked_row_updates` keeps the kernel."""
+
+import contextlib
+import re
+
+import pytest
+from test_exactly_once import async_runner
+import tfps
+from tfps import _tf_private
+import tensorflow as tf
+import tf_keras
+
+KERNEL = "ResourceSparseApplyAdagradV2"
+
+
+def _op_types(concrete) -> set:
+  """Every op type of a traced function and of the functions it calls (loop bodies, conditions)."""
+  graph_def = concrete.graph.as_graph_def()
+  types = {node.op for node in graph_def.node}
+  for function in graph_def.library.function:
+    types |= {node.op for node in function.node_def}
+  return types
+
+
+def _applied(optimizer, variable, gradients, rows_at_once):
+  @tf.function
+  def apply(gradient):
+    with _tf_private.adagrad_rows_at_once(optimizer) if rows_at_once else contextlib.nullcontext():
+      optimizer.apply_gradients([(gradient, variable)])
+  for gradient in gradients:
+    apply(gradient)
+  return _op_types(apply.get_concrete_function(gradients[0]))
+
+
+@pytest.mark.parametrize("index_dtype", [tf.int32, tf.int64])
+def test_rows_at_once_equal_the_kernel_bit_for_bit(index_dtype):
+  start = tf.random.stateless_normal([1000, 16], [1, 2])
+  ids = tf.constant([3, 7, 3, 999, 0, 7], index_dtype)  # duplicates: the optimizer sums them first
+  gradients = [tf.IndexedSlices(tf.random.stateless_normal([6, 16], [3, step]), ids,
+                               tf.constant([1000, 16], index_dtype)) for step in range(3)]
+  results = []
+  for rows_at_once in (False, True):
+    optimizer, variable = tf_keras.optimizers.legacy.Adagrad(0.1), tf.Variable(start)
+    op_types = _applied(optimizer, variable, gradients, rows_at_once)
+    assert (KERNEL in op_types) is not rows_at_once and ("ResourceScatterUpdate" in op_types) is rows_at_once
+    results.append((variable.numpy(), optimizer.get_slot(variable, "accumulator").numpy()))
+  (kernel_weights, kernel_slots), (rows_weights, rows_slots) = results
+  assert (kernel_weights == rows_weights).all() and (kernel_slots == rows_slots).all()
+  assert (kernel_weights != start.numpy()).any()
+
+
+def test_another_optimizer_keeps_its_own_update():
+  class MyAdagrad(tf_keras.optimizers.legacy.Adagrad):  # a subclass may rely on the kernel: left alone
+    pass
+  for optimizer in (MyAdagrad(0.1), tf_keras.optimizers.legacy.SGD(0.1)):
+    with _tf_private.adagrad_rows_at_once(optimizer):
+      assert "_resource_apply_sparse" not in vars(optimizer)
+
+
+@pytest.mark.parametrize("locked", [False, True])
+def test_a_sharded_table_trains_as_in_one_process(cluster, locked):
+  """An async step on the cluster (the table sharded over both ps) updates the rows at once unless
+  `locked_row_updates`, and either way ends where the same steps in one process leave it."""
+  def build():
+    inputs = tf_keras.Input((3,), dtype="int64")
+    embedded = tf_keras.layers.Embedding(20_000, 4)(inputs)  # 320 KB: sharded
+    model = tf_keras.Model(inputs, tf_keras.layers.Dense(1)(tf_keras.layers.Flatten()(embedded)))
+    model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "mse")
+    return model
+
+  strategy, coordinator = tfps.build_strategy(cluster)
+  with strategy.scope():
+    model = build()
+    runner = async_runner(model, coordinator, mode=tfps.TrainingMode(locked_row_updates=locked))
+  table = model.layers[1].embeddings
+  assert len({shard.device for shard in table.variables}) == 2, table  # both ps hold rows
+  def weights(trained):  # the table whole (on the cluster: its shards in order), then the dense layer's
+    embedding, dense = trained.layers[1].embeddings, trained.layers[-1]
+    return [tf.concat(getattr(embedding, "variables", [embedding]), 0).numpy(), *dense.get_weights()]
+  local = build()
+  local.layers[1].set_weights(weights(model)[:1])
+  local.layers[-1].set_weights(weights(model)[1:])
+  ids = tf.constant([[1, 2, 1], [19_999, 5, 10_001], [7, 7, 7], [10_000, 3, 2]], tf.int64)
+  labels = tf.constant([[1.0], [-1.0], [0.5], [2.0]])
+  iterator = iter(coordinator.create_per_worker_dataset(
+      lambda: tf.data.Dataset.from_tensors((ids, labels)).repeat()))
+  args = (iterator, tf.constant(5, tf.int64), runner.progress.next_sequence())
+  op_types = _op_types(runner.function.get_concrete_function(*args))
+  assert (KERNEL in op_types) is locked, sorted(t for t in op_types if re.match("Resource(Sparse|Scatter)", t))
+  coordinator.schedule(runner.function, args=args)
+  coordinator.join()
+  for _ in range(5):
+    local.train_on_batch(ids, labels)
+  for trained, expected in zip(weights(model), weights(local)):
+    assert abs(trained - expected).max() < 1e-6
