@@ -143,7 +143,7 @@ def run_estimator(config) -> dict:
   with tempfile.TemporaryDirectory(prefix="tfps_bench_estimator_") as model_dir:
     run_config = tfps.RunConfig(save_checkpoints_steps=10 * total, log_step_count_steps=_STEPS.value,
                                 steps_per_execution=spe, packed_reads=tfps.mode_from_flags().packed_reads,
-                                locked_row_updates=tfps.mode_from_flags().locked_row_updates)
+                                lockfree_row_updates=tfps.mode_from_flags().lockfree_row_updates)
     estimator = tfps.Estimator(workload_lib.build_model_fn(workload), model_dir=model_dir, config=run_config,
                                cluster=config, strategy_options=tfps.strategy_options_from_flags())
 

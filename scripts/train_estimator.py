@@ -41,7 +41,7 @@ def build_estimator(cluster=None) -> tfps.Estimator:
   config = tfps.RunConfig(save_checkpoints_steps=_CHECKPOINT_STEPS.value, log_step_count_steps=_LOG_STEPS.value,
                           steps_per_execution=_STEPS_PER_EXECUTION.value, sync_mode=mode.sync_mode,
                           geo_steps=mode.geo_steps, replicas_to_aggregate=mode.replicas_to_aggregate,
-                          packed_reads=mode.packed_reads, locked_row_updates=mode.locked_row_updates)
+                          packed_reads=mode.packed_reads, lockfree_row_updates=mode.lockfree_row_updates)
   return tfps.Estimator(synthetic.model_fn, model_dir=_MODEL_DIR.value, params=params, config=config,
                         cluster=cluster, strategy_options=tfps.strategy_options_from_flags())
 

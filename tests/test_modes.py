@@ -155,8 +155,9 @@ def test_geo_estimator_round_matches_single_process_on_one_worker_batch(cluster,
     (dict(sync_mode="geo", geo_steps=0), "`geo_steps` (0) must be a positive integer"),
     (dict(sync_mode="geo", packed_reads=True), "`packed_reads` (True) applies only to sync_mode=async, not geo"),
     (dict(packed_reads="no"), "`packed_reads` ('no') must be True or False"),
-    (dict(sync_mode="sync", locked_row_updates=True), "`locked_row_updates` (True) applies only to sync_mode=async"),
-    (dict(locked_row_updates=1), "`locked_row_updates` (1) must be True or False"),
+    (dict(sync_mode="sync", lockfree_row_updates=True),
+     "`lockfree_row_updates` (True) applies only to sync_mode=async"),
+    (dict(lockfree_row_updates=1), "`lockfree_row_updates` (1) must be True or False"),
 ])
 def test_modes_that_make_no_sense_are_refused(mode, message):
   with pytest.raises(tfps.UsageError, match=re.escape(message)):

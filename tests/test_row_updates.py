@@ -1,5 +1,5 @@
 """A legacy Adagrad updates a batch's table rows all at once (`_tf_private.adagrad_rows_at_once`): the same values as
-TensorFlow's sparse kernel, bit for bit, in one process and on the cluster; `locked_row_updates` keeps the kernel."""
+TensorFlow's sparse kernel, bit for bit, in one process and on the cluster, with `lockfree_row_updates` (opt-in)."""
 
 import contextlib
 import re
@@ -58,10 +58,11 @@ def test_another_optimizer_keeps_its_own_update():
       assert "_resource_apply_sparse" not in vars(optimizer)
 
 
-@pytest.mark.parametrize("locked", [False, True])
-def test_a_sharded_table_trains_as_in_one_process(cluster, locked):
-  """An async step on the cluster (the table sharded over both ps) updates the rows at once unless
-  `locked_row_updates`, and either way ends where the same steps in one process leave it."""
+@pytest.mark.parametrize("lockfree", [False, True])
+def test_a_sharded_table_trains_as_in_one_process(cluster, lockfree):
+  """An async step on the cluster (the table sharded over both ps) updates the rows at once with
+  `lockfree_row_updates` (else with TensorFlow's kernel), and either way ends where the same steps in one process
+  leave it."""
   def build():
     inputs = tf_keras.Input((3,), dtype="int64")
     embedded = tf_keras.layers.Embedding(20_000, 4)(inputs)  # 320 KB: sharded
@@ -72,7 +73,7 @@ def test_a_sharded_table_trains_as_in_one_process(cluster, locked):
   strategy, coordinator = tfps.build_strategy(cluster)
   with strategy.scope():
     model = build()
-    runner = async_runner(model, coordinator, mode=tfps.TrainingMode(locked_row_updates=locked))
+    runner = async_runner(model, coordinator, mode=tfps.TrainingMode(lockfree_row_updates=lockfree))
   table = model.layers[1].embeddings
   assert len({shard.device for shard in table.variables}) == 2, table  # both ps hold rows
   def weights(trained):  # the table whole (on the cluster: its shards in order), then the dense layer's
@@ -87,7 +88,7 @@ def test_a_sharded_table_trains_as_in_one_process(cluster, locked):
       lambda: tf.data.Dataset.from_tensors((ids, labels)).repeat()))
   args = (iterator, tf.constant(5, tf.int64), runner.progress.next_sequence())
   op_types = _op_types(runner.function.get_concrete_function(*args))
-  assert (KERNEL in op_types) is locked, sorted(t for t in op_types if re.match("Resource(Sparse|Scatter)", t))
+  assert (KERNEL in op_types) is not lockfree, sorted(t for t in op_types if re.match("Resource(Sparse|Scatter)", t))
   coordinator.schedule(runner.function, args=args)
   coordinator.join()
   for _ in range(5):

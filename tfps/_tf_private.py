@@ -153,7 +153,7 @@ def adagrad_rows_at_once(optimizer):
   was 29% of a ps's CPU (docs/performance.md). The arithmetic is the kernel's, in its order, so the results are equal
   bit for bit; the ids are unique there (the optimizer sums duplicates before `_resource_apply_sparse`, where the
   kernel is called), so no row is gathered twice. Unlike the kernel (tf-keras asks it for the variable's lock), the
-  rows are read and written without a lock (`tfps.TrainingMode.locked_row_updates` keeps the kernel). The kernel is
+  rows are read and written without a lock (opt-in: `tfps.TrainingMode.lockfree_row_updates`). The kernel is
   called from that method, replaced on this optimizer instance; an optimizer of another class keeps its own.
   """
   if type(optimizer) is not tf_keras.optimizers.legacy.Adagrad:  # pylint: disable=unidiomatic-typecheck

@@ -139,7 +139,7 @@ def server_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> di
 
 
 def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """--sync_mode, --geo_steps, --replicas_to_aggregate, --packed_reads and --locked_row_updates
+  """--sync_mode, --geo_steps, --replicas_to_aggregate, --packed_reads and --lockfree_row_updates
   (`tfps.training.modes`); calling it again is harmless."""
   if "sync_mode" in flag_values:
     return
@@ -151,8 +151,8 @@ def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                        flag_values=flag_values)
   flags.DEFINE_boolean("packed_reads", False, "async: read the small dense variables of each ps in one transfer per "
                        "step (fewer transfers; measured slower at 1 ps + 1 worker).", flag_values=flag_values)
-  flags.DEFINE_boolean("locked_row_updates", False, "async: update a legacy Adagrad's table rows with TensorFlow's "
-                       "sparse kernel under the variable's lock (slower; default: all rows at once, lock-free).",
+  flags.DEFINE_boolean("lockfree_row_updates", False, "async: a legacy Adagrad updates a batch's table rows all at "
+                       "once without the variable's lock (faster; concurrent updates of one row may be lost).",
                        flag_values=flag_values)
   declare_program_flags(flag_values, __name__)
 
@@ -167,7 +167,7 @@ def mode_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> modes.Traini
     return modes.TrainingMode()
   return modes.TrainingMode(flag_values["sync_mode"].value, flag_values["geo_steps"].value,
                             flag_values["replicas_to_aggregate"].value, flag_values["packed_reads"].value,
-                            flag_values["locked_row_updates"].value)
+                            flag_values["lockfree_row_updates"].value)
 
 
 def define_launch_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:

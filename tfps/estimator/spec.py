@@ -131,8 +131,8 @@ class RunConfig:
     geo_steps: geo: local steps between two pushes of a worker's difference (default 10).
     replicas_to_aggregate: sync: worker batches averaged per step (default: one per worker).
     packed_reads: async: read the small dense variables of each ps in one transfer per step (default False; tfps).
-    locked_row_updates: async: a legacy Adagrad's table rows updated by TensorFlow's kernel under the variable's lock
-      (default False: all rows at once, lock-free; `tfps.TrainingMode`; tfps).
+    lockfree_row_updates: async: a legacy Adagrad's table rows updated all at once without the variable's lock
+      (default False: TensorFlow's locked kernel; `tfps.TrainingMode`; tfps).
   """
 
   model_dir: Optional[str] = None
@@ -147,12 +147,12 @@ class RunConfig:
   geo_steps: Optional[int] = None
   replicas_to_aggregate: Optional[int] = None
   packed_reads: bool = False
-  locked_row_updates: bool = False
+  lockfree_row_updates: bool = False
 
   @property
   def training_mode(self) -> modes.TrainingMode:
     return modes.TrainingMode(self.sync_mode, self.geo_steps, self.replicas_to_aggregate, self.packed_reads,
-                              self.locked_row_updates)
+                              self.lockfree_row_updates)
 
   def __post_init__(self):
     _ = self.training_mode  # raises on a mode that makes no sense

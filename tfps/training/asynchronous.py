@@ -1,8 +1,8 @@
 """Async training (ParameterServerStrategy's own): every worker step applies its gradients at once, each step applied
 and counted once even when a worker dies (`tfps.training.exactly_once`, all four rules; table layers' bookkeeping
 once per step and shard: `tfps.training.tables.StepMarks`). The dense gradients of each ps are sent in one transfer
-per ps and step, and with `packed_reads` its small dense variables are read in one (`tfps.training.packing`). A
-legacy Adagrad updates a batch's table rows all at once unless `locked_row_updates` (`tfps.training.modes`)."""
+per ps and step, and with `packed_reads` its small dense variables are read in one (`tfps.training.packing`); with
+`lockfree_row_updates` a legacy Adagrad updates a batch's table rows all at once, lock-free (`tfps.training.modes`)."""
 
 import contextlib
 
@@ -42,8 +42,8 @@ class AsyncRunner(steps_lib.Runner):
     def body(index, loss_sum, examples):
       mark = seq * progress.stride + index + 1
       with exactly_once.updates_after_every_gradient(step.optimizer()), \
-          (contextlib.nullcontext() if self.mode.locked_row_updates else _tf_private.adagrad_rows_at_once(
-              step.optimizer())), \
+          (_tf_private.adagrad_rows_at_once(step.optimizer()) if self.mode.lockfree_row_updates
+           else contextlib.nullcontext()), \
           progress.ps_records.skipping_applied(strategy, slot, mark) as ps_applied, \
           (self.packed_reads.reading(step.trainable_variables()) if self.packed_reads else contextlib.nullcontext()):
         loss, count = strategy.run(self.table_marks.marked(step.run, slot, mark), args=(next(iterator),))

@@ -33,18 +33,18 @@ class TrainingMode:
     packed_reads: async: read the small dense variables of each ps in one transfer per step
       (`tfps.training.packing`; fewer transfers, but measured slower at 1 ps + 1 worker: docs/performance.md); False
       (the default) reads each one on its own, as ParameterServerStrategy does.
-    locked_row_updates: async: a legacy Adagrad applies a batch's table rows with TensorFlow's sparse kernel, under
-      the variable's lock. False (the default) gathers the rows, updates them all at once and scatters them back
-      (`tfps._tf_private.adagrad_rows_at_once`): the same values bit for bit and measured faster (docs/performance.md),
-      but without the lock, as TF1's optimizers ran by default: two workers updating the same row at the same moment
-      may each overwrite the other's update of it.
+    lockfree_row_updates: async: a legacy Adagrad applies a batch's table rows all at once (gather, the kernel's
+      arithmetic on every row, scatter: `tfps._tf_private.adagrad_rows_at_once`), the same values bit for bit and
+      measured faster (docs/performance.md), but without the variable's lock, as TF1's optimizers ran by default: two
+      workers updating the same row at the same moment may each overwrite the other's update of it. False (the
+      default) keeps TensorFlow's sparse kernel under the lock, so every row update is applied.
   """
 
   sync_mode: str = "async"
   geo_steps: Optional[int] = None
   replicas_to_aggregate: Optional[int] = None
   packed_reads: bool = False
-  locked_row_updates: bool = False
+  lockfree_row_updates: bool = False
 
   def __post_init__(self):
     checks.one_of("sync_mode", self.sync_mode, MODES)
@@ -55,7 +55,7 @@ class TrainingMode:
     if self.replicas_to_aggregate is not None and self.sync_mode != "sync":
       raise UsageError(f"`replicas_to_aggregate` ({self.replicas_to_aggregate}) applies only to sync_mode=sync, "
                        f"not {self.sync_mode}")
-    for name in ("packed_reads", "locked_row_updates"):  # async-only switches
+    for name in ("packed_reads", "lockfree_row_updates"):  # async-only switches
       if not isinstance(getattr(self, name), bool):
         raise UsageError(f"`{name}` ({getattr(self, name)!r}) must be True or False")
       if getattr(self, name) and self.sync_mode != "async":
