@@ -42,8 +42,8 @@ _VARIANTS = flags.DEFINE_list(
     "Variants to run: PATH or PATH_<ps>x<workers> (keras_pss_<ps>x<workers>: the plain-PSS peer), `+per_feature` "
     "for one table per feature instead of stacked (e.g. fit_1x1+per_feature), `+spe<N>` for N steps per scheduled "
     "function instead of the path's default (e.g. estimator_1x1+spe50), `+packed` for --packed_reads (the dense "
-    "variables of a ps read in one transfer), `+spin` for --thread_spinning (idle threads of ps and workers spin, "
-    "TensorFlow's default), `+lockfree` for --lockfree_row_updates (a legacy Adagrad's table rows updated at once). The tutorial loop "
+    "variables of a ps read in one transfer), `+nospin` for --nothread_spinning (idle threads of ps and workers "
+    "sleep), `+lockfree` for --lockfree_row_updates (a legacy Adagrad's table rows updated at once). The tutorial loop "
     "runs at the smallest batch size only (its target is there).")
 _START_SECS = flags.DEFINE_float("start_timeout_secs", 300.0, "Seconds every variant's processes may take to "
                                   "start and answer (a loaded machine starts TensorFlow slowly).", lower_bound=1)
@@ -75,8 +75,8 @@ def _run(variant: str, batch_size: int, repeat: int) -> dict:
     args.append(f"--steps_per_execution={int(option[3:])}")
   if option == "packed":
     args.append("--packed_reads")
-  if option == "spin":
-    args.append("--thread_spinning")
+  if option == "nospin":
+    args.append("--nothread_spinning")
   if option == "lockfree":
     args.append("--lockfree_row_updates")
   if plain:  # processes may start slowly on a shared machine; the tfps variants wait as long (--connect_timeout_secs)
@@ -147,7 +147,7 @@ def _add_peer_ratios(rows) -> None:
           if row["variant"].startswith("keras_pss")}
   for row in rows:
     path, num_ps, num_workers, option = _shape(row["variant"])
-    same_peer = option.startswith("spe") or option in ("packed", "spin", "lockfree")  # options the peer has not
+    same_peer = option.startswith("spe") or option in ("packed", "nospin", "lockfree")  # options the peer has not
     key = ((num_ps, num_workers, "" if same_peer else option),
            row["batch_size"])
     if path in ("fit", "estimator") and key in peer:

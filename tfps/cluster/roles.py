@@ -45,7 +45,7 @@ def resolve_cluster(cluster: Optional[cluster_lib.ClusterConfig] = None) -> clus
 
 def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None,
              evaluator_fn: Optional[Callable[[Optional[cluster_lib.ClusterConfig]], T]] = None,
-             cluster: Optional[cluster_lib.ClusterConfig] = None, thread_spinning: bool = False) -> Optional[T]:
+             cluster: Optional[cluster_lib.ClusterConfig] = None, thread_spinning: bool = True) -> Optional[T]:
   """Runs this process's role; one call serves every role of a user's script.
 
   ps and worker tasks serve until stopped and never return; the chief returns `chief_fn(cluster)`; the evaluator
@@ -57,7 +57,7 @@ def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None
     evaluator_fn: evaluates (e.g. `tfps.run_sidecar_evaluator`); called on the evaluator task.
     cluster: the cluster (e.g. `tfps.config_from_flags()`); default: TF_CONFIG.
     thread_spinning: whether a ps or worker's idle threads spin waiting for work (TensorFlow's default) instead of
-      sleeping; spinning takes CPU from tasks that share cores (`--thread_spinning`:
+      sleeping; spinning takes CPU from tasks that share cores (`--nothread_spinning`:
       `tfps.server_options_from_flags()`).
   """
   if chief_fn is None and evaluator_fn is None:
