@@ -52,6 +52,11 @@ _OUT = flags.DEFINE_string("out", "bench/results",
                           "Folder for throughput.json and throughput.png (logs: $TFPS_BENCH_LOGS).")
 
 
+# `+option` -> the flag of train_bench.py it sets; the plain peer has none of these, so a variant with one is compared
+# with the peer of its shape.
+_FLAG_OPTIONS = {"packed": "--packed_reads", "nospin": "--nothread_spinning", "lockfree": "--lockfree_row_updates"}
+
+
 def _steps(batch_size: int) -> int:
   return max(20, round(_WINDOW.value / batch_size / 20) * 20)
 
@@ -73,12 +78,8 @@ def _run(variant: str, batch_size: int, repeat: int) -> dict:
       f"--stack_tables={_STACK.value and option != 'per_feature'}"]
   if option.startswith("spe"):
     args.append(f"--steps_per_execution={int(option[3:])}")
-  if option == "packed":
-    args.append("--packed_reads")
-  if option == "nospin":
-    args.append("--nothread_spinning")
-  if option == "lockfree":
-    args.append("--lockfree_row_updates")
+  if option in _FLAG_OPTIONS:
+    args.append(_FLAG_OPTIONS[option])
   if plain:  # processes may start slowly on a shared machine; the tfps variants wait as long (--connect_timeout_secs)
     args.append(f"--start_timeout_secs={_START_SECS.value}")
   else:
@@ -147,9 +148,8 @@ def _add_peer_ratios(rows) -> None:
           if row["variant"].startswith("keras_pss")}
   for row in rows:
     path, num_ps, num_workers, option = _shape(row["variant"])
-    same_peer = option.startswith("spe") or option in ("packed", "nospin", "lockfree")  # options the peer has not
-    key = ((num_ps, num_workers, "" if same_peer else option),
-           row["batch_size"])
+    same_peer = option.startswith("spe") or option in _FLAG_OPTIONS  # options the peer has not
+    key = ((num_ps, num_workers, "" if same_peer else option), row["batch_size"])
     if path in ("fit", "estimator") and key in peer:
       row["vs_keras_pss"] = row["examples_per_sec"] / peer[key]
 

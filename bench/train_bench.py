@@ -141,9 +141,10 @@ def run_estimator(config) -> dict:
   marks = _time_log_lines()
   _time_schedule_calls()
   with tempfile.TemporaryDirectory(prefix="tfps_bench_estimator_") as model_dir:
+    mode = tfps.mode_from_flags()
     run_config = tfps.RunConfig(save_checkpoints_steps=10 * total, log_step_count_steps=_STEPS.value,
-                                steps_per_execution=spe, packed_reads=tfps.mode_from_flags().packed_reads,
-                                lockfree_row_updates=tfps.mode_from_flags().lockfree_row_updates)
+                                steps_per_execution=spe, packed_reads=mode.packed_reads,
+                                lockfree_row_updates=mode.lockfree_row_updates)
     estimator = tfps.Estimator(workload_lib.build_model_fn(workload), model_dir=model_dir, config=run_config,
                                cluster=config, strategy_options=tfps.strategy_options_from_flags())
 
