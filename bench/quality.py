@@ -53,6 +53,8 @@ _TFPS_WORKERS = flags.DEFINE_integer("tfps_workers", 2, "Workers of the tfps sid
 _MIN_SHARD_BYTES = flags.DEFINE_integer("min_shard_bytes", 48 << 10, "tfps side: variables of at least this many "
                                         "bytes are sharded over both ps (the default shards the embedding tables).",
                                         lower_bound=0)
+_TFPS_FLAGS = flags.DEFINE_list("tfps_flags", [], "More flags of the tfps side, e.g. --tfps_flags=--pipelined_updates "
+                                "(the training mode flags of `tfps.define_mode_flags`).")
 _JSON_OUT = flags.DEFINE_string("json_out", os.path.join(ROOT, "bench", "results", "quality.json"), "Results (JSON).")
 _LOG_DIR = flags.DEFINE_string("logs", os.path.join(tempfile.gettempdir(), "tfps_quality_logs"),
                                "Logs of both sides (tfps: one file per task).")
@@ -80,7 +82,8 @@ def commands(workdir: str) -> Dict[str, List[str]]:
   single = [sys.executable, RUNNER] + side_args(os.path.join(workdir, "single.json"), "single")
   tfps = ([LAUNCHER, "--num_ps=2", f"--num_workers={_TFPS_WORKERS.value}",
            f"--log_dir={os.path.join(_LOG_DIR.value, 'tfps')}", RUNNER, "--"]
-          + side_args(os.path.join(workdir, "tfps.json"), "tfps") + [f"--min_shard_bytes={_MIN_SHARD_BYTES.value}"])
+          + side_args(os.path.join(workdir, "tfps.json"), "tfps") + [f"--min_shard_bytes={_MIN_SHARD_BYTES.value}"]
+          + _TFPS_FLAGS.value)
   return {"single": single, "tfps": tfps}
 
 
@@ -174,7 +177,8 @@ def build_report(results: Dict[str, dict], rows: List[dict]) -> dict:
           "seeds": [int(seed) for seed in _SEEDS.value],
           "settings": {key: results["single"][key] for key in settings if key in results["single"]},
           "optimizer": "adagrad (tf-keras legacy)",
-          "tfps_cluster": {"num_workers": _TFPS_WORKERS.value, "num_ps": 2, "min_shard_bytes": _MIN_SHARD_BYTES.value},
+          "tfps_cluster": {"num_workers": _TFPS_WORKERS.value, "num_ps": 2, "min_shard_bytes": _MIN_SHARD_BYTES.value,
+                           "flags": _TFPS_FLAGS.value},
           "comparison": rows, "single": results["single"]["runs"], "tfps": results["tfps"]["runs"]}
 
 

@@ -28,6 +28,7 @@ from tfps import models
 from tfps.data import movielens
 
 tfps.define_flags()
+tfps.define_mode_flags()
 _MODE = flags.DEFINE_enum("mode", "single", ("single", "tfps"), "single: no strategy; tfps: tfps.fit on the cluster.")
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "The MovieLens 100K folder (ml-100k).", required=True)
 _MODELS = flags.DEFINE_list("models", ["wide_deep", "retrieval"], "Models to train: wide_deep, dcn, retrieval.")
@@ -116,7 +117,7 @@ def train_tfps(build: Callable, tables: movielens.MovieLensTables, seed: int, st
   """`tfps.fit` on this task's cluster (this process is the chief)."""
   history = tfps.fit(build, train_dataset_fn(tables, seed), epochs=epochs, steps_per_epoch=steps,
                      batch_size=_BATCH_SIZE.value, cluster=tfps.config_from_flags(),
-                     **tfps.strategy_options_from_flags())
+                     sync_mode=tfps.mode_from_flags(), **tfps.strategy_options_from_flags())
   return history.model
 
 

@@ -43,7 +43,8 @@ _VARIANTS = flags.DEFINE_list(
     "for one table per feature instead of stacked (e.g. fit_1x1+per_feature), `+spe<N>` for N steps per scheduled "
     "function instead of the path's default (e.g. estimator_1x1+spe50), `+packed` for --packed_reads (the dense "
     "variables of a ps read in one transfer), `+nospin` for --nothread_spinning (idle threads of ps and workers "
-    "sleep), `+lockfree` for --lockfree_row_updates (a legacy Adagrad's table rows updated at once). The tutorial loop "
+    "sleep), `+lockfree` for --lockfree_row_updates (a legacy Adagrad's table rows updated at once), `+pipelined` for "
+    "--pipelined_updates (a step's updates applied while the next step computes). The tutorial loop "
     "runs at the smallest batch size only (its target is there).")
 _START_SECS = flags.DEFINE_float("start_timeout_secs", 300.0, "Seconds every variant's processes may take to "
                                   "start and answer (a loaded machine starts TensorFlow slowly).", lower_bound=1)
@@ -54,7 +55,8 @@ _OUT = flags.DEFINE_string("out", "bench/results",
 
 # `+option` -> the flag of train_bench.py it sets; the plain peer has none of these, so a variant with one is compared
 # with the peer of its shape.
-_FLAG_OPTIONS = {"packed": "--packed_reads", "nospin": "--nothread_spinning", "lockfree": "--lockfree_row_updates"}
+_FLAG_OPTIONS = {"packed": "--packed_reads", "nospin": "--nothread_spinning", "lockfree": "--lockfree_row_updates",
+                 "pipelined": "--pipelined_updates"}
 
 
 def _steps(batch_size: int) -> int:

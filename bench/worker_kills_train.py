@@ -14,6 +14,7 @@ import tfps
 import tensorflow as tf
 import tf_keras
 
+tfps.define_mode_flags()  # e.g. --pipelined_updates
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Checkpoints and backups.", required=True)
 _COUNTS = flags.DEFINE_string("counts_json", None, "Where the chief writes the final counts.", required=True)
 _EPOCHS = flags.DEFINE_integer("epochs", 4, "Epochs.", lower_bound=1)
@@ -58,7 +59,7 @@ def main(argv):
 
 def train(cluster):
   history = tfps.fit(build_model, train_dataset_fn, epochs=_EPOCHS.value, steps_per_epoch=_STEPS.value,
-                     model_dir=_MODEL_DIR.value, cluster=cluster)
+                     model_dir=_MODEL_DIR.value, cluster=cluster, sync_mode=tfps.mode_from_flags())
   model = history.model
   applied = {}
   for name in ("applied", "applied_b"):

@@ -11,6 +11,8 @@ Per role, on each host (TF_CONFIG works too):
 The model and data: `tfps.estimator.synthetic` (an embedding + MLP click model on generated data).
 """
 
+import dataclasses
+
 from absl import flags
 
 import tfps
@@ -39,9 +41,7 @@ def build_estimator(cluster=None) -> tfps.Estimator:
   params = {"batch_size": _BATCH.value, "learning_rate": _LEARNING_RATE.value, "eval_examples": _EVAL_EXAMPLES.value}
   mode = tfps.mode_from_flags()
   config = tfps.RunConfig(save_checkpoints_steps=_CHECKPOINT_STEPS.value, log_step_count_steps=_LOG_STEPS.value,
-                          steps_per_execution=_STEPS_PER_EXECUTION.value, sync_mode=mode.sync_mode,
-                          geo_steps=mode.geo_steps, replicas_to_aggregate=mode.replicas_to_aggregate,
-                          packed_reads=mode.packed_reads, lockfree_row_updates=mode.lockfree_row_updates)
+                          steps_per_execution=_STEPS_PER_EXECUTION.value, **dataclasses.asdict(mode))
   return tfps.Estimator(synthetic.model_fn, model_dir=_MODEL_DIR.value, params=params, config=config,
                         cluster=cluster, strategy_options=tfps.strategy_options_from_flags())
 

@@ -122,10 +122,12 @@ def kill_after_checkpoints(plan, timeout_secs=240):
     time.sleep(0.05)
 
 
-def test_workers_killed_several_times_every_step_is_applied_and_counted_once(run, tmp_path):
-  """bench/worker_kills.py repeats this run and counts the outcomes."""
+@pytest.mark.parametrize("mode_args", [[], ["--pipelined_updates"]], ids=["default", "pipelined"])
+def test_workers_killed_several_times_every_step_is_applied_and_counted_once(run, tmp_path, mode_args):
+  """bench/worker_kills.py repeats this run and counts the outcomes. With pipelined updates a killed worker also takes
+  the gradients of the step it held back: that step is computed again by the re-run."""
   counts = tmp_path / "counts.json"
-  job = run("--max_restarts=5", script=COUNTING_ARGS, script_args=[f"--counts_json={counts}"])
+  job = run("--max_restarts=5", script=COUNTING_ARGS, script_args=[f"--counts_json={counts}", *mode_args])
   kill_after_checkpoints({job: [(epoch, f"worker:{epoch % 2}") for epoch in (1, 2, 3)]})
   code, final = job.finish()
   assert code == 0, job.output()[-3000:]

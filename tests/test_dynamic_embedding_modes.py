@@ -150,3 +150,10 @@ def test_geo_push_skips_rows_given_to_another_id_during_the_round():
     once.run_all(table.updates())
     once.records()
     assert rows.numpy()[:, 0].tolist() == [0, 1, 0, 0, 1, 0]
+
+
+def test_pipelined_updates_refuse_a_table_layer_in_one_line(cluster):
+  """A row given to a new id could take the delayed update of the id it held before."""
+  with pytest.raises(tfps.UsageError, match=r"^`pipelined_updates` \(True\) cannot train table layers \(ids_table\)"):
+    tfps.fit(build_model, dataset_fn, epochs=1, steps_per_epoch=5, cluster=cluster,
+             sync_mode=tfps.TrainingMode(pipelined_updates=True))

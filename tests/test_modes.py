@@ -134,6 +134,25 @@ def test_geo_fit_learns_with_rounds_on_both_workers(cluster):
                                                                  features, labels)
 
 
+def test_pipelined_fit_and_estimator_learn_on_both_workers_each_step_counted_once(cluster, tmp_path, caplog):
+  """Updates applied one step late (`pipelined_updates`) still train, on both paths, and count every step once."""
+  caplog.set_level("INFO")
+  features, labels = combined()
+  untrained = loss_of(trained_alone(features, labels, steps=0), features, labels)
+  history = tfps.fit(build_model, per_worker_batches, epochs=2, steps_per_epoch=45, cluster=cluster,
+                     sync_mode=tfps.TrainingMode(pipelined_updates=True), steps_per_execution=10)
+  assert "(async, updates pipelined)" in caplog.text
+  assert int(history.model.optimizer.iterations.numpy()) == 90
+  assert loss_of(history.model, features, labels) < 0.5 * untrained
+  estimator = tfps.Estimator(model_fn, model_dir=str(tmp_path), cluster=cluster,
+                             config=tfps.RunConfig(pipelined_updates=True, log_step_count_steps=10,
+                                                   steps_per_execution=10))
+  estimator.train(per_worker_batches, max_steps=45)
+  results = estimator.evaluate(lambda: tf.data.Dataset.from_tensors((features, labels)), steps=None)
+  assert results["global_step"] == 45
+  assert results["loss"] < 0.5 * untrained
+
+
 def test_geo_estimator_round_matches_single_process_on_one_worker_batch(cluster, tmp_path):
   estimator = tfps.Estimator(model_fn, model_dir=str(tmp_path), cluster=cluster,
                              config=tfps.RunConfig(sync_mode="geo", geo_steps=10, log_step_count_steps=10))
@@ -158,6 +177,7 @@ def test_geo_estimator_round_matches_single_process_on_one_worker_batch(cluster,
     (dict(sync_mode="sync", lockfree_row_updates=True),
      "`lockfree_row_updates` (True) applies only to sync_mode=async"),
     (dict(lockfree_row_updates=1), "`lockfree_row_updates` (1) must be True or False"),
+    (dict(sync_mode="geo", pipelined_updates=True), "`pipelined_updates` (True) applies only to sync_mode=async"),
 ])
 def test_modes_that_make_no_sense_are_refused(mode, message):
   with pytest.raises(tfps.UsageError, match=re.escape(message)):
@@ -192,6 +212,7 @@ def test_sync_with_one_replica_per_step_uses_one_batch_per_update(cluster):
     (["--sync_mode=fast"], "`sync_mode` ('fast') must be one of async, sync, geo"),
     (["--geo_steps=5"], "`geo_steps` (5) applies only to sync_mode=geo, not async"),
     (["--sync_mode=sync", "--packed_reads"], "`packed_reads` (True) applies only to sync_mode=async, not sync"),
+    (["--sync_mode=geo", "--pipelined_updates"], "`pipelined_updates` (True) applies only to sync_mode=async, not geo"),
 ])
 def test_a_script_given_a_bad_mode_says_so_in_one_line(args, message, subprocess_env):
   result = subprocess.run([sys.executable, "scripts/train_keras.py", *args], cwd=REPO, env=subprocess_env,

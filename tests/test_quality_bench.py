@@ -21,13 +21,15 @@ def test_quality_bench_writes_both_sides_metrics(tmp_path, shared_data, subproce
   out = tmp_path / "quality.json"
   command = [sys.executable, "bench/quality.py", f"--data_dir={data_dir}", "--epochs=1", "--retrieval_epochs=2",
              "--max_rows=2000", "--seeds=0", "--models=wide_deep,retrieval", f"--json_out={out}",
-             f"--logs={tmp_path / 'logs'}", "--sides_at_once"]
+             f"--logs={tmp_path / 'logs'}", "--sides_at_once", "--tfps_flags=--pipelined_updates"]
   result = subprocess.run(command, cwd=REPO, env=subprocess_env, capture_output=True, text=True, timeout=400)
   try:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["settings"]["steps_per_epoch"] == 2000 // 256 and report["settings"]["shuffle_buffer"] == 100_000
-    assert report["tfps_cluster"] == {"num_workers": 2, "num_ps": 2, "min_shard_bytes": 48 << 10}
+    assert report["tfps_cluster"] == {"num_workers": 2, "num_ps": 2, "min_shard_bytes": 48 << 10,
+                                      "flags": ["--pipelined_updates"]}
+    assert "(async, updates pipelined)" in (tmp_path / "logs" / "tfps" / "chief-0.log").read_text()
     rows = {(row["model"], row["metric"]): row for row in report["comparison"]}
     assert set(rows) == {("wide_deep", "auc"), ("retrieval", "top_10"), ("retrieval", "top_100")}
     for row in rows.values():

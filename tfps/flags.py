@@ -13,6 +13,7 @@ cross-field rules), `mode_from_flags` a `TrainingMode`, `strategy_options_from_f
 `build_strategy`.
 """
 
+import dataclasses
 import os
 import sys
 from typing import Callable, Mapping, Optional, Sequence
@@ -139,8 +140,8 @@ def server_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> di
 
 
 def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """--sync_mode, --geo_steps, --replicas_to_aggregate, --packed_reads and --lockfree_row_updates
-  (`tfps.training.modes`); calling it again is harmless."""
+  """--sync_mode, --geo_steps, --replicas_to_aggregate, --packed_reads, --lockfree_row_updates and
+  --pipelined_updates (`tfps.training.modes`); calling it again is harmless."""
   if "sync_mode" in flag_values:
     return
   flags.DEFINE_string("sync_mode", "async", f"How the ps applies the workers' work: {', '.join(modes.MODES)}.",
@@ -154,6 +155,9 @@ def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_boolean("lockfree_row_updates", False, "async: a legacy Adagrad updates a batch's table rows all at "
                        "once without the variable's lock (faster; concurrent updates of one row may be lost).",
                        flag_values=flag_values)
+  flags.DEFINE_boolean("pipelined_updates", False, "async: each ps applies a step's updates while the worker computes "
+                       "the next step (faster; gradients one step late; not with table layers).",
+                       flag_values=flag_values)
   declare_program_flags(flag_values, __name__)
 
 
@@ -165,9 +169,8 @@ def mode_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> modes.Traini
   """
   if "sync_mode" not in flag_values:
     return modes.TrainingMode()
-  return modes.TrainingMode(flag_values["sync_mode"].value, flag_values["geo_steps"].value,
-                            flag_values["replicas_to_aggregate"].value, flag_values["packed_reads"].value,
-                            flag_values["lockfree_row_updates"].value)
+  return modes.TrainingMode(**{field.name: flag_values[field.name].value
+                               for field in dataclasses.fields(modes.TrainingMode)})
 
 
 def define_launch_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:

@@ -133,6 +133,8 @@ class RunConfig:
     packed_reads: async: read the small dense variables of each ps in one transfer per step (default False; tfps).
     lockfree_row_updates: async: a legacy Adagrad's table rows updated all at once without the variable's lock
       (default False: TensorFlow's locked kernel; `tfps.TrainingMode`; tfps).
+    pipelined_updates: async: each ps applies a step's updates while the worker computes the next step (default
+      False; `tfps.TrainingMode`; tfps).
   """
 
   model_dir: Optional[str] = None
@@ -148,11 +150,12 @@ class RunConfig:
   replicas_to_aggregate: Optional[int] = None
   packed_reads: bool = False
   lockfree_row_updates: bool = False
+  pipelined_updates: bool = False
 
   @property
   def training_mode(self) -> modes.TrainingMode:
-    return modes.TrainingMode(self.sync_mode, self.geo_steps, self.replicas_to_aggregate, self.packed_reads,
-                              self.lockfree_row_updates)
+    return modes.TrainingMode(**{field.name: getattr(self, field.name) for field in dataclasses.fields(
+        modes.TrainingMode)})
 
   def __post_init__(self):
     _ = self.training_mode  # raises on a mode that makes no sense

@@ -2,13 +2,15 @@
 and counted once even when a worker dies (`tfps.training.exactly_once`, all four rules; table layers' bookkeeping
 once per step and shard: `tfps.training.tables.StepMarks`). The dense gradients of each ps are sent in one transfer
 per ps and step, and with `packed_reads` its small dense variables are read in one (`tfps.training.packing`); with
-`lockfree_row_updates` a legacy Adagrad updates a batch's table rows all at once, lock-free (`tfps.training.modes`)."""
+`lockfree_row_updates` a legacy Adagrad updates a batch's table rows all at once, lock-free; with `pipelined_updates`
+a step's updates are applied while the next step computes (`tfps.training.modes`)."""
 
 import contextlib
 
 import tensorflow as tf
 
 from tfps import _tf_private
+from tfps.errors import UsageError
 from tfps.training import exactly_once
 from tfps.training import packing
 from tfps.training import steps as steps_lib
@@ -31,42 +33,126 @@ class AsyncRunner(steps_lib.Runner):
     self.table_marks = tables.StepMarks(self.strategy)  # table layers' bookkeeping, once per step and shard
     # opt-in: the small dense variables of a ps read in one transfer per step
     self.packed_reads = packing.PackedReads() if self.mode.packed_reads else None
-    self.function = tf.function(self._steps, autograph=False)  # a step's errors surface unwrapped
+    steps = self._pipelined_steps if self.mode.pipelined_updates else self._steps
+    self.function = tf.function(steps, autograph=False)  # a step's errors surface unwrapped
     self._start = (0, 0)
 
   def _steps(self, iterator, num_steps, seq):
-    step, progress, strategy = self.step, self.progress, self.strategy
+    """Each step computes its gradients and applies them before the next step starts."""
+    progress = self.progress
     num_steps = tf.cast(num_steps, tf.int64)
     slot, first = progress.begin(seq, num_steps)
 
     def body(index, loss_sum, examples):
-      mark = seq * progress.stride + index + 1
-      with exactly_once.updates_after_every_gradient(step.optimizer()), \
-          (_tf_private.adagrad_rows_at_once(step.optimizer()) if self.mode.lockfree_row_updates
-           else contextlib.nullcontext()), \
-          progress.ps_records.skipping_applied(strategy, slot, mark) as ps_applied, \
-          (self.packed_reads.reading(step.trainable_variables()) if self.packed_reads else contextlib.nullcontext()):
-        loss, count = strategy.run(self.table_marks.marked(step.run, slot, mark), args=(next(iterator),))
-        counted = None
-        if not step.counts_itself:
-          # Counted after the step's updates (so not before all its gradients are on their ps), through the
-          # strategy's update too: skipped where the counter's ps applied this step already. Made on the counter's
-          # ps from nothing of the worker's: a count built on the worker would wait there for the updates and go back
-          # to the ps, a round trip in every step.
-          with tf.device(step.counter.device), \
-              tf.control_dependencies(exactly_once.after_updates(step.variables())):
-            counted = step.count(1)
-      after = exactly_once.after_updates(step.variables() + [step.counter]) + ps_applied()
-      progress.record(slot, after + ([counted] if counted is not None else []))
+      mark = self._mark(seq, index)
+      with self._applying(slot, mark) as ps_applied, self._reading():
+        loss, count = self._run(self.step.run, iterator, slot, mark)
+        counted = self._count()
+      self._record(slot, mark, ps_applied() + counted)
       # The next step waits for this one's record: tf.function orders every stateful op of the loop body before the
       # next iteration, and gathers those of each ps into one signal, so no control edge of its own is sent.
-      if step.outputs_use_loss:  # else the loss (a metric's result, on a ps) is not read back every step
-        loss_sum += tf.cast(loss, tf.float32)
-      return index + 1, loss_sum, examples + tf.cast(count, tf.int64)
+      return index + 1, self._loss_sum(loss_sum, loss), examples + tf.cast(count, tf.int64)
 
     start = (first, tf.constant(0.0, tf.float32), tf.constant(0, tf.int64))
     _, loss_sum, examples = tf.while_loop(lambda index, *_: index < num_steps, body, start, parallel_iterations=1)
-    return step.outputs(loss_sum, examples)
+    return self.step.outputs(loss_sum, examples)
+
+  def _pipelined_steps(self, iterator, num_steps, seq):
+    """Step i's gradients are applied while step i + 1 computes its own, from parameters without step i's updates:
+    each ps applies one step's updates while the worker computes the next step (one step of delay, as a second
+    worker would add). The first step computed only computes; the last applies after the loop.
+
+    A function run again that finds all its steps applied computes its last step again, for nothing: each ps skips
+    that step's updates (recorded there), and its loss and examples are not counted."""
+    progress = self.progress
+    num_steps = tf.cast(num_steps, tf.int64)
+    slot, first = progress.begin(seq, num_steps)
+    start = tf.minimum(first, num_steps - 1)
+    ran = first < num_steps  # else every step was applied already, and the last one is computed for nothing
+
+    loss, count, held = self._computed(iterator, slot, self._mark(seq, start))
+    if self.step.tables():  # known once a step is traced (model_fns build their layers then)
+      raise UsageError("`pipelined_updates` (True) cannot train table layers (" + ", ".join(
+          sorted(getattr(table, "name", type(table).__name__) for table in self.step.tables())) + "): a row given to "
+          "a new id could take the delayed update of the id it held; train them with pipelined_updates=False")
+    pending, invariants = _flat_gradients(held)
+
+    def body(index, loss_sum, examples, *pending):
+      loss, count, computed = self._computed(iterator, slot, self._mark(seq, index))
+      # After the computation in program order: each ps reads this step's parameters before it applies the last one's.
+      self._apply(_packed_gradients(held, pending), slot, self._mark(seq, index - 1))
+      flat, _ = _flat_gradients(computed)
+      return (index + 1, self._loss_sum(loss_sum, loss), examples + tf.cast(count, tf.int64), *flat)
+
+    loop = (start + 1, self._loss_sum(tf.constant(0.0, tf.float32), tf.where(ran, tf.cast(loss, tf.float32), 0.0)),
+            tf.where(ran, tf.cast(count, tf.int64), tf.constant(0, tf.int64)), *pending)
+    shapes = (tf.TensorShape([]),) * 3 + tuple(invariants)
+    _, loss_sum, examples, *pending = tf.while_loop(lambda index, *_: index < num_steps, body, loop,
+                                                    shape_invariants=shapes, parallel_iterations=1)
+    self._apply(_packed_gradients(held, pending), slot, self._mark(seq, num_steps - 1))
+    return self.step.outputs(loss_sum, examples)
+
+  def _mark(self, seq, index):
+    """Step `index` of function `seq` in the records (`exactly_once`)."""
+    return seq * self.progress.stride + index + 1
+
+  def _run(self, fn, iterator, slot, mark):
+    """`fn(batch)` on the next batch, in replica context, table layers marked with the step."""
+    return self.strategy.run(self.table_marks.marked(fn, slot, mark), args=(next(iterator),))
+
+  @contextlib.contextmanager
+  def _applying(self, slot, mark):
+    """While a step's updates are traced: every update waits for all its gradients and is skipped where its ps applied
+    step `mark` already (yields `ps_applied()`, the records of each ps: `exactly_once`)."""
+    optimizer = self.step.optimizer()
+    with exactly_once.updates_after_every_gradient(optimizer), \
+        (_tf_private.adagrad_rows_at_once(optimizer) if self.mode.lockfree_row_updates else contextlib.nullcontext()), \
+        self.progress.ps_records.skipping_applied(self.strategy, slot, mark) as ps_applied:
+      yield ps_applied
+
+  def _reading(self):
+    """While a step's parameters are read: with `packed_reads`, those of each ps in one transfer."""
+    if self.packed_reads is None:
+      return contextlib.nullcontext()
+    return self.packed_reads.reading(self.step.trainable_variables())
+
+  def _count(self):
+    """Inside `_applying`, after a step's updates: the step's count where the step does not count itself (a list)."""
+    step = self.step
+    if step.counts_itself:
+      return []
+    # Counted after the step's updates (so not before all its gradients are on their ps), through the strategy's
+    # update too: skipped where the counter's ps applied this step already. Made on the counter's ps from nothing of
+    # the worker's: a count built on the worker would wait there for the updates and go back to the ps, a round trip
+    # in every step.
+    with tf.device(step.counter.device), tf.control_dependencies(exactly_once.after_updates(step.variables())):
+      return [step.count(1)]
+
+  def _record(self, slot, mark, after):
+    """Records step `mark` applied once its updates, and the ops in `after`, have run."""
+    step = self.step
+    return self.progress.record(slot, mark, exactly_once.after_updates(step.variables() + [step.counter]) + after)
+
+  def _computed(self, iterator, slot, mark):
+    """A step's computation alone: `(loss, count, gradients and variables)`, its gradients held back."""
+    with _holding_gradients(self.step.optimizer()) as held, self._reading():
+      loss, count = self._run(self.step.run, iterator, slot, mark)
+    if not held:
+      raise UsageError("`pipelined_updates` (True) needs a step that applies its gradients with one "
+                       "`optimizer.apply_gradients` call; this one made none")
+    return loss, count, held[0]
+
+  def _apply(self, grads_and_vars, slot, mark):
+    """The updates of step `mark` from its held-back gradients, then its records."""
+    optimizer = self.step.optimizer()
+    with self._applying(slot, mark) as ps_applied:
+      self.strategy.run(lambda: optimizer.apply_gradients(grads_and_vars))
+      counted = self._count()
+    return self._record(slot, mark, ps_applied() + counted)
+
+  def _loss_sum(self, loss_sum, loss):
+    # Where the loss is not an output (tf-keras, whose loss is a metric on a ps), it is not read back every step.
+    return loss_sum + tf.cast(loss, tf.float32) if self.step.outputs_use_loss else loss_sum
 
   def schedule(self, iterator, num_steps: int):
     return self.coordinator.schedule(self.function, args=(iterator, tf.constant(num_steps, tf.int64),
@@ -77,3 +163,46 @@ class AsyncRunner(steps_lib.Runner):
 
   def settle(self) -> int:
     return self.progress.settle(self.step.counter, *self._start)
+
+
+@contextlib.contextmanager
+def _holding_gradients(optimizer):
+  """While a step is traced: its `optimizer.apply_gradients` call applies nothing; yields the list that receives
+  the `grads_and_vars` of each call."""
+  held = []
+
+  def hold(apply_gradients, grads_and_vars, *args, **kwargs):
+    del apply_gradients, args, kwargs
+    held.append(grads_and_vars)
+    return tf.no_op()
+
+  with _tf_private.intercepting_apply_gradients(optimizer, hold):
+    yield held
+
+
+def _flat_gradients(grads_and_vars):
+  """The gradients' tensors as loop variables, and their shape invariants (a sparse gradient's rows vary)."""
+  flat, invariants = [], []
+  for gradient, _ in grads_and_vars:
+    if isinstance(gradient, tf.IndexedSlices):
+      parts = [gradient.values, gradient.indices] + ([] if gradient.dense_shape is None else [gradient.dense_shape])
+      flat.extend(parts)
+      invariants.extend([tf.TensorShape([None]).concatenate(gradient.values.shape[1:]), tf.TensorShape([None])]
+                        + ([] if gradient.dense_shape is None else [gradient.dense_shape.shape]))
+    elif gradient is not None:
+      flat.append(gradient)
+      invariants.append(gradient.shape)
+  return flat, invariants
+
+
+def _packed_gradients(grads_and_vars, flat):
+  """`grads_and_vars` with the gradients rebuilt from `flat` (`_flat_gradients` of a step of the same structure)."""
+  flat, packed = list(flat), []
+  for gradient, variable in grads_and_vars:
+    if isinstance(gradient, tf.IndexedSlices):
+      values, indices = flat.pop(0), flat.pop(0)
+      dense_shape = None if gradient.dense_shape is None else flat.pop(0)
+      packed.append((tf.IndexedSlices(values, indices, dense_shape), variable))
+    elif gradient is not None:
+      packed.append((flat.pop(0), variable))
+  return packed

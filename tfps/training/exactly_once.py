@@ -87,11 +87,11 @@ class StepProgress:
         done = tf.gather(self.variable.read_value(), slot)[0] - seq * self.stride
       return slot, tf.minimum(tf.maximum(done, 0), tf.cast(steps, tf.int64))
 
-  def record(self, slot, after):
-    """In a scheduled function: one more of its steps is applied, once the ops or tensors in `after` have run (the
-    step's updates: `after_updates`)."""
+  def record(self, slot, mark, after):
+    """In a scheduled function: its step `mark` (`seq * stride + step index + 1`) is applied, once the ops or tensors
+    in `after` have run (the step's updates: `after_updates`). Recording a step again changes nothing."""
     with tf.device(self.variable.device), tf.control_dependencies(after):
-      return self.variable.scatter_add(tf.IndexedSlices(tf.ones([1], tf.int64), slot))
+      return self.variable.scatter_max(tf.IndexedSlices(tf.reshape(tf.cast(mark, tf.int64), [1]), slot))
 
   def steps_recorded(self, since: int) -> int:
     """The steps recorded by the functions scheduled from position `since` on; call when they have all ended (after

@@ -236,7 +236,7 @@ class GeoRunner(steps_lib.Runner):
       return tf.constant(0.0), tf.constant(0, tf.int64), self.step.counter.read_value()
 
     loss, examples, counter = tf.cond(first > 0, skip, run)
-    recorded = self.progress.record(slot, [counter])
+    recorded = self.progress.record(slot, seq * self.progress.stride + 1, [counter])
     with tf.control_dependencies([recorded]):
       return self.step.outputs(tf.identity(loss), tf.identity(examples))
 

@@ -38,6 +38,10 @@ class TrainingMode:
       measured faster (docs/performance.md), but without the variable's lock, as TF1's optimizers ran by default: two
       workers updating the same row at the same moment may each overwrite the other's update of it. False (the
       default) keeps TensorFlow's sparse kernel under the lock, so every row update is applied.
+    pipelined_updates: async: each ps applies a step's updates while the worker computes the next step, whose
+      gradients are then taken on parameters without the previous step's updates (one step of delay, as one more
+      worker would add); measured faster (docs/performance.md). Not for models with table layers
+      (`tfps.layers.DynamicEmbedding`). False (the default) applies each step's updates before the next step reads.
   """
 
   sync_mode: str = "async"
@@ -45,6 +49,7 @@ class TrainingMode:
   replicas_to_aggregate: Optional[int] = None
   packed_reads: bool = False
   lockfree_row_updates: bool = False
+  pipelined_updates: bool = False
 
   def __post_init__(self):
     checks.one_of("sync_mode", self.sync_mode, MODES)
@@ -55,7 +60,7 @@ class TrainingMode:
     if self.replicas_to_aggregate is not None and self.sync_mode != "sync":
       raise UsageError(f"`replicas_to_aggregate` ({self.replicas_to_aggregate}) applies only to sync_mode=sync, "
                        f"not {self.sync_mode}")
-    for name in ("packed_reads", "lockfree_row_updates"):  # async-only switches
+    for name in ("packed_reads", "lockfree_row_updates", "pipelined_updates"):  # async-only switches
       if not isinstance(getattr(self, name), bool):
         raise UsageError(f"`{name}` ({getattr(self, name)!r}) must be True or False")
       if getattr(self, name) and self.sync_mode != "async":
@@ -72,12 +77,12 @@ class TrainingMode:
     return replicas
 
   def describe(self, num_workers: int) -> str:
-    """"async", "sync, 2 worker batches per step", "geo, 10 local steps per push"."""
+    """"async", "async, updates pipelined", "sync, 2 worker batches per step", "geo, 10 local steps per push"."""
     if self.sync_mode == "geo":
       return f"geo, {self.geo_steps} local steps per push"
     if self.sync_mode == "sync":
       return f"sync, {self.replicas(num_workers)} worker batches per step"
-    return "async"
+    return "async, updates pipelined" if self.pipelined_updates else "async"
 
 
 def as_mode(mode) -> TrainingMode:
