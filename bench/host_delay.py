@@ -2,6 +2,7 @@
 
   .venv/bin/python bench/host_delay.py                        # delays 0, 1, 2, 5, 10 ms (~8 min); root, iptables
   .venv/bin/python bench/host_delay.py --delays=0,10 --repeats=2
+  .venv/bin/python bench/host_delay.py --train_flags=--pipelined_updates --out=bench/results/pipelined
 
 Every host holds each packet it receives for the delay (`TestHosts.delay`: NFQUEUE and `tfps.testing.netdelay`,
 since this kernel has no netem), so a round trip between two tasks grows by twice the delay. Each run is
@@ -42,6 +43,8 @@ _LOSS = flags.DEFINE_float("loss_percent", 0, "Packets dropped on every link, in
 _BASELINE = flags.DEFINE_boolean("delayer_baseline", True, "Also run with every packet through the delayers but "
                                  "held only 1 us: what the injector costs by itself.")
 _REPEATS = flags.DEFINE_integer("repeats", 1, "Runs per delay, each round in a shuffled order.", lower_bound=1)
+_TRAIN_FLAGS = flags.DEFINE_list("train_flags", [], "More flags of every task's bench/train_bench.py, e.g. "
+                                 "--train_flags=--pipelined_updates.")
 _OUT = flags.DEFINE_string("out", os.path.join(runner.ROOT, "bench", "results"), "Folder for host_delay.json/.png.")
 
 SCRIPT = os.path.join(runner.ROOT, "bench", "train_bench.py")
@@ -78,7 +81,7 @@ def run_once(delay_ms: float, work_dir: str) -> dict:
   result_path = os.path.join(run_dir, "result.json")
   args = ["--path=fit", f"--batch_size={_BATCH.value}", f"--vocab_size={_VOCAB.value}", f"--steps={_STEPS.value}",
           f"--measure={_MEASURE.value}", f"--benchmark_json={result_path}", "--linger_secs=0",
-          "--connect_timeout_secs=180"]
+          "--connect_timeout_secs=180", *_TRAIN_FLAGS.value]
   env = dict(os.environ, PYTHONPATH=runner.ROOT, TF_CPP_MIN_LOG_LEVEL="2")
   with host_cluster.HostCluster(SCRIPT, args, os.path.join(run_dir, "logs"), replicas=REPLICAS, env=env) as cluster:
     cluster.delay(delay_ms)
@@ -133,7 +136,7 @@ def main(argv):
   summary = {"load_before": os.getloadavg(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
              "cluster": "2 ps + 2 workers + chief, one test host each", "batch_size": _BATCH.value,
              "vocab_size": _VOCAB.value, "steps": _STEPS.value, "measure": _MEASURE.value,
-             "loss_percent": _LOSS.value}
+             "loss_percent": _LOSS.value, "train_flags": _TRAIN_FLAGS.value}
   try:
     for _ in range(_REPEATS.value):
       for delay in random.sample(delays, len(delays)) if _REPEATS.value > 1 else delays:

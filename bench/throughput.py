@@ -17,6 +17,7 @@ median over repetitions of each run's median window. Writes `--out/throughput.js
 import json
 import os
 import random
+import re
 import statistics
 import sys
 import time
@@ -39,13 +40,13 @@ _STACK = flags.DEFINE_boolean("stack_tables", True, "One deep and one wide table
 _VARIANTS = flags.DEFINE_list(
     "variants", ["single", "single+per_feature", "fit_1x1", "fit_2x2", "estimator_1x1", "estimator_2x2",
                  "keras_pss_1x1", "keras_pss_2x2", "tutorial_1x1"],
-    "Variants to run: PATH or PATH_<ps>x<workers> (keras_pss_<ps>x<workers>: the plain-PSS peer), `+per_feature` "
-    "for one table per feature instead of stacked (e.g. fit_1x1+per_feature), `+spe<N>` for N steps per scheduled "
-    "function instead of the path's default (e.g. estimator_1x1+spe50), `+packed` for --packed_reads (the dense "
-    "variables of a ps read in one transfer), `+nospin` for --nothread_spinning (idle threads of ps and workers "
-    "sleep), `+lockfree` for --lockfree_row_updates (a legacy Adagrad's table rows updated at once), `+pipelined` for "
-    "--pipelined_updates (a step's updates applied while the next step computes). The tutorial loop "
-    "runs at the smallest batch size only (its target is there).")
+    "Variants to run: PATH or PATH_<ps>x<workers> (keras_pss_<ps>x<workers>: the plain-PSS peer), then options, "
+    "each after a `+` (e.g. fit_1x1+pipelined+nospin): `+per_feature` for one table per feature instead of "
+    "stacked, `+spe<N>` for N steps per scheduled function instead of the path's default, `+packed` for "
+    "--packed_reads (the dense variables of a ps read in one transfer), `+nospin` for --nothread_spinning (idle "
+    "threads of ps and workers sleep), `+lockfree` for --lockfree_row_updates (a legacy Adagrad's table rows updated "
+    "at once), `+pipelined` for --pipelined_updates (a step's updates applied while the next step computes). The "
+    "tutorial loop runs at the smallest batch size only (its target is there).")
 _START_SECS = flags.DEFINE_float("start_timeout_secs", 300.0, "Seconds every variant's processes may take to "
                                   "start and answer (a loaded machine starts TensorFlow slowly).", lower_bound=1)
 _QUICK = flags.DEFINE_boolean("quick", False, "Batch 256 only, 1 repetition, 1 window.")
@@ -64,24 +65,40 @@ def _steps(batch_size: int) -> int:
 
 
 def _shape(variant: str) -> tuple:
-  """`(path, num_ps, num_workers, option)` of "PATH[_<ps>x<workers>][+option]" (0, 0 for one process)."""
-  name, _, option = variant.partition("+")
+  """`(path, num_ps, num_workers, options)` of "PATH[_<ps>x<workers>][+option...]" (0, 0 for one process)."""
+  name, *options = variant.split("+")
   path, _, shape = name.rpartition("_") if name[-1:].isdigit() else (name, "", "")
   num_ps, num_workers = (int(n) for n in shape.split("x")) if shape else (0, 0)
-  return path, num_ps, num_workers, option
+  return path, num_ps, num_workers, tuple(options)
+
+
+def _option_args(variant: str) -> list:
+  """The flags of train_bench.py the variant's options set; raises `app.UsageError` on an unknown option."""
+  args = []
+  for option in _shape(variant)[3]:
+    if option in _FLAG_OPTIONS:
+      args.append(_FLAG_OPTIONS[option])
+    elif re.fullmatch(r"spe[1-9][0-9]*", option):
+      args.append(f"--steps_per_execution={int(option[3:])}")
+    elif option != "per_feature":
+      raise app.UsageError(f"--variants: {variant!r} has the option {option!r}; allowed: per_feature, spe<N>, "
+                           + ", ".join(_FLAG_OPTIONS))
+  return args
+
+
+def _peer_has(option: str) -> bool:
+  """Whether the plain peer has `option` too (else a variant with it is compared with the peer without it)."""
+  return not (option.startswith("spe") or option in _FLAG_OPTIONS)
 
 
 def _run(variant: str, batch_size: int, repeat: int) -> dict:
-  path, num_ps, num_workers, option = _shape(variant)
+  path, num_ps, num_workers, options = _shape(variant)
   plain = path == "keras_pss"
   args = ([] if plain else [f"--path={path}"]) + [
       f"--batch_size={batch_size}", f"--steps={_steps(batch_size)}",
       f"--measure={1 if _QUICK.value else _MEASURE.value}", f"--vocab_size={_VOCAB.value}",
-      f"--stack_tables={_STACK.value and option != 'per_feature'}"]
-  if option.startswith("spe"):
-    args.append(f"--steps_per_execution={int(option[3:])}")
-  if option in _FLAG_OPTIONS:
-    args.append(_FLAG_OPTIONS[option])
+      f"--stack_tables={_STACK.value and 'per_feature' not in options}"]
+  args.extend(_option_args(variant))
   if plain:  # processes may start slowly on a shared machine; the tfps variants wait as long (--connect_timeout_secs)
     args.append(f"--start_timeout_secs={_START_SECS.value}")
   else:
@@ -149,9 +166,8 @@ def _add_peer_ratios(rows) -> None:
   peer = {(_shape(row["variant"])[1:], row["batch_size"]): row["examples_per_sec"] for row in rows
           if row["variant"].startswith("keras_pss")}
   for row in rows:
-    path, num_ps, num_workers, option = _shape(row["variant"])
-    same_peer = option.startswith("spe") or option in _FLAG_OPTIONS  # options the peer has not
-    key = ((num_ps, num_workers, "" if same_peer else option), row["batch_size"])
+    path, num_ps, num_workers, options = _shape(row["variant"])
+    key = ((num_ps, num_workers, tuple(filter(_peer_has, options))), row["batch_size"])
     if path in ("fit", "estimator") and key in peer:
       row["vs_keras_pss"] = row["examples_per_sec"] / peer[key]
 
@@ -189,6 +205,8 @@ def _targets(rows, trivial_rate) -> dict:
 
 def main(argv):
   del argv
+  for variant in _VARIANTS.value:
+    _option_args(variant)  # an unknown option fails here, before any run
   os.makedirs(_OUT.value, exist_ok=True)
   runs = measure()
   summary = summarize(runs)

@@ -7,6 +7,7 @@ import tfps
 from tfps.errors import UsageError
 from tfps.keras import steps as keras_steps
 from tfps.training import runners
+from tfps.training import steps as steps_lib
 import tensorflow as tf
 import tf_keras
 
@@ -128,3 +129,25 @@ def test_a_rerun_function_applies_only_the_steps_it_had_not_applied(cluster):
   assert run(seq=5, steps=2) == 5 + 3 + 1 + 2
   assert int(runner.progress.variable[5].numpy()) == 5 * 5 + 2
   assert all((w.numpy() != before).all() for w, before in zip(model.weights, weights))
+
+
+def test_a_step_that_does_not_apply_its_gradients_once_is_refused_in_one_line(cluster):
+  strategy, coordinator = tfps.build_strategy(cluster)
+  with strategy.scope():
+    weight = tf.Variable(1.0)
+    optimizer = tf_keras.optimizers.legacy.SGD(0.1)
+
+  def twice(batch):
+    for _ in range(2):
+      optimizer.apply_gradients([(tf.reduce_sum(batch), weight)])
+    return tf.constant(0.0), tf.constant(1, tf.int64)
+
+  step = steps_lib.Step(run=twice, forward=twice, optimizer=lambda: optimizer, variables=lambda: [weight],
+                        trainable_variables=lambda: [weight], counter=optimizer.iterations, counts_itself=True)
+  runner = runners.build_runner(PIPELINED, step, strategy=strategy, coordinator=coordinator, num_workers=2,
+                                steps_per_execution=2)
+  iterator = iter(coordinator.create_per_worker_dataset(lambda: tf.data.Dataset.from_tensors(tf.ones([2])).repeat()))
+  with pytest.raises(UsageError, match=r"^`pipelined_updates` \(True\) needs a step that applies its gradients with "
+                                       r"one `optimizer.apply_gradients` call; this one made 2$"):
+    runner.schedule(iterator, 2)
+  assert float(weight.numpy()) == 1.0

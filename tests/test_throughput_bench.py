@@ -51,3 +51,13 @@ def test_throughput_compares_fit_with_the_plain_pss_peer(tmp_path, subprocess_en
     for process in leftovers:
       process.kill()
     assert not leftovers, f"processes left behind: {leftovers}"
+
+
+def test_an_unknown_variant_option_is_refused_before_any_run(subprocess_env):
+  result = subprocess.run([sys.executable, "bench/throughput.py", "--variants=fit_1x1,fit_1x1+pipelind"], cwd=REPO,
+                          env=subprocess_env, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines()[-1] == (
+      "--variants: 'fit_1x1+pipelind' has the option 'pipelind'; allowed: per_feature, spe<N>, packed, nospin, "
+      "lockfree, pipelined")
+  assert "repeat 1/" not in result.stdout

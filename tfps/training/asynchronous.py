@@ -75,13 +75,13 @@ class AsyncRunner(steps_lib.Runner):
       raise UsageError("`pipelined_updates` (True) cannot train table layers (" + ", ".join(
           sorted(getattr(table, "name", type(table).__name__) for table in self.step.tables())) + "): a row given to "
           "a new id could take the delayed update of the id it held; train them with pipelined_updates=False")
-    pending, invariants = _flat_gradients(held)
+    pending, invariants = _flat_gradients(held[0])
 
     def body(index, loss_sum, examples, *pending):
       loss, count, computed = self._computed(iterator, slot, self._mark(seq, index))
       # After the computation in program order: each ps reads this step's parameters before it applies the last one's.
-      self._apply(_packed_gradients(held, pending), slot, self._mark(seq, index - 1))
-      flat, _ = _flat_gradients(computed)
+      self._apply(held, pending, slot, self._mark(seq, index - 1))
+      flat, _ = _flat_gradients(computed[0])
       return (index + 1, self._loss_sum(loss_sum, loss), examples + tf.cast(count, tf.int64), *flat)
 
     loop = (start + 1, self._loss_sum(tf.constant(0.0, tf.float32), tf.where(ran, tf.cast(loss, tf.float32), 0.0)),
@@ -89,7 +89,7 @@ class AsyncRunner(steps_lib.Runner):
     shapes = (tf.TensorShape([]),) * 3 + tuple(invariants)
     _, loss_sum, examples, *pending = tf.while_loop(lambda index, *_: index < num_steps, body, loop,
                                                     shape_invariants=shapes, parallel_iterations=1)
-    self._apply(_packed_gradients(held, pending), slot, self._mark(seq, num_steps - 1))
+    self._apply(held, pending, slot, self._mark(seq, num_steps - 1))
     return self.step.outputs(loss_sum, examples)
 
   def _mark(self, seq, index):
@@ -134,19 +134,22 @@ class AsyncRunner(steps_lib.Runner):
     return self.progress.record(slot, mark, exactly_once.after_updates(step.variables() + [step.counter]) + after)
 
   def _computed(self, iterator, slot, mark):
-    """A step's computation alone: `(loss, count, gradients and variables)`, its gradients held back."""
+    """A step's computation alone: `(loss, count, held)`, `held` its `apply_gradients` call held back, as
+    `(grads_and_vars, args, kwargs)`."""
     with _holding_gradients(self.step.optimizer()) as held, self._reading():
       loss, count = self._run(self.step.run, iterator, slot, mark)
-    if not held:
-      raise UsageError("`pipelined_updates` (True) needs a step that applies its gradients with one "
-                       "`optimizer.apply_gradients` call; this one made none")
+    if len(held) != 1:
+      raise UsageError(f"`pipelined_updates` (True) needs a step that applies its gradients with one "
+                       f"`optimizer.apply_gradients` call; this one made {len(held)}")
     return loss, count, held[0]
 
-  def _apply(self, grads_and_vars, slot, mark):
-    """The updates of step `mark` from its held-back gradients, then its records."""
-    optimizer = self.step.optimizer()
+  def _apply(self, held, gradients, slot, mark):
+    """The updates of step `mark`: the `apply_gradients` call `held` (`_computed`) made with `gradients` (flat, as
+    `_flat_gradients` gives them), then the step's records."""
+    (grads_and_vars, args, kwargs), optimizer = held, self.step.optimizer()
+    pairs = _packed_gradients(grads_and_vars, gradients)
     with self._applying(slot, mark) as ps_applied:
-      self.strategy.run(lambda: optimizer.apply_gradients(grads_and_vars))
+      self.strategy.run(lambda: optimizer.apply_gradients(pairs, *args, **kwargs))
       counted = self._count()
     return self._record(slot, mark, ps_applied() + counted)
 
@@ -172,8 +175,8 @@ def _holding_gradients(optimizer):
   held = []
 
   def hold(apply_gradients, grads_and_vars, *args, **kwargs):
-    del apply_gradients, args, kwargs
-    held.append(grads_and_vars)
+    del apply_gradients
+    held.append((grads_and_vars, args, kwargs))
     return tf.no_op()
 
   with _tf_private.intercepting_apply_gradients(optimizer, hold):
