@@ -9,6 +9,8 @@ counter from the records (`tfps/training/exactly_once.py`). Writes `bench/result
 
   .venv/bin/python bench/worker_kills.py --runs=20      # about 25 s a run here
   .venv/bin/python bench/worker_kills.py --runs=10 --num_ps=2 --out=bench/results/worker_kills_2ps.json
+  .venv/bin/python bench/worker_kills.py --runs=10 --num_ps=2 --train_flags=--pipelined_updates \
+      --out=bench/results/pipelined/worker_kills_2ps.json
 """
 
 import collections
@@ -31,6 +33,8 @@ from bench import runner  # pylint: disable=g-import-not-at-top,wrong-import-pos
 _RUNS = flags.DEFINE_integer("runs", 20, "Runs.", lower_bound=1)
 _NUM_PS = flags.DEFINE_integer("num_ps", 1, "ps tasks (the counting weight lives on one of them).", lower_bound=1)
 _KILLS = flags.DEFINE_integer("kills", 3, "Worker kills per run, one an epoch (at most epochs - 1).", lower_bound=1)
+_TRAIN_FLAGS = flags.DEFINE_list("train_flags", [], "More flags of the training run, e.g. "
+                                 "--train_flags=--pipelined_updates (the mode flags of `tfps.define_mode_flags`).")
 _OUT = flags.DEFINE_string("out", os.path.join(runner.ROOT, "bench", "results", "worker_kills.json"), "Result JSON.")
 
 SCRIPT = os.path.join(runner.ROOT, "bench", "worker_kills_train.py")
@@ -60,7 +64,7 @@ def one_run(workdir: str) -> dict:
   log_dir = os.path.join(workdir, "logs")
   command = [runner.LAUNCHER, f"--num_ps={_NUM_PS.value}", "--num_workers=2", "--max_restarts=5",
              f"--log_dir={log_dir}", SCRIPT, "--", f"--model_dir={model_dir}", f"--counts_json={counts_path}",
-             f"--epochs={EPOCHS}"]
+             f"--epochs={EPOCHS}", *_TRAIN_FLAGS.value]
   with open(os.path.join(workdir, "out.txt"), "w", encoding="utf-8") as out:
     process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                start_new_session=True, cwd=runner.ROOT)
@@ -93,7 +97,7 @@ def main(argv):
       results.append(one_run(workdir))
     print(f"run {index + 1}/{_RUNS.value}: {results[-1]}", flush=True)
   summary = {
-      "runs": len(results), "num_ps": _NUM_PS.value, "kills_per_run": _KILLS.value,
+      "runs": len(results), "num_ps": _NUM_PS.value, "kills_per_run": _KILLS.value, "train_flags": _TRAIN_FLAGS.value,
       "iterations": dict(collections.Counter(str(r["iterations"]) for r in results)),
       "applied_steps": dict(collections.Counter(str(r["applied_steps"]) for r in results)),
       "runs_settled": sum(r["settled"] > 0 for r in results),
