@@ -136,7 +136,13 @@ class AsyncRunner(steps_lib.Runner):
   def _computed(self, iterator, slot, mark):
     """A step's computation alone: `(loss, count, held)`, `held` its `apply_gradients` call held back, as
     `(grads_and_vars, args, kwargs)`."""
-    with _holding_gradients(self.step.optimizer()) as held, self._reading():
+    held = []
+
+    def hold(grads_and_vars, *args, **kwargs):
+      held.append((grads_and_vars, args, kwargs))
+      return tf.no_op()
+
+    with steps_lib.redirected_apply_gradients(self.step.optimizer(), hold), self._reading():
       loss, count = self._run(self.step.run, iterator, slot, mark)
     if len(held) != 1:
       raise UsageError(f"`pipelined_updates` (True) needs a step that applies its gradients with one "
@@ -166,21 +172,6 @@ class AsyncRunner(steps_lib.Runner):
 
   def settle(self) -> int:
     return self.progress.settle(self.step.counter, *self._start)
-
-
-@contextlib.contextmanager
-def _holding_gradients(optimizer):
-  """While a step is traced: its `optimizer.apply_gradients` call applies nothing; yields the list that receives
-  the `grads_and_vars` of each call."""
-  held = []
-
-  def hold(apply_gradients, grads_and_vars, *args, **kwargs):
-    del apply_gradients
-    held.append((grads_and_vars, args, kwargs))
-    return tf.no_op()
-
-  with _tf_private.intercepting_apply_gradients(optimizer, hold):
-    yield held
 
 
 def _flat_gradients(grads_and_vars):

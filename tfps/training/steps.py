@@ -11,6 +11,8 @@ from typing import Any, Callable, List, Optional
 
 import tensorflow as tf
 
+from tfps import _tf_private
+
 
 @dataclasses.dataclass(frozen=True)
 class Step:
@@ -93,3 +95,11 @@ class Runner:
   def settle(self) -> int:
     """Called after the coordinator's join; makes the step counter exact and returns it."""
     return int(self.step.counter.numpy())
+
+
+def redirected_apply_gradients(optimizer, sink: Callable):
+  """While a step is traced: its `optimizer.apply_gradients(grads_and_vars, *args, **kwargs)` call applies nothing
+  and returns `sink(list(grads_and_vars), *args, **kwargs)` instead (sync writes the gradients into its buffers,
+  pipelined async holds them for the next iteration)."""
+  return _tf_private.intercepting_apply_gradients(
+      optimizer, lambda apply_gradients, grads_and_vars, *args, **kwargs: sink(grads_and_vars, *args, **kwargs))

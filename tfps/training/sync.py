@@ -18,12 +18,11 @@ the buffer while the gradient function is traced.
 """
 
 import time
-from typing import Callable, List, Tuple
+from typing import List, Tuple
 
 from absl import logging
 import tensorflow as tf
 
-from tfps import _tf_private
 from tfps.errors import TfpsError, UsageError
 from tfps.training import steps as steps_lib
 from tfps.training import tables
@@ -112,11 +111,6 @@ class GradientBuffers:
     return pairs
 
 
-def _redirected(optimizer, sink: Callable):
-  """While tracing: `optimizer.apply_gradients(grads_and_vars)` calls `sink(list)` instead."""
-  return _tf_private.intercepting_apply_gradients(optimizer, lambda apply_gradients, pairs, *args, **kwargs: sink(pairs))
-
-
 class SyncRunner(steps_lib.Runner):
   """Runs sync steps on the ClusterCoordinator: `schedule(iterator, num_steps)` runs `num_steps` of them, each a
   gradient round and an update, and returns the last update function's result (`Step.outputs` of the loss summed
@@ -154,8 +148,8 @@ class SyncRunner(steps_lib.Runner):
 
     def compute():
       writes = []
-      with _redirected(self.step.optimizer(),
-                       lambda pairs: writes.extend(self.buffers.write(slot, pairs)) or tf.no_op()):
+      with steps_lib.redirected_apply_gradients(
+          self.step.optimizer(), lambda pairs, *_, **__: writes.extend(self.buffers.write(slot, pairs)) or tf.no_op()):
         loss, count = self.strategy.run(self.table_marks.marked(self.step.run, slot, step + 1),
                                         args=(next(iterator),))
       with tf.control_dependencies(writes):
