@@ -5,20 +5,14 @@ import numpy as np
 import pytest
 import tfps
 from tfps.errors import UsageError
-from tfps.keras import steps as keras_steps
 from tfps.training import runners
 from tfps.training import steps as steps_lib
 import tensorflow as tf
 import tf_keras
 
+from test_exactly_once import async_runner
+
 PIPELINED = tfps.TrainingMode(pipelined_updates=True)
-
-
-def pipelined_runner(model, coordinator, steps_per_execution=5):
-  runner = runners.build_runner(PIPELINED, keras_steps.keras_step(model), strategy=model.distribute_strategy,
-                                coordinator=coordinator, num_workers=2, steps_per_execution=steps_per_execution)
-  keras_steps.drive_fit(model, runner)
-  return runner
 
 
 def build(vocabulary=10):
@@ -73,7 +67,7 @@ def test_each_step_is_applied_once_one_step_late_on_sharded_variables(cluster):
   strategy, coordinator = tfps.build_strategy(cluster, min_shard_bytes=8_000)
   with strategy.scope():
     model = build(vocabulary=1_000)
-    runner = pipelined_runner(model, coordinator)
+    runner = async_runner(model, coordinator, mode=PIPELINED)
   assert type(model.layers[1].embeddings).__name__ == "ShardedVariable"
   local = build(vocabulary=1_000)
   for mine, theirs in zip(local.trainable_variables, whole_weights(model)):
@@ -101,7 +95,7 @@ def test_a_rerun_function_applies_only_the_steps_it_had_not_applied(cluster):
   with strategy.scope():
     model = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(1)])
     model.compile(tf_keras.optimizers.legacy.SGD(0.01), "mse")
-    runner = pipelined_runner(model, coordinator)
+    runner = async_runner(model, coordinator, mode=PIPELINED)
   iterator = iter(coordinator.create_per_worker_dataset(
       lambda: tf.data.Dataset.from_tensors((tf.ones((4, 2)), tf.ones((4, 1)))).repeat()))
 
