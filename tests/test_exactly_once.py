@@ -217,6 +217,44 @@ def test_a_step_run_again_skips_the_updates_a_ps_applied_already(cluster):
       device: 11 for device in devices}
 
 
+@pytest.mark.parametrize("reached_holds_the_counter", [True, False])
+def test_a_sync_update_run_again_applies_the_step_only_where_it_is_missing(cluster, caplog, reached_holds_the_counter):
+  """Sync: a worker that dies during a step's update can leave it applied on one ps and not the other, the step
+  counter with it or not. The update run again applies the step on the other ps alone, and the counter ends at the
+  steps applied."""
+  strategy, coordinator = tfps.build_strategy(cluster)
+  with strategy.scope():
+    model = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(4), tf_keras.layers.Dense(1)])
+    model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "mse")
+    runner = runners.build_runner(tfps.TrainingMode("sync"), keras_steps.keras_step(model), strategy=strategy,
+                                  coordinator=coordinator, num_workers=2, steps_per_execution=1)
+  iterator = iter(coordinator.create_per_worker_dataset(
+      lambda: tf.data.Dataset.from_tensors((tf.ones((4, 2)), tf.ones((4, 1)))).repeat()))
+  runner.schedule(iterator, 1)  # step 0, whole: makes the records
+  devices = sorted(runner.ps_records.vectors)
+  assert len(devices) == 2  # the variables are spread over both ps
+  counter_ps = model.optimizer.iterations.device
+  reached = counter_ps if reached_holds_the_counter else next(device for device in devices if device != counter_ps)
+  before = {variable.name: variable.numpy() for variable in model.variables}
+  runner.gather(iterator, 1)  # step 1's gradients
+  # Its update reached `reached` and was recorded there (and counted, where the counter is), then its worker died:
+  # slot 1, mark 2. The update runs again.
+  runner.ps_records.vectors[reached].scatter_update(tf.IndexedSlices(tf.constant([2], tf.int64), tf.constant([1])))
+  if reached_holds_the_counter:
+    model.optimizer.iterations.assign_add(1)
+  caplog.set_level("INFO")
+  coordinator.schedule(runner.update_function, args=(tf.constant(1, tf.int64), tf.constant(0.0), tf.constant(0, tf.int64)))
+  coordinator.join()
+  runner.settle_step(1)
+  for variable in model.variables:
+    unchanged = (variable.numpy() == before[variable.name]).all()
+    assert unchanged == (variable.device == reached), variable.name
+  assert int(model.optimizer.iterations.numpy()) == 2
+  assert ("Step counter settled at 2" in caplog.text) == reached_holds_the_counter
+  assert {device: int(vector[1].numpy()) for device, vector in runner.ps_records.vectors.items()} == {
+      device: 2 for device in devices}
+
+
 @pytest.mark.parametrize("packed_reads", [False, True])
 def test_gradients_packed_per_ps_reach_their_own_variables(cluster, packed_reads):
   """The dense gradients of each ps travel packed in one tensor and are split again there (and with `packed_reads`

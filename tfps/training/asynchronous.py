@@ -47,7 +47,7 @@ class AsyncRunner(steps_lib.Runner):
       mark = self._mark(seq, index)
       with self._applying(slot, mark) as ps_applied, self._reading():
         loss, count = self._run(self.step.run, iterator, slot, mark)
-        counted = self._count()
+        counted = exactly_once.counted_after_updates(self.step)
       self._record(slot, mark, ps_applied() + counted)
       # The next step waits for this one's record: tf.function orders every stateful op of the loop body before the
       # next iteration, and gathers those of each ps into one signal, so no control edge of its own is sent.
@@ -116,18 +116,6 @@ class AsyncRunner(steps_lib.Runner):
       return contextlib.nullcontext()
     return self.packed_reads.reading(self.step.trainable_variables())
 
-  def _count(self):
-    """Inside `_applying`, after a step's updates: the step's count where the step does not count itself (a list)."""
-    step = self.step
-    if step.counts_itself:
-      return []
-    # Counted after the step's updates (so not before all its gradients are on their ps), through the strategy's
-    # update too: skipped where the counter's ps applied this step already. Made on the counter's ps from nothing of
-    # the worker's: a count built on the worker would wait there for the updates and go back to the ps, a round trip
-    # in every step.
-    with tf.device(step.counter.device), tf.control_dependencies(exactly_once.after_updates(step.variables())):
-      return [step.count(1)]
-
   def _record(self, slot, mark, after):
     """Records step `mark` applied once its updates, and the ops in `after`, have run."""
     step = self.step
@@ -156,7 +144,7 @@ class AsyncRunner(steps_lib.Runner):
     pairs = _packed_gradients(grads_and_vars, gradients)
     with self._applying(slot, mark) as ps_applied:
       self.strategy.run(lambda: optimizer.apply_gradients(pairs, *args, **kwargs))
-      counted = self._count()
+      counted = exactly_once.counted_after_updates(self.step)
     return self._record(slot, mark, ps_applied() + counted)
 
   def _loss_sum(self, loss_sum, loss):

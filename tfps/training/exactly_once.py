@@ -127,6 +127,19 @@ def after_updates(variables: Iterable[tf.Variable]) -> List[tf.Operation]:
   return _grouped(by_device)
 
 
+def counted_after_updates(step) -> List[tf.Operation]:
+  """Inside `PsRecords.skipping_applied`, after a step's updates: the step's count where `step` (a
+  `tfps.training.steps.Step`) does not count itself (a list, empty where it does).
+
+  Counted after the step's updates (so not before all its gradients are on their ps), through the strategy's update
+  too: skipped where the counter's ps applied this step already. Made on the counter's ps from nothing of the worker's:
+  a count built on the worker would wait there for the updates and go back to the ps, a round trip in every step."""
+  if step.counts_itself:
+    return []
+  with tf.device(step.counter.device), tf.control_dependencies(after_updates(step.variables())):
+    return [step.count(1)]
+
+
 def _grouped(by_device: Dict[str, list]) -> List[tf.Operation]:
   """One op on each device that runs after that device's ops."""
   groups = []

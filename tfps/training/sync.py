@@ -11,7 +11,11 @@ A step runs in two phases, each a set of scheduled functions the coordinator wai
    worker failure never counts twice. When a slot stays empty for `steal_after_secs` (its worker died and is being
    restarted), another worker fills it with a batch of its own, and the step goes on.
 2. Update. One function averages the first `replicas` marked slots and applies them with the model's optimizer,
-   once: it applies only while the step counter still equals the step (a re-run after a failure applies nothing).
+   once per ps: as in async (`tfps.training.exactly_once`), a ps starts the step's updates only once all its
+   gradients are there, records the step after them, and skips them when the function runs again after a failure.
+   A worker that dies during the update can leave it applied on one ps and not another; the re-run applies it where
+   it is missing and nowhere else. The step counter is then settled from the records (a count that reached its ps
+   without that ps's record is not counted twice).
 
 The user's step (a `tfps.training.steps.Step`) runs unchanged: its `optimizer.apply_gradients` call is redirected into
 the buffer while the gradient function is traced.
@@ -24,6 +28,7 @@ from absl import logging
 import tensorflow as tf
 
 from tfps.errors import TfpsError, UsageError
+from tfps.training import exactly_once
 from tfps.training import steps as steps_lib
 from tfps.training import tables
 
@@ -116,7 +121,9 @@ class SyncRunner(steps_lib.Runner):
   gradient round and an update, and returns the last update function's result (`Step.outputs` of the loss summed
   over the steps, each step's the mean of its batches', and the examples of every batch used).
 
-  `mode.replicas_to_aggregate` worker batches (default: one per worker) make one step.
+  `mode.replicas_to_aggregate` worker batches (default: one per worker) make one step: `gather(iterator, step)`
+  schedules `gradient_function` until enough slots hold gradients of `step`, then `update_function(step, loss_sum,
+  examples)` applies them, and `settle_step(step)` checks the step counter after it.
   """
 
   def __init__(self, step: steps_lib.Step, timeout_secs: float = 600.0, **kwargs):
@@ -130,8 +137,9 @@ class SyncRunner(steps_lib.Runner):
     # Table layers' bookkeeping (sightings, admissions) once per step and worker slot: a re-run gradient function whose
     # first run got to a table shard only looks up there.
     self.table_marks = tables.StepMarks(self.strategy)
-    self._gradient_function = tf.function(self._gradients)
-    self._update_function = tf.function(self._update)
+    self.ps_records = exactly_once.PsRecords()  # the steps each ps has applied (slot: step % SLOTS, mark: step + 1)
+    self.gradient_function = tf.function(self._gradients)
+    self.update_function = tf.function(self._update)
 
   @classmethod
   def check_settings(cls, mode, steps_per_execution) -> None:
@@ -165,42 +173,59 @@ class SyncRunner(steps_lib.Runner):
   def _update(self, step, loss_sum, examples):
     marked = tf.equal(self.marks.read_value(), step)
     chosen = tf.logical_and(marked, tf.cumsum(tf.cast(marked, tf.int32)) <= self._replicas)
-    ready = tf.logical_and(tf.equal(tf.reduce_sum(tf.cast(chosen, tf.int32)), self._replicas),
-                           tf.equal(self.step.counter.read_value(), step))
+    ready = tf.equal(tf.reduce_sum(tf.cast(chosen, tf.int32)), self._replicas)
+    slot, mark = _record_of(step)
 
     def apply():
       def replica_apply():
-        self.step.optimizer().apply_gradients(self.buffers.average(chosen, self._replicas))
-        self.step.count(1)
-      self.strategy.run(replica_apply)
-      return tf.constant(True)
+        optimizer = self.step.optimizer()
+        with exactly_once.updates_after_every_gradient(optimizer), \
+            self.ps_records.skipping_applied(self.strategy, slot, mark) as ps_applied:
+          optimizer.apply_gradients(self.buffers.average(chosen, self._replicas))
+          counted = exactly_once.counted_after_updates(self.step)
+        with tf.control_dependencies(ps_applied() + counted):
+          return tf.constant(True)
+      return self.strategy.run(replica_apply)
 
     applied = tf.cond(ready, apply, lambda: tf.constant(False))
     with tf.control_dependencies([applied]):
       return self.step.outputs(tf.identity(loss_sum), tf.identity(examples))
 
+  def settle_step(self, step: int) -> None:
+    """After step `step`'s update function ended: the counter reads `step + 1` where every ps recorded the step (a
+    count whose record was lost with its worker counted it twice), or the step was not applied."""
+    counter = int(self.step.counter.numpy())
+    if counter == step + 1:
+      return
+    slot, mark = _record_of(step)
+    if not self.ps_records.vectors or any(int(vector.sparse_read(slot)[0].numpy()) < mark
+                                          for vector in self.ps_records.vectors.values()):
+      raise RuntimeError(f"sync step {step} was not applied (the step counter is {counter})")
+    logging.info("Step counter settled at %d from the steps recorded on the ps (it read %d): a failed worker's update "
+                 "reached the counter's ps and ran again", step + 1, counter)
+    self.step.counter.assign(step + 1)
+
   def schedule(self, iterator, num_steps: int):
     loss_sum, examples, result = 0.0, 0, None
     for _ in range(num_steps):
       step = int(self.step.counter.numpy())
-      gradients = self._gather(iterator, step)
+      gradients = self.gather(iterator, step)
       counted = [value for value in (g.fetch() for g in gradients) if value[0]]
       loss_sum += sum(float(loss) for _, loss, _ in counted) / max(len(counted), 1)
       examples += sum(int(count) for _, _, count in counted)
-      result = self.coordinator.schedule(self._update_function, args=(
+      result = self.coordinator.schedule(self.update_function, args=(
           tf.constant(step, tf.int64), tf.constant(loss_sum, tf.float32), tf.constant(examples, tf.int64)))
       self.coordinator.join()
-      if int(self.step.counter.numpy()) != step + 1:
-        raise RuntimeError(f"sync step {step} was not applied (the step counter is {int(self.step.counter.numpy())})")
+      self.settle_step(step)
     return result
 
-  def _gather(self, iterator, step: int) -> list:
+  def gather(self, iterator, step: int) -> list:
     """Schedules gradient functions until `replicas` slots hold gradients of `step`."""
     started = time.monotonic()
     results, needed, rounds = [], self._replicas, 0
     while needed > 0:
       may_steal = tf.constant(time.monotonic() - started > STEAL_AFTER_SECS)
-      results += [self.coordinator.schedule(self._gradient_function,
+      results += [self.coordinator.schedule(self.gradient_function,
                                             args=(iterator, tf.constant(step, tf.int64), may_steal))
                   for _ in range(needed)]
       self.coordinator.join()
@@ -215,3 +240,8 @@ class SyncRunner(steps_lib.Runner):
           logging.info("sync step %d is waiting for %d more worker batch(es)", step, needed)
         time.sleep(0.05)
     return results
+
+
+def _record_of(step):
+  """Where the ps record step `step` (a tensor) applied: `(slot, mark)` of `exactly_once.PsRecords`."""
+  return tf.reshape(step % exactly_once.SLOTS, [1]), step + 1
