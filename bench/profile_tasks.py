@@ -1,7 +1,7 @@
 """Where the CPU of a ps and a worker goes during training: Linux `perf` samples of each task, grouped by kind of work.
 
   .venv/bin/python bench/profile_tasks.py                          # tfps.fit, 1 ps + 1 worker, batch 256 (~2 min)
-  .venv/bin/python bench/profile_tasks.py --path=estimator --nothread_spinning
+  .venv/bin/python bench/profile_tasks.py --path=estimator --thread_spinning
 
 Starts `bench/train_bench.py` under `tfps-launch` (the workload of `bench/throughput.py`), waits `--warmup_secs` for
 training to run steadily, records `--seconds` of CPU samples of the ps and the worker at the same time (`perf record
@@ -30,8 +30,8 @@ from bench import runner  # pylint: disable=g-import-not-at-top,wrong-import-pos
 
 _PATH = flags.DEFINE_enum("path", "fit", ["fit", "estimator"], "Training path.")
 _BATCH = flags.DEFINE_integer("batch_size", 256, "Examples per step.", lower_bound=1)
-_SPIN = flags.DEFINE_boolean("thread_spinning", True, "Run the tasks with --thread_spinning (TensorFlow's default; "
-                             "--nothread_spinning: idle threads sleep).")
+_SPIN = flags.DEFINE_boolean("thread_spinning", False, "Run the tasks with --thread_spinning (idle threads spin, "
+                             "TensorFlow's default; --nothread_spinning, tfps's default: they sleep).")
 _WARMUP = flags.DEFINE_float("warmup_secs", 60.0, "Seconds from the start before sampling.", lower_bound=0)
 _SECONDS = flags.DEFINE_float("seconds", 20.0, "Seconds of samples.", lower_bound=1)
 _FREQUENCY = flags.DEFINE_integer("frequency", 499, "Samples per second and CPU.", lower_bound=1)

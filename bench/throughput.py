@@ -41,11 +41,11 @@ _VARIANTS = flags.DEFINE_list(
     "variants", ["single", "single+per_feature", "fit_1x1", "fit_2x2", "estimator_1x1", "estimator_2x2",
                  "keras_pss_1x1", "keras_pss_2x2", "tutorial_1x1"],
     "Variants to run: PATH or PATH_<ps>x<workers> (keras_pss_<ps>x<workers>: the plain-PSS peer), then options, "
-    "each after a `+` (e.g. fit_1x1+pipelined+nospin): `+per_feature` for one table per feature instead of "
+    "each after a `+` (e.g. fit_1x1+pipelined+spin): `+per_feature` for one table per feature instead of "
     "stacked, `+spe<N>` for N steps per scheduled function instead of the path's default, `+packed` for "
-    "--packed_reads (the dense variables of a ps read in one transfer), `+nospin` for --nothread_spinning (idle "
-    "threads of ps and workers sleep), `+lockfree` for --lockfree_row_updates (a legacy Adagrad's table rows updated "
-    "at once), `+pipelined` for --pipelined_updates (a step's updates applied while the next step computes). The "
+    "--packed_reads (the dense variables of a ps read in one transfer), `+spin` for --thread_spinning (idle "
+    "threads of ps and workers spin, TensorFlow's default; `+nospin`: they sleep, tfps's default), `+lockfree` "
+    "for --lockfree_row_updates (a legacy Adagrad's table rows updated at once), `+pipelined` for --pipelined_updates (a step's updates applied while the next step computes). The "
     "tutorial loop runs at the smallest batch size only (its target is there).")
 _START_SECS = flags.DEFINE_float("start_timeout_secs", 300.0, "Seconds every variant's processes may take to "
                                   "start and answer (a loaded machine starts TensorFlow slowly).", lower_bound=1)
@@ -56,8 +56,8 @@ _OUT = flags.DEFINE_string("out", "bench/results",
 
 # `+option` -> the flag of train_bench.py it sets; the plain peer has none of these, so a variant with one is compared
 # with the peer of its shape.
-_FLAG_OPTIONS = {"packed": "--packed_reads", "nospin": "--nothread_spinning", "lockfree": "--lockfree_row_updates",
-                 "pipelined": "--pipelined_updates"}
+_FLAG_OPTIONS = {"packed": "--packed_reads", "spin": "--thread_spinning", "nospin": "--nothread_spinning",
+                 "lockfree": "--lockfree_row_updates", "pipelined": "--pipelined_updates"}
 
 
 def _steps(batch_size: int) -> int:

@@ -41,7 +41,7 @@ def test_a_missing_role_function_is_named(task, kwargs, message):
     roles.run_task(cluster=CLUSTER.for_task(task), **kwargs)
 
 
-@pytest.mark.parametrize("kwargs,spinning", [({}, True), ({"thread_spinning": False}, False)])
+@pytest.mark.parametrize("kwargs,spinning", [({}, False), ({"thread_spinning": True}, True)])
 def test_a_server_task_gets_the_thread_spinning_setting(monkeypatch, kwargs, spinning):
   from tfps.cluster import server  # pylint: disable=g-import-not-at-top
   served = []

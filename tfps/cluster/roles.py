@@ -23,6 +23,12 @@ from tfps.errors import UnreachableTaskError
 
 T = TypeVar("T")
 
+# TensorFlow's thread pools spin by default: a thread out of work keeps polling for more before it sleeps. A ps and a
+# worker take turns within a step, so each one's idle threads spin while the other works, taking CPU from it where they
+# share cores; sleeping measured 3-8% more examples/s at 1 ps + 1 worker on 2 cores (docs/performance.md). tfps's
+# servers let them sleep unless told otherwise (`--thread_spinning`).
+DEFAULT_THREAD_SPINNING = False
+
 
 def resolve_cluster(cluster: Optional[cluster_lib.ClusterConfig] = None) -> cluster_lib.ClusterConfig:
   """`cluster` if given, else the cluster of the TF_CONFIG an orchestrator (or tfps-launch) set.
@@ -45,7 +51,8 @@ def resolve_cluster(cluster: Optional[cluster_lib.ClusterConfig] = None) -> clus
 
 def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None,
              evaluator_fn: Optional[Callable[[Optional[cluster_lib.ClusterConfig]], T]] = None,
-             cluster: Optional[cluster_lib.ClusterConfig] = None, thread_spinning: bool = True) -> Optional[T]:
+             cluster: Optional[cluster_lib.ClusterConfig] = None,
+             thread_spinning: bool = DEFAULT_THREAD_SPINNING) -> Optional[T]:
   """Runs this process's role; one call serves every role of a user's script.
 
   ps and worker tasks serve until stopped and never return; the chief returns `chief_fn(cluster)`; the evaluator
@@ -57,8 +64,8 @@ def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None
     evaluator_fn: evaluates (e.g. `tfps.run_sidecar_evaluator`); called on the evaluator task.
     cluster: the cluster (e.g. `tfps.config_from_flags()`); default: TF_CONFIG.
     thread_spinning: whether a ps or worker's idle threads spin waiting for work (TensorFlow's default) instead of
-      sleeping; spinning takes CPU from tasks that share cores (`--nothread_spinning`:
-      `tfps.server_options_from_flags()`).
+      sleeping (the default here: spinning takes CPU from tasks that share cores); `--thread_spinning`:
+      `tfps.server_options_from_flags()`.
   """
   if chief_fn is None and evaluator_fn is None:
     raise TypeError("run_task needs `chief_fn`, `evaluator_fn` or both")
