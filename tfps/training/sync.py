@@ -243,5 +243,5 @@ class SyncRunner(steps_lib.Runner):
 
 
 def _record_of(step):
-  """Where the ps record step `step` (a tensor) applied: `(slot, mark)` of `exactly_once.PsRecords`."""
+  """`(slot, mark)`: where each ps records in its `exactly_once.PsRecords` vector that it applied step `step`."""
   return tf.reshape(step % exactly_once.SLOTS, [1]), step + 1
