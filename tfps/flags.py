@@ -21,7 +21,6 @@ from typing import Callable, Mapping, Optional, Sequence
 from absl import flags
 
 from tfps.cluster import config as cluster_lib
-from tfps.cluster import roles
 from tfps.errors import ClusterConfigError
 from tfps.errors import refuse
 from tfps.training import modes
@@ -56,9 +55,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_integer("min_shard_bytes", 256 << 10,
                        "Variables smaller than this are not sharded (0 shards every variable with >= 2 rows).",
                        lower_bound=0, flag_values=flag_values)
-  flags.DEFINE_boolean("thread_spinning", roles.DEFAULT_THREAD_SPINNING, "ps and workers: idle threads spin waiting "
-                       "for work (TensorFlow's default) instead of sleeping (tfps's: measured faster where tasks share "
-                       "cores).", flag_values=flag_values)
+  flags.DEFINE_boolean("thread_spinning", cluster_lib.DEFAULT_THREAD_SPINNING,
+                       "ps and workers: idle threads spin waiting for work (TensorFlow's default) instead of sleeping "
+                       "(tfps's: measured faster where tasks share cores).", flag_values=flag_values)
   declare_program_flags(flag_values, __name__)
 
 

@@ -18,6 +18,12 @@ TRAINING_JOBS = ("chief", "worker", "ps")  # the jobs the chief connects to; nev
 _HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]+)$")
 _MAX_PORT = 65535
 
+# TensorFlow's thread pools spin by default: a thread out of work keeps polling for more before it sleeps. A ps and a
+# worker take turns within a step, so each one's idle threads spin while the other works, taking CPU from it where they
+# share cores; sleeping measured 3-8% more examples/s at 1 ps + 1 worker on 2 cores (docs/performance.md). tfps's
+# servers let them sleep unless told otherwise (`--thread_spinning`).
+DEFAULT_THREAD_SPINNING = False
+
 Hosts = Union[str, Sequence[str], None]
 
 

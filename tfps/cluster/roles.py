@@ -23,12 +23,6 @@ from tfps.errors import UnreachableTaskError
 
 T = TypeVar("T")
 
-# TensorFlow's thread pools spin by default: a thread out of work keeps polling for more before it sleeps. A ps and a
-# worker take turns within a step, so each one's idle threads spin while the other works, taking CPU from it where they
-# share cores; sleeping measured 3-8% more examples/s at 1 ps + 1 worker on 2 cores (docs/performance.md). tfps's
-# servers let them sleep unless told otherwise (`--thread_spinning`).
-DEFAULT_THREAD_SPINNING = False
-
 
 def resolve_cluster(cluster: Optional[cluster_lib.ClusterConfig] = None) -> cluster_lib.ClusterConfig:
   """`cluster` if given, else the cluster of the TF_CONFIG an orchestrator (or tfps-launch) set.
@@ -52,7 +46,7 @@ def resolve_cluster(cluster: Optional[cluster_lib.ClusterConfig] = None) -> clus
 def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None,
              evaluator_fn: Optional[Callable[[Optional[cluster_lib.ClusterConfig]], T]] = None,
              cluster: Optional[cluster_lib.ClusterConfig] = None,
-             thread_spinning: bool = DEFAULT_THREAD_SPINNING) -> Optional[T]:
+             thread_spinning: bool = cluster_lib.DEFAULT_THREAD_SPINNING) -> Optional[T]:
   """Runs this process's role; one call serves every role of a user's script.
 
   ps and worker tasks serve until stopped and never return; the chief returns `chief_fn(cluster)`; the evaluator

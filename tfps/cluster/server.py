@@ -12,21 +12,21 @@ import tensorflow as tf
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import isolation
 from tfps.cluster import ports
-from tfps.cluster import roles
 from tfps.errors import AddressInUseError
 
 SERVER_JOBS = ("ps", "worker")
 _SIGNAL_POLL_SECONDS = 0.5
 
 
-def server_config(thread_spinning: bool = roles.DEFAULT_THREAD_SPINNING) -> tf.compat.v1.ConfigProto:
+def server_config(thread_spinning: bool = cluster_lib.DEFAULT_THREAD_SPINNING) -> tf.compat.v1.ConfigProto:
   """The session config of a ps or worker server: idle threads spin (TensorFlow's default) or sleep (tfps's)."""
   config = tf.compat.v1.ConfigProto()
   config.experimental.disable_thread_spinning = not thread_spinning
   return config
 
 
-def build_server(config: cluster_lib.ClusterConfig, thread_spinning: bool = roles.DEFAULT_THREAD_SPINNING) -> tf.distribute.Server:
+def build_server(config: cluster_lib.ClusterConfig,
+                 thread_spinning: bool = cluster_lib.DEFAULT_THREAD_SPINNING) -> tf.distribute.Server:
   """Starts the `tf.distribute.Server` of the ps or worker task `config` describes, with `server_config`."""
   if config.task_type not in SERVER_JOBS:
     raise ValueError(f"only ps and worker tasks run a server, not {config.task_type}:{config.task_index}")
@@ -47,7 +47,8 @@ def _exit_on_signal(signum, frame):
   os._exit(0)  # a server cannot be stopped cleanly
 
 
-def run_server(config: cluster_lib.ClusterConfig, thread_spinning: bool = roles.DEFAULT_THREAD_SPINNING) -> NoReturn:
+def run_server(config: cluster_lib.ClusterConfig,
+               thread_spinning: bool = cluster_lib.DEFAULT_THREAD_SPINNING) -> NoReturn:
   """Serves as the ps or worker task of `config` until SIGTERM or SIGINT; exits with status 0 then."""
   server = build_server(config, thread_spinning)
   signal.signal(signal.SIGTERM, _exit_on_signal)
