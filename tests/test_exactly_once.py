@@ -243,7 +243,8 @@ def test_a_sync_update_run_again_applies_the_step_only_where_it_is_missing(clust
   if reached_holds_the_counter:
     model.optimizer.iterations.assign_add(1)
   caplog.set_level("INFO")
-  coordinator.schedule(runner.update_function, args=(tf.constant(1, tf.int64), tf.constant(0.0), tf.constant(0, tf.int64)))
+  coordinator.schedule(runner.update_function,
+                       args=(tf.constant(1, tf.int64), tf.constant(0.0), tf.constant(0, tf.int64)))
   coordinator.join()
   runner.settle_step(1)
   for variable in model.variables:

@@ -78,7 +78,8 @@ def test_each_step_is_applied_once_one_step_late_on_sharded_variables(cluster):
     # a fresh iterator per function, at its first batch: either worker may run it
     iterator = iter(coordinator.create_per_worker_dataset(
         lambda start=start: tf.data.Dataset.from_generator(lambda: iter(data[start:]), output_signature=signature)))
-    coordinator.schedule(runner.function, args=(iterator, tf.constant(steps, tf.int64), runner.progress.next_sequence()))
+    coordinator.schedule(runner.function,
+                         args=(iterator, tf.constant(steps, tf.int64), runner.progress.next_sequence()))
     coordinator.join()
     delayed_sgd(local, data[start:start + steps])
   assert int(model.optimizer.iterations.numpy()) == 12

@@ -105,9 +105,9 @@ class AsyncRunner(steps_lib.Runner):
     """While a step's updates are traced: every update waits for all its gradients and is skipped where its ps applied
     step `mark` already (yields `ps_applied()`, the records of each ps: `exactly_once`)."""
     optimizer = self.step.optimizer()
-    with exactly_once.updates_after_every_gradient(optimizer), \
-        (_tf_private.adagrad_rows_at_once(optimizer) if self.mode.lockfree_row_updates else contextlib.nullcontext()), \
-        self.progress.ps_records.skipping_applied(self.strategy, slot, mark) as ps_applied:
+    rows = _tf_private.adagrad_rows_at_once(optimizer) if self.mode.lockfree_row_updates else contextlib.nullcontext()
+    with rows, exactly_once.applying_once_per_ps(optimizer, self.progress.ps_records, self.strategy, slot,
+                                                 mark) as ps_applied:
       yield ps_applied
 
   def _reading(self):

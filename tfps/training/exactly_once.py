@@ -107,12 +107,18 @@ class StepProgress:
     """Sets `counter` to `start` plus the steps recorded since position `since` (see the module docstring) and returns
     it; call when every function scheduled since has ended."""
     settled = start + self.steps_recorded(since)
-    counted = int(counter.numpy())
-    if counted != settled:
-      logging.info("Step counter settled at %d from the steps recorded on the ps (it read %d): a failed worker's step "
-                   "reached the ps without its record and ran again", settled, counted)
-      counter.assign(settled)
+    settle_counter(counter, settled)
     return settled
+
+
+def settle_counter(counter: tf.Variable, settled: int) -> None:
+  """Sets `counter` to `settled`, the steps the ps records say were applied, where it reads otherwise (a failed
+  worker's step reached the counter's ps without its record and ran again); logs the correction."""
+  counted = int(counter.numpy())
+  if counted != settled:
+    logging.info("Step counter settled at %d from the steps recorded on the ps (it read %d): a failed worker's step "
+                 "reached the ps without its record and ran again", settled, counted)
+    counter.assign(settled)
 
 
 def after_updates(variables: Iterable[tf.Variable]) -> List[tf.Operation]:
@@ -199,6 +205,14 @@ def updates_after_every_gradient(optimizer):
 
   with _tf_private.intercepting_apply_gradients(optimizer, gated):
     yield
+
+
+@contextlib.contextmanager
+def applying_once_per_ps(optimizer, records: "PsRecords", strategy, slot, mark):
+  """While a step's updates are traced: rules 1 and 3, each ps starts them once all its gradients are there, and
+  skips them where it applied step `mark` already. Yields `records()` (`PsRecords.skipping_applied`)."""
+  with updates_after_every_gradient(optimizer), records.skipping_applied(strategy, slot, mark) as ps_applied:
+    yield ps_applied
 
 
 class PsRecords:

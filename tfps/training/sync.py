@@ -179,8 +179,7 @@ class SyncRunner(steps_lib.Runner):
     def apply():
       def replica_apply():
         optimizer = self.step.optimizer()
-        with exactly_once.updates_after_every_gradient(optimizer), \
-            self.ps_records.skipping_applied(self.strategy, slot, mark) as ps_applied:
+        with exactly_once.applying_once_per_ps(optimizer, self.ps_records, self.strategy, slot, mark) as ps_applied:
           optimizer.apply_gradients(self.buffers.average(chosen, self._replicas))
           counted = exactly_once.counted_after_updates(self.step)
         with tf.control_dependencies(ps_applied() + counted):
@@ -201,9 +200,7 @@ class SyncRunner(steps_lib.Runner):
     if not self.ps_records.vectors or any(int(vector.sparse_read(slot)[0].numpy()) < mark
                                           for vector in self.ps_records.vectors.values()):
       raise RuntimeError(f"sync step {step} was not applied (the step counter is {counter})")
-    logging.info("Step counter settled at %d from the steps recorded on the ps (it read %d): a failed worker's update "
-                 "reached the counter's ps and ran again", step + 1, counter)
-    self.step.counter.assign(step + 1)
+    exactly_once.settle_counter(self.step.counter, step + 1)
 
   def schedule(self, iterator, num_steps: int):
     loss_sum, examples, result = 0.0, 0, None
