@@ -1,6 +1,9 @@
 """`pipelined_updates`: each ps applies a step's updates while the worker computes the next step, from parameters
 without the previous step's updates (one step of delay); each step is still applied and counted once."""
 
+import threading
+import time
+
 import numpy as np
 import pytest
 import tfps
@@ -146,3 +149,38 @@ def test_a_step_that_does_not_apply_its_gradients_once_is_refused_in_one_line(cl
                                        r"one `optimizer.apply_gradients` call; this one made 2$"):
     runner.schedule(iterator, 2)
   assert float(weight.numpy()) == 1.0
+
+
+def test_a_ps_starts_a_steps_updates_only_once_the_next_steps_ids_are_there(cluster):
+  """Step 0's updates wait on each ps for step 1's reads there, an embedding lookup awaiting the ids the worker sends:
+  a worker that dies before sending them leaves step 0 unapplied on that ps, not applied to the dense layers alone,
+  which the re-run would apply again (the table's update waits for the lookup in any case)."""
+  data = batches(2)
+  strategy, coordinator = tfps.build_strategy(cluster, min_shard_bytes=8_000)
+  with strategy.scope():
+    model = build(vocabulary=1_000)
+    runner = async_runner(model, coordinator, steps_per_execution=2, mode=PIPELINED)
+  assert type(model.layers[1].embeddings).__name__ == "ShardedVariable"  # a shard, and so a lookup, on each ps
+  second_batch = threading.Event()
+
+  def held_back():
+    yield data[0]
+    second_batch.wait()
+    yield data[1]
+
+  signature = ((tf.TensorSpec((8, 2), tf.int64), tf.TensorSpec((8, 3))), tf.TensorSpec((8, 1)))
+  iterator = iter(coordinator.create_per_worker_dataset(
+      lambda: tf.data.Dataset.from_generator(held_back, output_signature=signature)))
+  dense = [layer.kernel for layer in model.layers if isinstance(layer, tf_keras.layers.Dense)]
+  initial = [kernel.numpy() for kernel in dense]
+  runner.schedule(iterator, 2)
+  try:
+    deadline = time.monotonic() + 3  # step 0's gradients reach the ps within milliseconds
+    while time.monotonic() < deadline:
+      assert all((kernel.numpy() == start).all() for kernel, start in zip(dense, initial)), "step 0 applied in part"
+      time.sleep(0.05)
+  finally:
+    second_batch.set()
+    coordinator.join()
+  assert int(model.optimizer.iterations.numpy()) == 2
+  assert all((kernel.numpy() != start).any() for kernel, start in zip(dense, initial))

@@ -78,9 +78,13 @@ class AsyncRunner(steps_lib.Runner):
     pending, invariants = _flat_gradients(held[0])
 
     def body(index, loss_sum, examples, *pending):
+      graph = tf.compat.v1.get_default_graph()
+      traced = len(graph.get_operations())
       loss, count, computed = self._computed(iterator, slot, self._mark(seq, index))
-      # After the computation in program order: each ps reads this step's parameters before it applies the last one's.
-      self._apply(held, pending, slot, self._mark(seq, index - 1))
+      # After the computation in program order: each ps reads this step's parameters before it applies the last one's,
+      # and decides on its updates of the last step once all those reads are done (`exactly_once.OncePerPs`).
+      reads = exactly_once.after_reads(graph.get_operations()[traced:], self.step.variables())
+      self._apply(held, pending, slot, self._mark(seq, index - 1), reads)
       flat, _ = _flat_gradients(computed[0])
       return (index + 1, self._loss_sum(loss_sum, loss), examples + tf.cast(count, tf.int64), *flat)
 
@@ -101,13 +105,14 @@ class AsyncRunner(steps_lib.Runner):
     return self.strategy.run(self.table_marks.marked(fn, slot, mark), args=(next(iterator),))
 
   @contextlib.contextmanager
-  def _applying(self, slot, mark):
-    """While a step's updates are traced: every update waits for all its gradients and is skipped where its ps applied
-    step `mark` already (yields `ps_applied()`, the records of each ps: `exactly_once`)."""
+  def _applying(self, slot, mark, after=None):
+    """While a step's updates are traced: every update waits for all its gradients (and the op of `after` on its
+    ps) and is skipped where its ps applied step `mark` already (yields `ps_applied()`, the records of each ps:
+    `exactly_once`)."""
     optimizer = self.step.optimizer()
     rows = _tf_private.adagrad_rows_at_once(optimizer) if self.mode.lockfree_row_updates else contextlib.nullcontext()
-    with rows, exactly_once.applying_once_per_ps(optimizer, self.progress.ps_records, self.strategy, slot,
-                                                 mark) as ps_applied:
+    with rows, exactly_once.applying_once_per_ps(optimizer, self.progress.ps_records, self.strategy, slot, mark,
+                                                 after) as ps_applied:
       yield ps_applied
 
   def _reading(self):
@@ -137,12 +142,12 @@ class AsyncRunner(steps_lib.Runner):
                        f"`optimizer.apply_gradients` call; this one made {len(held)}")
     return loss, count, held[0]
 
-  def _apply(self, held, gradients, slot, mark):
+  def _apply(self, held, gradients, slot, mark, after=None):
     """The updates of step `mark`: the `apply_gradients` call `held` (`_computed`) made with `gradients` (flat, as
-    `_flat_gradients` gives them), then the step's records."""
+    `_flat_gradients` gives them), each ps's after its op in `after`, then the step's records."""
     (grads_and_vars, args, kwargs), optimizer = held, self.step.optimizer()
     pairs = _packed_gradients(grads_and_vars, gradients)
-    with self._applying(slot, mark) as ps_applied:
+    with self._applying(slot, mark, after) as ps_applied:
       self.strategy.run(lambda: optimizer.apply_gradients(pairs, *args, **kwargs))
       counted = exactly_once.counted_after_updates(self.step)
     return self._record(slot, mark, ps_applied() + counted)

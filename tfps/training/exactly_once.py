@@ -12,7 +12,10 @@ all four on both training paths (tf-keras `Model.fit` and the Estimator path's c
 1. A step's updates start only once all its gradients are on their ps (`updates_after_every_gradient`). tf-keras
    would otherwise apply each gradient, and its current optimizers increment the step counter, as soon as it arrives.
    A worker that dies before sending its last gradient leaves nothing of that step applied. (Not for an optimizer that
-   clips or scales its gradients: see `updates_after_every_gradient`.)
+   clips or scales its gradients: see `updates_after_every_gradient`.) With pipelined updates a ps also waits for its
+   reads of the next step, which the updates follow (`after_reads`): an embedding lookup there awaits the worker's ids,
+   and a ps that applied its dense layers' updates while the table's awaited them was left with the step applied in
+   part when the worker died, and the re-run applied that part again.
 2. A step is recorded only after the updates of every variable of the model, on every ps, so a re-run never skips a
    step that did not reach every ps.
 3. Each ps records the steps it applied, right after its own updates, and a step run again skips the updates its ps
@@ -133,6 +136,37 @@ def after_updates(variables: Iterable[tf.Variable]) -> List[tf.Operation]:
   return _grouped(by_device)
 
 
+def after_reads(ops: Iterable[tf.Operation], variables: Iterable[tf.Variable]) -> Dict[str, tf.Operation]:
+  """In a tf.function: for each ps, one op (on it) that runs after every op of `ops` (a step's computation, traced
+  in the current graph) that takes the handle of one of `variables` on that ps: its reads of them, an embedding
+  lookup among them, which also waits for the ids the worker sends."""
+  graph = tf.compat.v1.get_default_graph()
+  devices = {}
+  for variable in variables:
+    for part in strategy_lib.shards_of(variable):
+      handle = _captured(graph, part.handle)
+      if handle is not None:
+        devices[handle.ref()] = part.device
+  by_device = {}
+  for op in ops:
+    for device in {devices[tensor.ref()] for tensor in op.inputs if tensor.ref() in devices}:
+      by_device.setdefault(device, []).append(op)
+  return dict(zip(sorted(by_device), _grouped(by_device)))
+
+
+def _captured(graph, tensor):
+  """`tensor` (a variable's handle) as `graph`, a function graph maybe nested in others, captured it (directly, or
+  as the graph around it did); None where it did not."""
+  captures = getattr(graph, "captures", None)
+  if captures is None:
+    return None
+  outer = _captured(getattr(graph, "outer_graph", None), tensor)
+  for external, internal in captures:
+    if external is tensor or (outer is not None and external is outer):
+      return internal
+  return None
+
+
 def counted_after_updates(step) -> List[tf.Operation]:
   """Inside `PsRecords.skipping_applied`, after a step's updates: the step's count where `step` (a
   `tfps.training.steps.Step`) does not count itself (a list, empty where it does).
@@ -208,10 +242,12 @@ def updates_after_every_gradient(optimizer):
 
 
 @contextlib.contextmanager
-def applying_once_per_ps(optimizer, records: "PsRecords", strategy, slot, mark):
-  """While a step's updates are traced: rules 1 and 3, each ps starts them once all its gradients are there, and
-  skips them where it applied step `mark` already. Yields `records()` (`PsRecords.skipping_applied`)."""
-  with updates_after_every_gradient(optimizer), records.skipping_applied(strategy, slot, mark) as ps_applied:
+def applying_once_per_ps(optimizer, records: "PsRecords", strategy, slot, mark, after=None):
+  """While a step's updates are traced: rules 1 and 3, each ps starts them once all its gradients are there (and
+  the op of `after`, `{device: op}`, on it), and skips them where it applied step `mark` already. Yields `records()`
+  (`PsRecords.skipping_applied`)."""
+  with updates_after_every_gradient(optimizer), records.skipping_applied(strategy, slot, mark,
+                                                                         after) as ps_applied:
     yield ps_applied
 
 
@@ -234,17 +270,17 @@ class PsRecords:
                                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     return self.vectors[variable.device]
 
-  def once_per_ps(self, slot, mark) -> "OncePerPs":
+  def once_per_ps(self, slot, mark, after=None) -> "OncePerPs":
     """Updates (`OncePerPs.run`) that each ps applies once for `mark` (`seq * stride + step index + 1`), however many
-    times the scheduled function runs."""
-    return OncePerPs(self, slot, mark)
+    times the scheduled function runs; a ps decides after its op in `after` (`{device: op}`), if any."""
+    return OncePerPs(self, slot, mark, after)
 
   @contextlib.contextmanager
-  def skipping_applied(self, strategy, slot, mark):
+  def skipping_applied(self, strategy, slot, mark, after=None):
     """While a step is traced: each variable update through `strategy.extended.update` (how tf-keras optimizers apply a
     gradient) runs only if its ps has not applied this step yet; `mark` is `seq * stride + step index + 1`. Yields
     `records()`, which makes each ps's record of the step, after that ps's updates."""
-    once = self.once_per_ps(slot, mark)
+    once = self.once_per_ps(slot, mark, after)
 
     def conditional(update, var, fn, args, kwargs, group):
       done = once.run(var, lambda: update(var, fn, args=args, kwargs=kwargs, group=group))
@@ -257,10 +293,15 @@ class PsRecords:
 class OncePerPs:
   """In a tf.function: updates that run on each ps only if that ps has not recorded `mark` in `slot` yet, and, after
   them, each ps's record of it (`records()`). A ps decides once per function (its first `run`), so the updates of
-  one mark on one ps all run or are all skipped together."""
+  one mark on one ps all run or are all skipped together.
 
-  def __init__(self, records: PsRecords, slot, mark):
-    self._records, self._slot, self._mark = records, slot, mark
+  Every update of a ps takes that decision as an input, so none starts before it, and the decision waits for the
+  ps's gradients and its op of `after` (rule 1 of the module docstring): once a ps decided, its updates and its record
+  need nothing more from another task, and a worker that dies then leaves the step applied and recorded there, not
+  applied in part."""
+
+  def __init__(self, records: PsRecords, slot, mark, after=None):
+    self._records, self._slot, self._mark, self._after = records, slot, mark, after or {}
     self._already: Dict[str, tf.Tensor] = {}
     self._applied: Dict[str, list] = {}
 
@@ -275,7 +316,8 @@ class OncePerPs:
 
     with tf.device(device):
       if device not in self._already:
-        self._already[device] = vector.sparse_read(self._slot)[0] >= self._mark
+        with tf.control_dependencies([self._after[device]] if device in self._after else []):
+          self._already[device] = vector.sparse_read(self._slot)[0] >= self._mark
       done = tf.cond(self._already[device], lambda: tf.constant(False), apply)
     self._applied.setdefault(device, []).append(done)
     return done
