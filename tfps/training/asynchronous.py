@@ -78,12 +78,10 @@ class AsyncRunner(steps_lib.Runner):
     pending, invariants = _flat_gradients(held[0])
 
     def body(index, loss_sum, examples, *pending):
-      graph = tf.compat.v1.get_default_graph()
-      traced = len(graph.get_operations())
       loss, count, computed = self._computed(iterator, slot, self._mark(seq, index))
       # After the computation in program order: each ps reads this step's parameters before it applies the last one's,
       # and decides on its updates of the last step once all those reads are done (`exactly_once.OncePerPs`).
-      reads = exactly_once.after_reads(graph.get_operations()[traced:], self.step.variables())
+      reads = exactly_once.after_reads(self.step.variables())
       self._apply(held, pending, slot, self._mark(seq, index - 1), reads)
       flat, _ = _flat_gradients(computed[0])
       return (index + 1, self._loss_sum(loss_sum, loss), examples + tf.cast(count, tf.int64), *flat)

@@ -136,21 +136,17 @@ def after_updates(variables: Iterable[tf.Variable]) -> List[tf.Operation]:
   return _grouped(by_device)
 
 
-def after_reads(ops: Iterable[tf.Operation], variables: Iterable[tf.Variable]) -> Dict[str, tf.Operation]:
-  """In a tf.function: for each ps, one op (on it) that runs after every op of `ops` (a step's computation, traced
-  in the current graph) that takes the handle of one of `variables` on that ps: its reads of them, an embedding
-  lookup among them, which also waits for the ids the worker sends."""
+def after_reads(variables: Iterable[tf.Variable]) -> Dict[str, tf.Operation]:
+  """In a tf.function: for each ps, one op (on it) that runs after every op traced so far in the current graph that
+  takes the handle of one of `variables` on that ps (in a loop body: that iteration's reads of them, an embedding
+  lookup among them, which also waits for the ids the worker sends)."""
   graph = tf.compat.v1.get_default_graph()
-  devices = {}
+  by_device = {}
   for variable in variables:
     for part in strategy_lib.shards_of(variable):
       handle = _captured(graph, part.handle)
-      if handle is not None:
-        devices[handle.ref()] = part.device
-  by_device = {}
-  for op in ops:
-    for device in {devices[tensor.ref()] for tensor in op.inputs if tensor.ref() in devices}:
-      by_device.setdefault(device, []).append(op)
+      if handle is not None and handle.consumers():
+        by_device.setdefault(part.device, []).extend(handle.consumers())
   return dict(zip(sorted(by_device), _grouped(by_device)))
 
 
