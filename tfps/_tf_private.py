@@ -145,16 +145,18 @@ def embedding_calls(answer: Callable):
   return swapped(tf_keras.layers.Embedding, "call", lambda layer, ids: answer(layer, ids, original))
 
 
-def adagrad_rows_at_once(optimizer):
+def adagrad_rows_at_once(optimizer, locked: bool = True):
   """While tracing: a tf-keras legacy `Adagrad` applies a gradient of table rows by gathering the rows and their
   accumulators, updating them all at once and scattering them back, instead of TensorFlow's sparse Adagrad kernel.
 
   The kernel evaluates one Eigen expression per row (two: accumulator, then weights); for a batch's ~6,000 rows that
   was 29% of a ps's CPU (docs/performance.md). The arithmetic is the kernel's, in its order, so the results are equal
   bit for bit; the ids are unique there (the optimizer sums duplicates before `_resource_apply_sparse`, where the
-  kernel is called), so no row is gathered twice. Unlike the kernel (tf-keras asks it for the variable's lock), the
-  rows are read and written without a lock (opt-in: `tfps.TrainingMode.lockfree_row_updates`). The kernel is
-  called from that method, replaced on this optimizer instance; an optimizer of another class keeps its own.
+  kernel is called), so no row is gathered twice. `locked` (the default) holds a lock of the variable's own (a
+  `MutexV2` shared by name on its ps) from the gathers to the scatters, as the kernel holds the variable's: two
+  workers updating the same rows take turns, and no update is lost. Without it the rows are read and written as TF1's
+  optimizers did by default (`tfps.TrainingMode.lockfree_row_updates`). The kernel is called from that method,
+  replaced on this optimizer instance; an optimizer of another class keeps its own.
   """
   if type(optimizer) is not tf_keras.optimizers.legacy.Adagrad:  # pylint: disable=unidiomatic-typecheck
     return contextlib.nullcontext()
@@ -164,11 +166,25 @@ def adagrad_rows_at_once(optimizer):
     coefficients = ((apply_state or {}).get((device, dtype))
                     or optimizer._fallback_apply_state(device, dtype))  # pylint: disable=protected-access
     accumulator = optimizer.get_slot(var, "accumulator")
-    accumulated = tf.raw_ops.ResourceGather(resource=accumulator.handle, indices=indices, dtype=dtype) + grad * grad
-    rows = tf.raw_ops.ResourceGather(resource=var.handle, indices=indices, dtype=dtype) - (
-        coefficients["lr_t"] * grad / (tf.sqrt(accumulated) + coefficients["epsilon"]))
-    return tf.group(tf.raw_ops.ResourceScatterUpdate(resource=accumulator.handle, indices=indices, updates=accumulated),
-                    tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=indices, updates=rows))
+
+    def update():
+      accumulated = tf.raw_ops.ResourceGather(resource=accumulator.handle, indices=indices, dtype=dtype) + grad * grad
+      rows = tf.raw_ops.ResourceGather(resource=var.handle, indices=indices, dtype=dtype) - (
+          coefficients["lr_t"] * grad / (tf.sqrt(accumulated) + coefficients["epsilon"]))
+      return tf.group(tf.raw_ops.ResourceScatterUpdate(resource=accumulator.handle, indices=indices,
+                                                       updates=accumulated),
+                      tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=indices, updates=rows))
+
+    if not locked:
+      return update()
+    with tf.device(device):
+      # One lock per variable (shard) on its ps, found by name in the ps's resource manager by every step of every
+      # worker; it is released when the lock tensor is consumed, or dropped with a cancelled step.
+      lock = tf.raw_ops.MutexLock(mutex=tf.raw_ops.MutexV2(shared_name=f"tfps_rows_lock/{var.name}"))
+      with tf.control_dependencies([lock]):
+        updated = update()
+      with tf.control_dependencies([updated]):
+        return tf.raw_ops.ConsumeMutexLock(mutex_lock=lock)
 
   return swapped(optimizer, "_resource_apply_sparse", apply_rows)
 

@@ -108,7 +108,7 @@ class AsyncRunner(steps_lib.Runner):
     ps) and is skipped where its ps applied step `mark` already (yields `ps_applied()`, the records of each ps:
     `exactly_once`)."""
     optimizer = self.step.optimizer()
-    rows = _tf_private.adagrad_rows_at_once(optimizer) if self.mode.lockfree_row_updates else contextlib.nullcontext()
+    rows = _tf_private.adagrad_rows_at_once(optimizer, locked=not self.mode.lockfree_row_updates)
     with rows, exactly_once.applying_once_per_ps(optimizer, self.progress.ps_records, self.strategy, slot, mark,
                                                  after) as ps_applied:
       yield ps_applied
