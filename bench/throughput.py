@@ -45,7 +45,7 @@ _VARIANTS = flags.DEFINE_list(
     "stacked, `+spe<N>` for N steps per scheduled function instead of the path's default, `+packed` for "
     "--packed_reads (the dense variables of a ps read in one transfer), `+spin` for --thread_spinning (idle "
     "threads of ps and workers spin, TensorFlow's default; `+nospin`: they sleep, tfps's default), `+lockfree` "
-    "for --lockfree_row_updates (a legacy Adagrad's table rows updated at once), `+pipelined` for "
+    "for --lockfree_row_updates (a legacy Adagrad's table rows updated without a lock), `+pipelined` for "
     "--pipelined_updates (a step's updates applied while the next step computes). The tutorial loop runs at the "
     "smallest batch size only (its target is there).")
 _START_SECS = flags.DEFINE_float("start_timeout_secs", 300.0, "Seconds every variant's processes may take to "

@@ -1,9 +1,12 @@
 """A legacy Adagrad updates a batch's table rows all at once (`_tf_private.adagrad_rows_at_once`): the same values as
-TensorFlow's sparse kernel, bit for bit, in one process and on the cluster, with `lockfree_row_updates` (opt-in)."""
+TensorFlow's sparse kernel, bit for bit, in one process and on the cluster; under a lock of each table shard's own
+(async training's default), so two workers updating the same rows lose no update, or without it
+(`lockfree_row_updates`)."""
 
 import contextlib
 import re
 
+import numpy as np
 import pytest
 from test_exactly_once import async_runner
 import tfps
@@ -23,10 +26,10 @@ def _op_types(concrete) -> set:
   return types
 
 
-def _applied(optimizer, variable, gradients, rows_at_once):
+def _applied(optimizer, variable, gradients, rows_at_once, locked=True):
   @tf.function
   def apply(gradient):
-    with _tf_private.adagrad_rows_at_once(optimizer) if rows_at_once else contextlib.nullcontext():
+    with _tf_private.adagrad_rows_at_once(optimizer, locked) if rows_at_once else contextlib.nullcontext():
       optimizer.apply_gradients([(gradient, variable)])
   for gradient in gradients:
     apply(gradient)
@@ -40,13 +43,15 @@ def test_rows_at_once_equal_the_kernel_bit_for_bit(index_dtype):
   gradients = [tf.IndexedSlices(tf.random.stateless_normal([6, 16], [3, step]), ids,
                                tf.constant([1000, 16], index_dtype)) for step in range(3)]
   results = []
-  for rows_at_once in (False, True):
+  for rows_at_once, locked in ((False, True), (True, True), (True, False)):
     optimizer, variable = tf_keras.optimizers.legacy.Adagrad(0.1), tf.Variable(start)
-    op_types = _applied(optimizer, variable, gradients, rows_at_once)
+    op_types = _applied(optimizer, variable, gradients, rows_at_once, locked)
     assert (KERNEL in op_types) is not rows_at_once and ("ResourceScatterUpdate" in op_types) is rows_at_once
+    assert ("MutexLock" in op_types) is (rows_at_once and locked)
     results.append((variable.numpy(), optimizer.get_slot(variable, "accumulator").numpy()))
-  (kernel_weights, kernel_slots), (rows_weights, rows_slots) = results
-  assert (kernel_weights == rows_weights).all() and (kernel_slots == rows_slots).all()
+  (kernel_weights, kernel_slots), *rows = results
+  for rows_weights, rows_slots in rows:
+    assert (kernel_weights == rows_weights).all() and (kernel_slots == rows_slots).all()
   assert (kernel_weights != start.numpy()).any()
 
 
@@ -60,9 +65,9 @@ def test_another_optimizer_keeps_its_own_update():
 
 @pytest.mark.parametrize("lockfree", [False, True])
 def test_a_sharded_table_trains_as_in_one_process(cluster, lockfree):
-  """An async step on the cluster (the table sharded over both ps) updates the rows at once with
-  `lockfree_row_updates` (else with TensorFlow's kernel), and either way ends where the same steps in one process
-  leave it."""
+  """An async step on the cluster (the table sharded over both ps) updates the rows at once, under the table's lock
+  (the default) or without it (`lockfree_row_updates`), and either way ends where the same steps in one process
+  (TensorFlow's kernel) leave it."""
   def build():
     inputs = tf_keras.Input((3,), dtype="int64")
     embedded = tf_keras.layers.Embedding(20_000, 4)(inputs)  # 320 KB: sharded
@@ -88,10 +93,43 @@ def test_a_sharded_table_trains_as_in_one_process(cluster, lockfree):
       lambda: tf.data.Dataset.from_tensors((ids, labels)).repeat()))
   args = (iterator, tf.constant(5, tf.int64), runner.progress.next_sequence())
   op_types = _op_types(runner.function.get_concrete_function(*args))
-  assert (KERNEL in op_types) is not lockfree, sorted(t for t in op_types if re.match("Resource(Sparse|Scatter)", t))
+  rows_ops = sorted(t for t in op_types if re.match("Resource(Sparse|Scatter)|Mutex", t))
+  assert KERNEL not in op_types and ("MutexLock" in op_types) is not lockfree, rows_ops
   coordinator.schedule(runner.function, args=args)
   coordinator.join()
   for _ in range(5):
     local.train_on_batch(ids, labels)
   for trained, expected in zip(weights(model), weights(local)):
     assert abs(trained - expected).max() < 1e-6
+
+
+@pytest.mark.slow
+def test_two_workers_updating_the_same_rows_lose_no_update(cluster):
+  """Both workers update the same 4,000 rows (on both ps) in every step, each row's gradient 1: every accumulator
+  grows by exactly 1 per step applied. Without the lock (`lockfree_row_updates`) this run lost thousands of
+  them (two workers read a row's accumulator before either wrote it back)."""
+  rows, scheduled, steps = 4_000, 16, 20
+  strategy, coordinator = tfps.build_strategy(cluster)
+  with strategy.scope():
+    inputs = tf_keras.Input((rows,), dtype="int64")
+    embedded = tf_keras.layers.Embedding(10 * rows, 4)(inputs)  # 640 KB: sharded over both ps
+    model = tf_keras.Model(inputs, tf_keras.layers.Lambda(lambda rows: tf.reduce_sum(rows, [1, 2]))(embedded))
+    model.compile(tf_keras.optimizers.legacy.Adagrad(1e-6), lambda labels, outputs: outputs)  # d loss / d row = 1
+    runner = async_runner(model, coordinator, steps_per_execution=steps)
+  table = model.layers[1].embeddings
+  assert len({shard.device for shard in table.variables}) == 2, table
+  ids = tf.constant(np.arange(rows)[None] * 7, tf.int64)  # one example of 4,000 distinct ids, spread over the table
+  iterator = iter(coordinator.create_per_worker_dataset(
+      lambda: tf.data.Dataset.from_tensors((ids, tf.zeros([1]))).repeat()))
+  for _ in range(scheduled):
+    coordinator.schedule(runner.function, args=(iterator, tf.constant(steps, tf.int64),
+                                                runner.progress.next_sequence()))
+  coordinator.join()
+  assert int(model.optimizer.iterations.numpy()) == scheduled * steps
+  expected = np.float32(0.1)  # the initial accumulator, then + 1.0 per step, in float32 as the ps adds it
+  for _ in range(scheduled * steps):
+    expected = np.float32(expected + np.float32(1.0))
+  accumulator = model.optimizer.get_slot(table, "accumulator")
+  grown = tf.concat(accumulator.variables, 0).numpy()[np.arange(rows) * 7]
+  short = int((grown != expected).sum())
+  assert short == 0, f"{short} of {grown.size} accumulator entries missed updates (lowest {grown.min()}, {expected})"

@@ -152,8 +152,8 @@ def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                        flag_values=flag_values)
   flags.DEFINE_boolean("packed_reads", False, "async: read the small dense variables of each ps in one transfer per "
                        "step (fewer transfers; measured slower at 1 ps + 1 worker).", flag_values=flag_values)
-  flags.DEFINE_boolean("lockfree_row_updates", False, "async: a legacy Adagrad updates a batch's table rows all at "
-                       "once without the variable's lock (faster; concurrent updates of one row may be lost).",
+  flags.DEFINE_boolean("lockfree_row_updates", False, "async: a legacy Adagrad updates a batch's table rows at once "
+                       "without the lock it holds by default (concurrent updates of one row may be lost).",
                        flag_values=flag_values)
   flags.DEFINE_boolean("pipelined_updates", False, "async: each ps applies a step's updates while the worker computes "
                        "the next step (faster; gradients one step late; not with table layers).",

@@ -131,8 +131,8 @@ class RunConfig:
     geo_steps: geo: local steps between two pushes of a worker's difference (default 10).
     replicas_to_aggregate: sync: worker batches averaged per step (default: one per worker).
     packed_reads: async: read the small dense variables of each ps in one transfer per step (default False; tfps).
-    lockfree_row_updates: async: a legacy Adagrad's table rows updated all at once without the variable's lock
-      (default False: TensorFlow's locked kernel; `tfps.TrainingMode`; tfps).
+    lockfree_row_updates: async: a legacy Adagrad's table rows, updated all at once, without the lock held by
+      default (default False: under a lock of each table shard; `tfps.TrainingMode`; tfps).
     pipelined_updates: async: each ps applies a step's updates while the worker computes the next step (default
       False; `tfps.TrainingMode`; tfps).
   """

@@ -1,9 +1,10 @@
 """Async training (ParameterServerStrategy's own): every worker step applies its gradients at once, each step applied
 and counted once even when a worker dies (`tfps.training.exactly_once`, all four rules; table layers' bookkeeping
 once per step and shard: `tfps.training.tables.StepMarks`). The dense gradients of each ps are sent in one transfer
-per ps and step, and with `packed_reads` its small dense variables are read in one (`tfps.training.packing`); with
-`lockfree_row_updates` a legacy Adagrad updates a batch's table rows all at once, lock-free; with `pipelined_updates`
-a step's updates are applied while the next step computes (`tfps.training.modes`)."""
+per ps and step, and with `packed_reads` its small dense variables are read in one (`tfps.training.packing`); a
+legacy Adagrad updates a batch's table rows all at once, under a lock of each table shard (without it with
+`lockfree_row_updates`); with `pipelined_updates` a step's updates are applied while the next step computes
+(`tfps.training.modes`)."""
 
 import contextlib
 

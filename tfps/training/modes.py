@@ -34,10 +34,11 @@ class TrainingMode:
       (`tfps.training.packing`; fewer transfers, but measured slower at 1 ps + 1 worker: docs/performance.md); False
       (the default) reads each one on its own, as ParameterServerStrategy does.
     lockfree_row_updates: async: a legacy Adagrad applies a batch's table rows all at once (gather, the kernel's
-      arithmetic on every row, scatter: `tfps._tf_private.adagrad_rows_at_once`), the same values bit for bit and
-      measured faster (docs/performance.md), but without the variable's lock, as TF1's optimizers ran by default: two
-      workers updating the same row at the same moment may each overwrite the other's update of it. False (the
-      default) keeps TensorFlow's sparse kernel under the lock, so every row update is applied.
+      arithmetic on every row, scatter: `tfps._tf_private.adagrad_rows_at_once`; the same values as TensorFlow's
+      sparse kernel bit for bit, and measured faster: docs/performance.md) either way. False (the default) holds a
+      lock of each table shard's own from the gathers to the scatters, as the kernel holds the variable's, so every
+      row update is applied; True takes none, as TF1's optimizers ran by default: two workers updating the same row
+      at the same moment may each overwrite the other's update of it.
     pipelined_updates: async: each ps applies a step's updates while the worker computes the next step, whose
       gradients are then taken on parameters without the previous step's updates (one step of delay, as one more
       worker would add); measured faster (docs/performance.md). Not for models with table layers
