@@ -20,8 +20,13 @@ os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
 from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
+import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
+import tf_keras  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, for `tfps`
+
+from tfps import _tf_private  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _ROWS = flags.DEFINE_integer("rows", 2_600_000, "Rows of the table (the stacked deep table of bench/workload.py).",
                              lower_bound=1)
@@ -35,10 +40,6 @@ VARIANTS = ("kernel", "locked", "lockfree")
 
 def _updater(variant: str):
   """`(apply, optimizer, table)`: a traced update of a fresh zero table by `variant`."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tf_keras  # pylint: disable=g-import-not-at-top
-  from tfps import _tf_private  # pylint: disable=g-import-not-at-top
   optimizer, table = tf_keras.optimizers.legacy.Adagrad(0.1), tf.Variable(tf.zeros([_ROWS.value, 16]))
   ids = np.random.RandomState(0).choice(_ROWS.value, _BATCH_ROWS.value, replace=False)
   values = tf.random.stateless_normal([_BATCH_ROWS.value, 16], [1, 2])
