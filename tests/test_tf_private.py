@@ -188,3 +188,17 @@ def test_a_legacy_adagrad_applies_unique_rows_through_its_sparse_apply_method():
   assert [sorted(ids) for ids in seen] == [[1, 4]]
   coefficients = optimizer._fallback_apply_state(variable.device, variable.dtype.base_dtype)  # pylint: disable=protected-access
   assert {"lr_t", "epsilon"} <= set(coefficients) and optimizer.get_slot(variable, "accumulator").shape == (5, 2)
+
+
+def test_a_legacy_optimizer_sums_a_sparse_gradient_per_row_in_one_method_before_its_sparse_apply():
+  """`sparse_updates_unsummed` replaces `_resource_apply_sparse_duplicate_indices(grad, handle, indices, **kwargs)`,
+  through which a legacy optimizer applies every sparse gradient, and calls `_resource_apply_sparse` itself."""
+  for optimizer_class in (tf_keras.optimizers.legacy.Adagrad, tf_keras.optimizers.legacy.Adam):
+    optimizer, variable = optimizer_class(0.1), tf.Variable(tf.zeros([5, 2]))
+    assert _parameters(type(optimizer)._resource_apply_sparse_duplicate_indices) == [  # pylint: disable=protected-access
+        "self", "grad", "handle", "indices", "kwargs"]
+    seen = []
+    with _tf_private.swapped(optimizer, "_resource_apply_sparse_duplicate_indices",
+                             lambda grad, handle, indices, **kwargs: seen.append(indices.numpy().tolist())):
+      optimizer.apply_gradients([(tf.IndexedSlices(tf.ones([3, 2]), tf.constant([4, 1, 4])), variable)])
+    assert seen == [[4, 1, 4]]

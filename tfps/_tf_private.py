@@ -189,6 +189,27 @@ def adagrad_rows_at_once(optimizer, locked: bool = True):
   return swapped(optimizer, "_resource_apply_sparse", apply_rows)
 
 
+def sparse_updates_unsummed(optimizer, distinct: Callable[[tf.Tensor], bool]):
+  """While tracing: a tf-keras legacy optimizer applies a sparse gradient whose ids `distinct(ids)` says hold each row
+  once without first summing it per row.
+
+  A legacy optimizer sends every sparse gradient through `_resource_apply_sparse_duplicate_indices` (`Unique` and
+  `UnsortedSegmentSum`, then `_resource_apply_sparse`, which expects distinct ids); for ids already distinct the sum
+  gives back the same slices in the same order, so skipping it changes no value. Replaced on this optimizer instance;
+  an optimizer without that method (a current tf-keras one) is left as it is.
+  """
+  summing = getattr(optimizer, "_resource_apply_sparse_duplicate_indices", None)
+  if summing is None:
+    return contextlib.nullcontext()
+
+  def apply(grad, handle, indices, **kwargs):
+    if distinct(indices):
+      return optimizer._resource_apply_sparse(grad, handle, indices, **kwargs)  # pylint: disable=protected-access
+    return summing(grad, handle, indices, **kwargs)
+
+  return swapped(optimizer, "_resource_apply_sparse_duplicate_indices", apply)
+
+
 def swapped_handle(variable, handle):
   """While tracing: every op on `variable` (reads, the optimizer's updates) uses `handle` instead of its own.
 

@@ -28,6 +28,7 @@ import tf_keras
 
 from tfps import checks
 from tfps.errors import UsageError
+from tfps.training import distinct_rows
 
 def check_spec(categorical: Mapping[str, int], dense: Mapping[str, int]) -> None:
   """Raises ValueError, quoting the entry, unless every vocabulary size and dense width is a positive int."""
@@ -100,17 +101,28 @@ class StackedEmbedding(tf_keras.layers.Layer):
       offsets.append(total)
       total += size
     self.offsets = offsets
-    self.table = tf_keras.layers.Embedding(total, output_dim, embeddings_initializer=embeddings_initializer,
-                                           name=name)
+    self.table = _DistinctIdsTable(total, output_dim, embeddings_initializer=embeddings_initializer, name=name)
 
   def call(self, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
     ids = tf.stack([tf.reshape(tf.cast(features[feature], tf.int64), [-1]) + offset
                     for feature, offset in zip(self.vocab_sizes, self.offsets)], axis=1)
     # Looks up each distinct id once: under ParameterServerStrategy only distinct rows cross the network, and the
-    # gradient reaches the ps already summed per row (the sum runs here, on the worker, not on the ps).
+    # gradient reaches the ps already summed per row (the sum runs here, on the worker, not again on the ps).
     unique_ids, positions = tf.unique(tf.reshape(ids, [-1]))
     rows = tf.gather(self.table(unique_ids), positions)
     return tf.reshape(rows, [-1, len(self.offsets), self.table.output_dim])
+
+
+class _DistinctIdsTable(tf_keras.layers.Embedding):
+  """A tf-keras `Embedding` called with distinct ids only (`StackedEmbedding`'s). While async training traces a step,
+  it gathers from each shard itself and marks the ids it gathers (`tfps.training.distinct_rows`), so the optimizer
+  on the ps applies the gradient without summing it per row again; elsewhere it is tf-keras's own `Embedding`."""
+
+  def call(self, inputs):
+    if not distinct_rows.active():
+      return super().call(inputs)
+    rows = distinct_rows.lookup(self.embeddings, inputs)
+    return rows if self.compute_dtype == self.variable_dtype else tf.cast(rows, self.compute_dtype)
 
 
 class FeatureEmbeddings(tf_keras.layers.Layer):

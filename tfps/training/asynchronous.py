@@ -3,7 +3,8 @@ and counted once even when a worker dies (`tfps.training.exactly_once`, all four
 once per step and shard: `tfps.training.tables.StepMarks`). The dense gradients of each ps are sent in one transfer
 per ps and step, and with `packed_reads` its small dense variables are read in one (`tfps.training.packing`); a
 legacy Adagrad updates a batch's table rows all at once, under a lock of each table shard (without it with
-`lockfree_row_updates`); with `pipelined_updates` a step's updates are applied while the next step computes
+`lockfree_row_updates`), and a stacked table's gradient, summed per row on the worker, is not summed again on the ps
+(`tfps.training.distinct_rows`); with `pipelined_updates` a step's updates are applied while the next step computes
 (`tfps.training.modes`)."""
 
 import contextlib
@@ -12,6 +13,7 @@ import tensorflow as tf
 
 from tfps import _tf_private
 from tfps.errors import UsageError
+from tfps.training import distinct_rows
 from tfps.training import exactly_once
 from tfps.training import packing
 from tfps.training import steps as steps_lib
@@ -107,10 +109,10 @@ class AsyncRunner(steps_lib.Runner):
   def _applying(self, slot, mark, after=None):
     """While a step's updates are traced: every update waits for all its gradients (and the op of `after` on its
     ps) and is skipped where its ps applied step `mark` already (yields `ps_applied()`, the records of each ps:
-    `exactly_once`)."""
+    `exactly_once`); gradients of ids a table looked up as distinct are not summed per row again."""
     optimizer = self.step.optimizer()
     rows = _tf_private.adagrad_rows_at_once(optimizer, locked=not self.mode.lockfree_row_updates)
-    with rows, exactly_once.applying_once_per_ps(optimizer, self.progress.ps_records, self.strategy, slot, mark,
+    with rows, distinct_rows.applying(optimizer), exactly_once.applying_once_per_ps(optimizer, self.progress.ps_records, self.strategy, slot, mark,
                                                  after) as ps_applied:
       yield ps_applied
 

@@ -1,0 +1,93 @@
+"""Sparse gradients known to hold each table row once reach the ps without being summed per row there.
+
+A tf-keras legacy optimizer sums the duplicate ids of every sparse gradient before applying it (`Unique` and
+`UnsortedSegmentSum`, on the variable's ps). A table looked up with distinct ids already gives a gradient with one
+slice per row, and the sum changes nothing but costs the ps CPU in every step (docs/performance.md: about half of a
+batch's table update). While async training traces a step (`applying`), a table layer that looks up distinct ids
+through `lookup` marks the ids each shard gathers, and the optimizer applies a gradient whose ids are marked without
+the sum. Anywhere else (geo, sync, pipelined updates, one process, serving), `active()` is False and the layer looks
+up as tf-keras does.
+
+Marks live per graph and name the exact tensors a gather reads: a gradient's ids are recognised through the ops that
+keep a tensor's elements (`Identity`, `Reshape`, ...) from a marked tensor, and through nothing else, so ids that
+were not marked (another layer's, or rows summed elsewhere) are summed as before.
+"""
+
+import contextlib
+from typing import List
+import weakref
+
+import numpy as np
+import tensorflow as tf
+
+from tfps import _tf_private
+
+# Ops whose output holds exactly the elements of their first input (none added, none repeated).
+_ELEMENTS_KEPT = frozenset({"Identity", "Reshape", "Squeeze", "ExpandDims"})
+_MOST_HOPS = 16
+
+_active = weakref.WeakSet()  # graphs whose step async training is tracing
+_marks = weakref.WeakKeyDictionary()  # graph -> names of tensors of distinct ids a gather reads
+
+
+def active() -> bool:
+  """Whether the graph being built is a step async training traces with distinct-row gradients (`applying`)."""
+  return not tf.executing_eagerly() and tf.compat.v1.get_default_graph() in _active
+
+
+@contextlib.contextmanager
+def applying(optimizer):
+  """While a step's computation and updates are traced (in one graph): `lookup` marks the ids it gathers, and
+  `optimizer` (a tf-keras legacy optimizer) applies a sparse gradient whose ids are marked without summing them per
+  row first."""
+  graph = tf.compat.v1.get_default_graph()
+  added = graph not in _active
+  _active.add(graph)
+  try:
+    with _tf_private.sparse_updates_unsummed(optimizer, is_distinct):
+      yield
+  finally:
+    if added:
+      _active.discard(graph)
+
+
+def lookup(embeddings, ids: tf.Tensor) -> tf.Tensor:
+  """The rows of `ids` (1-D, each id once) in `embeddings` (a table variable, or its shards as ParameterServerStrategy
+  partitioned it: whole rows, in order), gathered from each shard with ids marked as distinct; as
+  `tf.nn.embedding_lookup` gives them."""
+  # Imported here: tfps's models import this module, and a model trained without tfps (bench's plain peer) loads
+  # none of the strategy's machinery; `lookup` runs only while async training traces a step (`active()`).
+  from tfps.training import strategy as strategy_lib  # pylint: disable=import-outside-toplevel
+  shards = strategy_lib.shards_of(embeddings)
+  if len(shards) == 1:
+    return tf.gather(shards[0], _marked(ids))
+  sizes = [int(shard.shape[0]) for shard in shards]
+  ends = np.cumsum(sizes)
+  shard_of = tf.searchsorted(tf.constant(ends, ids.dtype), ids, side="right", out_type=tf.int32)
+  local = ids - tf.gather(tf.constant(ends - sizes, ids.dtype), shard_of)
+  parts = tf.dynamic_partition(local, shard_of, len(shards))
+  positions = tf.dynamic_partition(tf.range(tf.size(ids)), shard_of, len(shards))
+  rows: List[tf.Tensor] = [tf.gather(shard, _marked(part)) for shard, part in zip(shards, parts)]
+  return tf.dynamic_stitch(positions, rows)
+
+
+def is_distinct(ids: tf.Tensor) -> bool:
+  """Whether `ids` (a sparse gradient's) are ids `lookup` marked, through ops that keep their elements."""
+  tensor = ids
+  for _ in range(_MOST_HOPS):
+    if not hasattr(tensor, "op"):  # an eager tensor
+      return False
+    if tensor.name in _marks.get(tensor.graph, ()):
+      return True
+    if tensor.op.type not in _ELEMENTS_KEPT:
+      return False
+    tensor = tensor.op.inputs[0]
+  return False
+
+
+def _marked(ids: tf.Tensor) -> tf.Tensor:
+  """`ids` (distinct), marked where `applying` is active, as the tensor a gather then reads."""
+  if active():
+    ids = tf.identity(ids, name="distinct_ids")
+    _marks.setdefault(ids.graph, set()).add(ids.name)
+  return ids
