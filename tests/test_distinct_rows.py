@@ -2,26 +2,15 @@
 (`tfps.training.distinct_rows`): the same values as with the sum, one `Unique` (the layer's, on the worker) per step
 instead of one more per table shard, and nothing changed for ids that were not marked."""
 
-import collections
 import contextlib
 
 import numpy as np
-import pytest
-from test_exactly_once import async_runner
-import tfps
+from test_row_updates import op_counts
+from test_row_updates import trained_on_cluster_and_in_one_process
 from tfps.models.layers import StackedEmbedding
 from tfps.training import distinct_rows
 import tensorflow as tf
 import tf_keras
-
-
-def _op_counts(concrete) -> collections.Counter:
-  """How many ops of each type a traced function holds, with the functions it calls (loop bodies, conditions)."""
-  graph_def = concrete.graph.as_graph_def()
-  counts = collections.Counter(node.op for node in graph_def.node)
-  for function in graph_def.library.function:
-    counts.update(node.op for node in function.node_def)
-  return counts
 
 
 def _stacked_step(optimizer, unsummed):
@@ -51,7 +40,7 @@ def test_a_stacked_table_updated_unsummed_ends_where_the_summed_update_does_bit_
     step, layer = _stacked_step(optimizer, unsummed)
     for _ in range(3):
       step()
-    uniques.append(_op_counts(step.get_concrete_function())["Unique"])
+    uniques.append(op_counts(step.get_concrete_function())["Unique"])
     results.append((layer.table.embeddings.numpy(),
                     optimizer.get_slot(layer.table.embeddings, "accumulator").numpy()))
   assert uniques == [2, 1]  # the layer's own; the optimizer's sum is gone
@@ -85,40 +74,12 @@ def test_only_ids_marked_by_a_lookup_and_kept_element_for_element_are_distinct()
 def test_a_stacked_table_sharded_over_two_ps_trains_unsummed_as_in_one_process(cluster):
   """An async step on the cluster (the stacked table sharded over both ps, ids on both sides of the shards' border)
   gathers per shard with marked ids, sums nothing on the ps, and ends where the same steps in one process leave it."""
-  def build():
-    inputs = {name: tf_keras.Input((), dtype="int64", name=name) for name in ("a", "b")}
-    embedded = StackedEmbedding({"a": 12_000, "b": 8_000}, 4)(inputs)  # 320 KB: sharded
-    model = tf_keras.Model(inputs, tf_keras.layers.Dense(1)(tf_keras.layers.Flatten()(embedded)))
-    model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "mse")
-    return model
-
-  strategy, coordinator = tfps.build_strategy(cluster)
-  with strategy.scope():
-    model = build()
-    runner = async_runner(model, coordinator)
-  table = model.layers[2].table.embeddings
-  assert len({shard.device for shard in table.variables}) == 2, table  # both ps hold rows
-
-  def weights(trained):  # the table whole (on the cluster: its shards in order), then the dense layer's
-    embedding, dense = trained.layers[2].table.embeddings, trained.layers[-1]
-    return [tf.concat(getattr(embedding, "variables", [embedding]), 0).numpy(), *dense.get_weights()]
-
-  start = weights(model)
-  local = build()
-  local.layers[2].set_weights(start[:1])
-  local.layers[-1].set_weights(start[1:])
   features = {"a": tf.constant([1, 9_999, 1, 11_999], tf.int64), "b": tf.constant([0, 7_999, 7_999, 3], tf.int64)}
   labels = tf.constant([[1.0], [-1.0], [0.5], [2.0]])
-  iterator = iter(coordinator.create_per_worker_dataset(
-      lambda: tf.data.Dataset.from_tensors((features, labels)).repeat()))
-  args = (iterator, tf.constant(5, tf.int64), runner.progress.next_sequence())
-  counts = _op_counts(runner.function.get_concrete_function(*args))
+  counts, (start, trained), local = trained_on_cluster_and_in_one_process(
+      cluster, lambda: StackedEmbedding({"a": 12_000, "b": 8_000}, 4),
+      lambda: {name: tf_keras.Input((), dtype="int64", name=name) for name in ("a", "b")}, features, labels)
   assert counts["Unique"] == 1 and counts["DynamicPartition"] == 2, counts  # the layer's; its ids and positions
-  coordinator.schedule(runner.function, args=args)
-  coordinator.join()
-  for _ in range(5):
-    local.train_on_batch(features, labels)
-  trained, expected = weights(model), weights(local)
   assert (trained[0] != start[0]).any()
-  for got, want in zip(trained, expected):
-    np.testing.assert_allclose(got, want, atol=1e-6)
+  for got, expected in zip(trained, local):
+    np.testing.assert_allclose(got, expected, atol=1e-6)

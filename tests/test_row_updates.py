@@ -3,6 +3,7 @@ TensorFlow's sparse kernel, bit for bit, in one process and on the cluster; unde
 (async training's default), so two workers updating the same rows lose no update, or without it
 (`lockfree_row_updates`)."""
 
+import collections
 import contextlib
 import re
 
@@ -17,15 +18,6 @@ import tf_keras
 KERNEL = "ResourceSparseApplyAdagradV2"
 
 
-def _op_types(concrete) -> set:
-  """Every op type of a traced function and of the functions it calls (loop bodies, conditions)."""
-  graph_def = concrete.graph.as_graph_def()
-  types = {node.op for node in graph_def.node}
-  for function in graph_def.library.function:
-    types |= {node.op for node in function.node_def}
-  return types
-
-
 def _applied(optimizer, variable, gradients, rows_at_once, locked=True):
   @tf.function
   def apply(gradient):
@@ -33,7 +25,7 @@ def _applied(optimizer, variable, gradients, rows_at_once, locked=True):
       optimizer.apply_gradients([(gradient, variable)])
   for gradient in gradients:
     apply(gradient)
-  return _op_types(apply.get_concrete_function(gradients[0]))
+  return set(op_counts(apply.get_concrete_function(gradients[0])))
 
 
 @pytest.mark.parametrize("index_dtype", [tf.int32, tf.int64])
@@ -63,44 +55,70 @@ def test_another_optimizer_keeps_its_own_update():
       assert "_resource_apply_sparse" not in vars(optimizer)
 
 
+def op_counts(concrete) -> collections.Counter:
+  """How many ops of each type a traced function holds, with the functions it calls (loop bodies, conditions)."""
+  graph_def = concrete.graph.as_graph_def()
+  counts = collections.Counter(node.op for node in graph_def.node)
+  for function in graph_def.library.function:
+    counts.update(node.op for node in function.node_def)
+  return counts
+
+
+def trained_on_cluster_and_in_one_process(cluster, table, inputs, features, labels, mode=None):
+  """5 async steps on the cluster of a model made of `table()` (a new table layer of 320 KB: sharded over both ps) on
+  `inputs()`, a dense layer and a legacy Adagrad, and the same 5 steps in one process from the same weights.
+
+  Returns `(counts, cluster, local)`: `op_counts` of the traced step function, and each model's weights (the table
+  whole, then the dense layer's), the cluster's with its weights before the steps first."""
+  def build():
+    given = inputs()
+    model = tf_keras.Model(given, tf_keras.layers.Dense(1)(tf_keras.layers.Flatten()(table()(given))))
+    model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "mse")
+    return model
+
+  def table_of(model):  # the tf-keras Embedding layer, the model's own or inside its table layer
+    return next(layer for layer in model.submodules if isinstance(layer, tf_keras.layers.Embedding))
+
+  def weights(trained):
+    embeddings, dense = table_of(trained).embeddings, trained.layers[-1]
+    shards = getattr(embeddings, "variables", [embeddings])
+    return [tf.concat(shards, 0).numpy(), *dense.get_weights()], {shard.device for shard in shards}
+
+  strategy, coordinator = tfps.build_strategy(cluster)
+  with strategy.scope():
+    model = build()
+    runner = async_runner(model, coordinator, mode=mode)
+  start, devices = weights(model)
+  assert len(devices) == 2, devices  # both ps hold rows
+  local = build()
+  table_of(local).set_weights(start[:1])
+  local.layers[-1].set_weights(start[1:])
+  iterator = iter(coordinator.create_per_worker_dataset(
+      lambda: tf.data.Dataset.from_tensors((features, labels)).repeat()))
+  args = (iterator, tf.constant(5, tf.int64), runner.progress.next_sequence())
+  counts = op_counts(runner.function.get_concrete_function(*args))
+  coordinator.schedule(runner.function, args=args)
+  coordinator.join()
+  for _ in range(5):
+    local.train_on_batch(features, labels)
+  return counts, (start, weights(model)[0]), weights(local)[0]
+
+
 @pytest.mark.parametrize("lockfree", [False, True])
 def test_a_sharded_table_trains_as_in_one_process(cluster, lockfree):
   """An async step on the cluster (the table sharded over both ps) updates the rows at once, under the table's lock
   (the default) or without it (`lockfree_row_updates`), and either way ends where the same steps in one process
   (TensorFlow's kernel) leave it."""
-  def build():
-    inputs = tf_keras.Input((3,), dtype="int64")
-    embedded = tf_keras.layers.Embedding(20_000, 4)(inputs)  # 320 KB: sharded
-    model = tf_keras.Model(inputs, tf_keras.layers.Dense(1)(tf_keras.layers.Flatten()(embedded)))
-    model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "mse")
-    return model
-
-  strategy, coordinator = tfps.build_strategy(cluster)
-  with strategy.scope():
-    model = build()
-    runner = async_runner(model, coordinator, mode=tfps.TrainingMode(lockfree_row_updates=lockfree))
-  table = model.layers[1].embeddings
-  assert len({shard.device for shard in table.variables}) == 2, table  # both ps hold rows
-  def weights(trained):  # the table whole (on the cluster: its shards in order), then the dense layer's
-    embedding, dense = trained.layers[1].embeddings, trained.layers[-1]
-    return [tf.concat(getattr(embedding, "variables", [embedding]), 0).numpy(), *dense.get_weights()]
-  local = build()
-  local.layers[1].set_weights(weights(model)[:1])
-  local.layers[-1].set_weights(weights(model)[1:])
   ids = tf.constant([[1, 2, 1], [19_999, 5, 10_001], [7, 7, 7], [10_000, 3, 2]], tf.int64)
   labels = tf.constant([[1.0], [-1.0], [0.5], [2.0]])
-  iterator = iter(coordinator.create_per_worker_dataset(
-      lambda: tf.data.Dataset.from_tensors((ids, labels)).repeat()))
-  args = (iterator, tf.constant(5, tf.int64), runner.progress.next_sequence())
-  op_types = _op_types(runner.function.get_concrete_function(*args))
-  rows_ops = sorted(t for t in op_types if re.match("Resource(Sparse|Scatter)|Mutex", t))
-  assert KERNEL not in op_types and ("MutexLock" in op_types) is not lockfree, rows_ops
-  coordinator.schedule(runner.function, args=args)
-  coordinator.join()
-  for _ in range(5):
-    local.train_on_batch(ids, labels)
-  for trained, expected in zip(weights(model), weights(local)):
-    assert abs(trained - expected).max() < 1e-6
+  counts, (start, trained), local = trained_on_cluster_and_in_one_process(
+      cluster, lambda: tf_keras.layers.Embedding(20_000, 4), lambda: tf_keras.Input((3,), dtype="int64"), ids,
+      labels, mode=tfps.TrainingMode(lockfree_row_updates=lockfree))
+  rows_ops = sorted(t for t in counts if re.match("Resource(Sparse|Scatter)|Mutex", t))
+  assert KERNEL not in counts and ("MutexLock" in counts) is not lockfree, rows_ops
+  assert (trained[0] != start[0]).any()
+  for got, expected in zip(trained, local):
+    assert abs(got - expected).max() < 1e-6
 
 
 @pytest.mark.slow
