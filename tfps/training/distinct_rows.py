@@ -60,7 +60,9 @@ def lookup(embeddings, ids: tf.Tensor) -> tf.Tensor:
   from tfps.training import strategy as strategy_lib  # pylint: disable=import-outside-toplevel
   shards = strategy_lib.shards_of(embeddings)
   if len(shards) == 1:
-    return tf.gather(shards[0], _marked(ids))
+    # As `tf.nn.embedding_lookup` does: an identity placed apart from the table, so that ops on the rows' metadata
+    # (the gradient's `Shape`) run where the rows are used, not on the ps (a transfer per table and step).
+    return tf.identity(tf.gather(shards[0], _marked(ids)))
   sizes = [int(shard.shape[0]) for shard in shards]
   ends = np.cumsum(sizes)
   shard_of = tf.searchsorted(tf.constant(ends, ids.dtype), ids, side="right", out_type=tf.int32)
