@@ -1,12 +1,14 @@
 """Cross-process transfers per step of a training path, counted in the partitioned graphs TensorFlow runs.
 
   .venv/bin/python bench/transfers.py --path=estimator       # or --path=fit; --batch_size=256
+  .venv/bin/python bench/transfers.py --path=fit --num_ps=4  # each ps's partition
 
-Trains a few scheduled functions of the benchmark workload (`bench/workload.py`) on an in-process 1 ps + 1 worker
-cluster with `TF_DUMP_GRAPH_PREFIX` set (in a child process: the variable must be set before TensorFlow loads), then
-counts in the ps partition of the training function (the one with the most ops) the `_Send` and `_Recv` ops, each
-one tensor moved between the ps and the worker, served by one gRPC `RecvTensor` call. Inside the step loop
-(`while/` frames) they happen every step; the rest once per scheduled function.
+Trains a few scheduled functions of the benchmark workload (`bench/workload.py`) on an in-process `--num_ps` ps + 1
+worker cluster with `TF_DUMP_GRAPH_PREFIX` set (in a child process: the variable must be set before TensorFlow
+loads), then counts in each ps's partition of the training function (that ps's partition with the most ops) the
+`_Send` and `_Recv` ops, each one tensor moved between that ps and another task, served by one gRPC `RecvTensor`
+call. Inside the step loop (`while/` frames) they happen every step; the rest once per scheduled function. With one
+ps the output is that partition's counts; with more, `{"ps": [counts of ps 0, ps 1, ...]}`.
 """
 
 import collections
@@ -27,6 +29,7 @@ _PATH = flags.DEFINE_enum("path", "estimator", ["fit", "estimator"], "The traini
 _BATCH = flags.DEFINE_integer("batch_size", 256, "Examples per step.", lower_bound=1)
 _SPE = flags.DEFINE_integer("steps_per_execution", None, "Steps per scheduled function (default: the path's own).",
                             lower_bound=1)
+_NUM_PS = flags.DEFINE_integer("num_ps", 1, "Parameter servers of the in-process cluster.", lower_bound=1)
 _CHILD_DIR = flags.DEFINE_string("child_dump_dir", None, "(internal) train and dump into this folder.")
 _JSON = flags.DEFINE_string("json_out", None, "Also write the counts here.")
 
@@ -40,7 +43,7 @@ def _train(dump_dir: str) -> None:
   from bench import workload as workload_lib  # pylint: disable=g-import-not-at-top
   from tfps.testing import in_process  # pylint: disable=g-import-not-at-top
   workload = workload_lib.Workload(batch_size=_BATCH.value, vocab_size=10_000)
-  cluster = in_process.local_cluster(num_workers=1, num_ps=1)
+  cluster = in_process.local_cluster(num_workers=1, num_ps=_NUM_PS.value)
   if _PATH.value == "fit":
     tfps.fit(lambda: workload_lib.build_model(workload), workload_lib.dataset_fn(workload), epochs=1,
              steps_per_epoch=40, steps_per_execution=_SPE.value, cluster=cluster, batch_size=_BATCH.value)
@@ -52,19 +55,30 @@ def _train(dump_dir: str) -> None:
     estimator.train(lambda: workload_lib.dataset(workload), max_steps=40)
 
 
-def count(dump_dir: str) -> dict:
-  """`{file, ops, per_step: {send, recv}, per_function: {send, recv}, per_step_names}` of the biggest ps partition."""
+def count(dump_dir: str, num_ps: int = 1) -> dict:
+  """`{file, ops, per_step: {send, recv}, per_function: {send, recv}, per_step_names}` of the biggest partition of a
+  ps; with `num_ps` > 1, `{"ps": [those of ps 0, ps 1, ...]}`, the biggest partition of each."""
   files = glob.glob(os.path.join(dump_dir, "*partition__job_ps*after_partition_passes*.pbtxt"))
   files += glob.glob(os.path.join(dump_dir, "*partition__job:ps*after_partition_passes*.pbtxt"))
   if not files:
     raise RuntimeError(f"no ps partition was dumped into {dump_dir}: {sorted(os.listdir(dump_dir))[:20]}")
-  best = None
+  biggest = {}
   for path in set(files):
+    task = re.search(r"task[_:](\d+)", os.path.basename(path))
+    task = int(task.group(1)) if task else 0
     with open(path, encoding="utf-8") as graph:
       nodes = _NODE.findall(graph.read())
-    if best is None or len(nodes) > len(best[1]):
-      best = (path, nodes)
-  path, nodes = best
+    if task not in biggest or len(nodes) > len(biggest[task][1]):
+      biggest[task] = (path, nodes)
+  if num_ps == 1:
+    return _counted(*biggest[min(biggest)])
+  missing = sorted(set(range(num_ps)) - set(biggest))
+  if missing:
+    raise RuntimeError(f"no partition of ps {missing} was dumped into {dump_dir}")
+  return {"ps": [_counted(*biggest[task]) for task in range(num_ps)]}
+
+
+def _counted(path: str, nodes: list) -> dict:
   counts = {"per_step": collections.Counter(), "per_function": collections.Counter()}
   names = []
   for name, op in nodes:
@@ -87,12 +101,14 @@ def main(argv):
     env = dict(os.environ, TF_DUMP_GRAPH_PREFIX=dump_dir, TF_DUMP_GRAPH_NAME_FILTER="*", TF_DUMP_GRAPH_GROUPS="main",
                TF_CPP_MIN_LOG_LEVEL="2")
     args = [sys.executable, os.path.abspath(__file__), f"--path={_PATH.value}", f"--batch_size={_BATCH.value}",
-            f"--child_dump_dir={dump_dir}"] + ([f"--steps_per_execution={_SPE.value}"] if _SPE.value else [])
+            f"--num_ps={_NUM_PS.value}", f"--child_dump_dir={dump_dir}"] + ([f"--steps_per_execution={_SPE.value}"] if _SPE.value else [])
     subprocess.run(args, env=env, check=True, stdout=subprocess.DEVNULL)
-    result = dict(count(dump_dir), path=_PATH.value, batch_size=_BATCH.value)
-  for name in result.pop("per_step_names") if not _JSON.value else result["per_step_names"]:
-    print(name)
-  print(json.dumps({k: v for k, v in result.items() if k != "per_step_names"}, indent=1))
+    result = dict(count(dump_dir, _NUM_PS.value), path=_PATH.value, batch_size=_BATCH.value)
+  for ps, counted in enumerate(result.get("ps", [result])):
+    for name in counted["per_step_names"]:
+      print(f"ps {ps}: {name}")
+  shown = [{k: v for k, v in counted.items() if k != "per_step_names"} for counted in result.get("ps", [result])]
+  print(json.dumps(dict(result, ps=shown) if "ps" in result else shown[0], indent=1))
   if _JSON.value:
     with open(_JSON.value, "w", encoding="utf-8") as out:
       json.dump(result, out, indent=2)

@@ -117,6 +117,50 @@ def test_no_update_of_a_step_lands_and_it_is_not_recorded_before_all_its_gradien
   assert "apply_gradients" not in vars(model.optimizer)  # the hold-back was only there while the step was traced
 
 
+@pytest.mark.parametrize("make_optimizer", [tf_keras.optimizers.legacy.Adagrad, tf_keras.optimizers.Adagrad],
+                         ids=["legacy", "current"])
+def test_a_ps_waits_for_its_own_gradients_only_where_the_optimizer_writes_through_the_strategy(cluster,
+                                                                                                make_optimizer):
+  """Two layers without biases, one kernel on each ps; the first layer's gradient is held on the worker. A legacy
+  optimizer's ps that has its gradient applies it meanwhile (its counter, and the step's record, wait for both);
+  a current optimizer, which increments its counter directly, has every ps wait for every gradient."""
+  strategy, coordinator = tfps.build_strategy(cluster)
+  entered, release = threading.Event(), threading.Event()
+
+  def wait(gradient):
+    entered.set()
+    release.wait(120)
+    return gradient
+
+  with strategy.scope():
+    model = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(4, use_bias=False),
+                                 tf_keras.layers.Lambda(held_gradients.gate(wait)),
+                                 tf_keras.layers.Dense(1, use_bias=False)])
+    model.compile(make_optimizer(0.01), "mse")
+    runner = async_runner(model, coordinator)
+  held, free = model.layers[0].kernel, model.layers[2].kernel
+  assert held.device != free.device, (held.device, free.device)
+  iterator = iter(coordinator.create_per_worker_dataset(
+      lambda: tf.data.Dataset.from_tensors((tf.ones((4, 2)), tf.ones((4, 1)))).repeat()))
+  before_held, before_free = held.numpy(), free.numpy()
+  legacy = make_optimizer is tf_keras.optimizers.legacy.Adagrad
+  try:
+    coordinator.schedule(runner.function, args=(iterator, tf.constant(1, tf.int64), runner.progress.next_sequence()))
+    assert entered.wait(60)
+    deadline = time.monotonic() + (30 if legacy else 2)
+    while time.monotonic() < deadline and not (legacy and (free.numpy() != before_free).any()):
+      assert (held.numpy() == before_held).all()
+      assert int(model.optimizer.iterations.numpy()) == 0 and int(runner.progress.variable[0].numpy()) == 0
+      time.sleep(0.1)
+    assert bool((free.numpy() != before_free).any()) == legacy  # the free kernel's ps applied its part, or waited
+    assert (held.numpy() == before_held).all() and int(runner.progress.variable[0].numpy()) == 0
+  finally:
+    release.set()
+  coordinator.join()
+  assert int(runner.progress.variable[0].numpy()) == 1 and int(model.optimizer.iterations.numpy()) == 1
+  assert (held.numpy() != before_held).any() and (free.numpy() != before_free).any()
+
+
 def test_an_optimizer_that_clips_its_gradients_trains_without_the_hold_back(cluster):
   """It derives the gradients it applies inside apply_gradients: holding the given ones back would send them twice."""
   strategy, coordinator = tfps.build_strategy(cluster)

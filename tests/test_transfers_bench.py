@@ -30,5 +30,23 @@ def test_estimator_step_moves_no_more_tensors_than_the_keras_step(tmp_path, subp
     assert counted["per_step"]["send"] >= 12 and counted["per_step"]["recv"] >= 3, counted
   total = lambda counted: counted["per_step"]["send"] + counted["per_step"]["recv"]
   assert total(estimator) <= total(fit), (estimator["per_step_names"], fit["per_step_names"])
+  # The ps sends no tensor's metadata (a `Shape` for a gradient, in host memory) to the worker in any step.
+  for counted in (estimator, fit):
+    assert not [name for name in counted["per_step_names"] if name.startswith("_HostSend")], counted
   # The step count is made on the ps: nothing the worker casts comes back to the ps after the updates.
   assert not [name for name in estimator["per_step_names"] if name.startswith("_Recv") and "/Cast" in name]
+
+
+def test_with_four_ps_no_ps_waits_for_another_ps_gradients(tmp_path, subprocess_env):
+  """tfps.fit with 4 ps (a legacy optimizer): each ps decides on its updates after its own gradients, so no ps
+  receives another's gradient signal; each ps moves at most 33 tensors per step (39 on the busiest, 26-28 on the
+  others, while every ps waited for all 4 ps's gradients)."""
+  out = tmp_path / "fit4.json"
+  command = [sys.executable, "bench/transfers.py", "--path=fit", "--num_ps=4", f"--json_out={out}"]
+  result = subprocess.run(command, cwd=REPO, env=subprocess_env, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  counted = json.loads(out.read_text())["ps"]
+  assert len(counted) == 4 and all(f"task:{ps}" in one["file"] for ps, one in enumerate(counted)), counted
+  for one in counted:
+    total = one["per_step"].get("send", 0) + one["per_step"].get("recv", 0)
+    assert total <= 33, one["per_step_names"]

@@ -95,6 +95,16 @@ def applies_gradients_as_given(optimizer) -> bool:
           and not hasattr(optimizer, "inner_optimizer"))
 
 
+def writes_through_the_strategy(optimizer) -> bool:
+  """Whether every variable `optimizer.apply_gradients` writes is written through `strategy.extended.update`.
+
+  A tf-keras legacy optimizer updates each variable through it, and its `iterations` too: created with
+  `ONLY_FIRST_REPLICA` aggregation, which ParameterServerStrategy wraps so that an assignment in cross-replica context
+  is an update. A current tf-keras optimizer increments its `iterations`, a plain variable, directly.
+  """
+  return isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer)
+
+
 def intercepting_apply_gradients(optimizer, wrapper: Callable):
   """While a step is traced: `optimizer.apply_gradients(grads_and_vars, ...)` calls
   `wrapper(apply_gradients, list(grads_and_vars), *args, **kwargs)`, `apply_gradients` being the optimizer's own.

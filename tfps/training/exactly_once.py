@@ -9,9 +9,10 @@ reset and a re-run knows exactly where its first run stopped.
 Four rules keep a step's effect on the ps whole when its worker dies; `tfps.training.asynchronous.AsyncRunner` applies
 all four on both training paths (tf-keras `Model.fit` and the Estimator path's coordinator loop):
 
-1. A step's updates start only once all its gradients are on their ps (`updates_after_every_gradient`). tf-keras
-   would otherwise apply each gradient, and its current optimizers increment the step counter, as soon as it arrives.
-   A worker that dies before sending its last gradient leaves nothing of that step applied. (Not for an optimizer that
+1. A step's updates on a ps start only once all its gradients for that ps are there (`updates_after_every_gradient`).
+   tf-keras would otherwise apply each gradient, and its current optimizers increment the step counter, as soon as it
+   arrives. A worker that dies before sending its last gradient leaves each ps with all or none of its updates of that
+   step applied (a ps does not wait for another's gradients; rule 3 applies the rest). (Not for an optimizer that
    clips or scales its gradients: see `updates_after_every_gradient`.) With pipelined updates a ps also waits for its
    reads of the next step, which the updates follow (`after_reads`): an embedding lookup there awaits the worker's ids,
    and a ps that applied its dense layers' updates while the table's awaited them was left with the step applied in
@@ -187,8 +188,8 @@ def _grouped(by_device: Dict[str, list]) -> List[tf.Operation]:
 
 def _on_their_ps(grads_and_vars):
   """In a tf.function: `(grads_and_vars, gates)`, each gradient moved to its variable's ps (a copy there, which the
-  update then reads: the update's ops all run on the ps), and one op per ps that runs once every gradient for a
-  variable on that ps is there. The dense gradients of one ps (the small dense layers) travel packed in one tensor:
+  update then reads: the update's ops all run on the ps), and `{device: op}`, one op per ps that runs once every
+  gradient for a variable on that ps is there. The dense gradients of one ps (the small dense layers) travel packed in one tensor:
   one transfer per ps and step instead of one per variable."""
   moved = list(grads_and_vars)
   by_device, dense = {}, {}
@@ -212,14 +213,17 @@ def _on_their_ps(grads_and_vars):
     for position, part in zip(positions, parts):
       moved[position] = (part, moved[position][1])
     by_device.setdefault(device, []).append(packed)
-  return moved, _grouped(by_device)
+  return moved, dict(zip(sorted(by_device), _grouped(by_device)))
 
 
 @contextlib.contextmanager
-def updates_after_every_gradient(optimizer):
-  """While a train step is traced: the optimizer's updates (on every ps) start only once all the step's gradients have
-  reached their ps, so a worker that dies before sending them all leaves no update of that step behind. Each gradient
-  is sent once, to its ps, and updated from there: the update, and the skip of `PsRecords.skipping_applied`, then run
+def updates_after_every_gradient(optimizer, once: "OncePerPs"):
+  """While a train step is traced: the optimizer's updates on each ps start only once all the step's gradients for
+  that ps have reached it (`once` decides there after them), so a worker that dies before sending them all leaves
+  each ps with all of its updates of that step applied or none; a run again applies that step on the ps that have
+  not (rule 3). No ps waits for another's gradients (that costs two control transfers per pair of ps and step)
+  unless the optimizer writes a variable other than through the strategy's update (a current tf-keras optimizer).
+  Each gradient is sent once, to its ps, and updated from there: the update, and the skip of `OncePerPs`, then run
   on the ps without a further round trip to the worker. Not for an optimizer that clips or scales the gradients
   itself: it would send them twice, and the ones it applies would still arrive one by one."""
   if optimizer is None or not _tf_private.applies_gradients_as_given(optimizer):
@@ -228,9 +232,14 @@ def updates_after_every_gradient(optimizer):
 
   def gated(apply_gradients, grads_and_vars, *args, **kwargs):
     moved, gates = _on_their_ps(grads_and_vars)
+    once.decide_after(gates)
+    # An optimizer that also writes a variable directly (a current tf-keras optimizer's `iterations`), not through the
+    # strategy's update that `once` makes conditional, would write it before the gradients arrive: every op of such an
+    # optimizer waits for every ps's gradients instead.
+    everywhere = [] if _tf_private.writes_through_the_strategy(optimizer) else list(gates.values())
     # Under ParameterServerStrategy a worker is one replica: aggregating its gradients is the identity, and an
     # aggregation op left to the worker's default device would send each gradient back there.
-    with tf.control_dependencies(gates), _tf_private.identity_gradient_aggregation(optimizer):
+    with tf.control_dependencies(everywhere), _tf_private.identity_gradient_aggregation(optimizer):
       return apply_gradients(moved, *args, **kwargs)
 
   with _tf_private.intercepting_apply_gradients(optimizer, gated):
@@ -241,10 +250,10 @@ def updates_after_every_gradient(optimizer):
 def applying_once_per_ps(optimizer, records: "PsRecords", strategy, slot, mark, after=None):
   """While a step's updates are traced: rules 1 and 3, each ps starts them once all its gradients are there (and
   the op of `after`, `{device: op}`, on it), and skips them where it applied step `mark` already. Yields `records()`
-  (`PsRecords.skipping_applied`)."""
-  with updates_after_every_gradient(optimizer), records.skipping_applied(strategy, slot, mark,
-                                                                         after) as ps_applied:
-    yield ps_applied
+  (`OncePerPs.records`)."""
+  once = records.once_per_ps(slot, mark, after)
+  with updates_after_every_gradient(optimizer, once), records.skipping_applied(strategy, once):
+    yield once.records
 
 
 class PsRecords:
@@ -271,19 +280,18 @@ class PsRecords:
     times the scheduled function runs; a ps decides after its op in `after` (`{device: op}`), if any."""
     return OncePerPs(self, slot, mark, after)
 
+  @staticmethod
   @contextlib.contextmanager
-  def skipping_applied(self, strategy, slot, mark, after=None):
+  def skipping_applied(strategy, once: "OncePerPs"):
     """While a step is traced: each variable update through `strategy.extended.update` (how tf-keras optimizers apply a
-    gradient) runs only if its ps has not applied this step yet; `mark` is `seq * stride + step index + 1`. Yields
-    `records()`, which makes each ps's record of the step, after that ps's updates."""
-    once = self.once_per_ps(slot, mark, after)
+    gradient) runs only if its ps has not applied the step of `once` yet (`OncePerPs.run`)."""
 
     def conditional(update, var, fn, args, kwargs, group):
       done = once.run(var, lambda: update(var, fn, args=args, kwargs=kwargs, group=group))
       return done if group else (done,)  # as ParameterServerStrategy returns them
 
     with _tf_private.intercepting_updates(strategy, conditional):
-      yield once.records
+      yield
 
 
 class OncePerPs:
@@ -297,9 +305,17 @@ class OncePerPs:
   applied in part."""
 
   def __init__(self, records: PsRecords, slot, mark, after=None):
-    self._records, self._slot, self._mark, self._after = records, slot, mark, after or {}
+    self._records, self._slot, self._mark = records, slot, mark
+    self._after: Dict[str, list] = {device: [op] for device, op in (after or {}).items()}
     self._already: Dict[str, tf.Tensor] = {}
     self._applied: Dict[str, list] = {}
+
+  def decide_after(self, ops: Dict[str, tf.Operation]) -> None:
+    """Each ps decides only after its op in `ops` (`{device: op}`) too; call before its first `run`."""
+    for device, op in ops.items():
+      if device in self._already:
+        raise RuntimeError(f"the ps {device} decided on its updates before the ops it must wait for were given")
+      self._after.setdefault(device, []).append(op)
 
   def run(self, variable, update) -> tf.Tensor:
     """`update()` (the ops updating `variable`, made on its ps) unless its ps applied the mark; True where it ran."""
@@ -312,7 +328,7 @@ class OncePerPs:
 
     with tf.device(device):
       if device not in self._already:
-        with tf.control_dependencies([self._after[device]] if device in self._after else []):
+        with tf.control_dependencies(self._after.get(device, [])):
           self._already[device] = vector.sparse_read(self._slot)[0] >= self._mark
       done = tf.cond(self._already[device], lambda: tf.constant(False), apply)
     self._applied.setdefault(device, []).append(done)
