@@ -21,6 +21,7 @@ docs/performance.md).
 
 import dataclasses
 import math
+import sys
 from typing import Dict, List, Mapping, Optional, Sequence
 
 import tensorflow as tf
@@ -28,7 +29,6 @@ import tf_keras
 
 from tfps import checks
 from tfps.errors import UsageError
-from tfps.training import distinct_rows
 
 def check_spec(categorical: Mapping[str, int], dense: Mapping[str, int]) -> None:
   """Raises ValueError, quoting the entry, unless every vocabulary size and dense width is a positive int."""
@@ -119,7 +119,10 @@ class _DistinctIdsTable(tf_keras.layers.Embedding):
   on the ps applies the gradient without summing it per row again; elsewhere it is tf-keras's own `Embedding`."""
 
   def call(self, inputs):
-    if not distinct_rows.active():
+    # Only async training turns marking on (`tfps.training.distinct_rows.applying`), so where that module was never
+    # loaded (a model trained without tfps: bench's plain peer) the table looks up as tf-keras does, loading none of it.
+    distinct_rows = sys.modules.get("tfps.training.distinct_rows")
+    if distinct_rows is None or not distinct_rows.active():
       return super().call(inputs)
     rows = distinct_rows.lookup(self.embeddings, inputs)
     return rows if self.compute_dtype == self.variable_dtype else tf.cast(rows, self.compute_dtype)
