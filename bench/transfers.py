@@ -101,7 +101,8 @@ def main(argv):
     env = dict(os.environ, TF_DUMP_GRAPH_PREFIX=dump_dir, TF_DUMP_GRAPH_NAME_FILTER="*", TF_DUMP_GRAPH_GROUPS="main",
                TF_CPP_MIN_LOG_LEVEL="2")
     args = [sys.executable, os.path.abspath(__file__), f"--path={_PATH.value}", f"--batch_size={_BATCH.value}",
-            f"--num_ps={_NUM_PS.value}", f"--child_dump_dir={dump_dir}"] + ([f"--steps_per_execution={_SPE.value}"] if _SPE.value else [])
+            f"--num_ps={_NUM_PS.value}", f"--child_dump_dir={dump_dir}"]
+    args += [f"--steps_per_execution={_SPE.value}"] if _SPE.value else []
     subprocess.run(args, env=env, check=True, stdout=subprocess.DEVNULL)
     result = dict(count(dump_dir, _NUM_PS.value), path=_PATH.value, batch_size=_BATCH.value)
   for ps, counted in enumerate(result.get("ps", [result])):

@@ -189,8 +189,8 @@ def _grouped(by_device: Dict[str, list]) -> List[tf.Operation]:
 def _on_their_ps(grads_and_vars):
   """In a tf.function: `(grads_and_vars, gates)`, each gradient moved to its variable's ps (a copy there, which the
   update then reads: the update's ops all run on the ps), and `{device: op}`, one op per ps that runs once every
-  gradient for a variable on that ps is there. The dense gradients of one ps (the small dense layers) travel packed in one tensor:
-  one transfer per ps and step instead of one per variable."""
+  gradient for a variable on that ps is there. The dense gradients of one ps (the small dense layers) travel packed
+  in one tensor: one transfer per ps and step instead of one per variable."""
   moved = list(grads_and_vars)
   by_device, dense = {}, {}
   for position, (gradient, variable) in enumerate(moved):
