@@ -59,6 +59,8 @@ _JSON_OUT = flags.DEFINE_string("json_out", os.path.join(ROOT, "bench", "results
 _LOG_DIR = flags.DEFINE_string("logs", os.path.join(tempfile.gettempdir(), "tfps_quality_logs"),
                                "Logs of both sides (tfps: one file per task).")
 _TIMEOUT = flags.DEFINE_float("timeout_secs", 1800, "Longest each side may run.", lower_bound=1)
+_STACK = flags.DEFINE_boolean("stack_tables", False, "Both sides: Wide&Deep and DCN with one table for all "
+                              "categorical features (`--stack_tables`).")
 _AT_ONCE = flags.DEFINE_boolean("sides_at_once", False, "Run both sides at the same time (smoke runs: their "
                                 "train_secs then share the machine).")
 
@@ -74,7 +76,8 @@ def side_args(out: str, mode: str) -> List[str]:
           f"--retrieval_epochs={_RETRIEVAL_EPOCHS.value}", f"--batch_size={_BATCH_SIZE.value}",
           f"--max_rows={_MAX_ROWS.value}", f"--shuffle_buffer={_SHUFFLE_BUFFER.value}",
           f"--ranking_learning_rate={_RANKING_LR.value}",
-          f"--retrieval_learning_rate={_RETRIEVAL_LR.value}", f"--json_out={out}"]
+          f"--retrieval_learning_rate={_RETRIEVAL_LR.value}", f"--json_out={out}"] + (
+              ["--stack_tables"] if _STACK.value else [])
 
 
 def commands(workdir: str) -> Dict[str, List[str]]:

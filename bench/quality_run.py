@@ -46,6 +46,8 @@ _STREAMS = flags.DEFINE_integer("streams", 1, "single mode: alternate batches of
 _RANKING_LR = flags.DEFINE_float("ranking_learning_rate", 0.2, "Adagrad learning rate of the ranking models.")
 _RETRIEVAL_LR = flags.DEFINE_float("retrieval_learning_rate", 0.05, "Adagrad learning rate of the retrieval model.")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Where the results go (JSON).", required=True)
+_STACK = flags.DEFINE_boolean("stack_tables", False, "Wide&Deep and DCN: one table for all categorical features "
+                              "(`--stack_tables` of scripts/train.py).")
 
 TRAIN_SPLIT, TEST_SPLIT = "u1.base", "u1.test"
 EVAL_BATCH_SIZE = 4096
@@ -76,7 +78,8 @@ def model_builder(name: str, tables: movielens.MovieLensTables, seed: int) -> Ca
 
   def build():
     tf_keras.utils.set_random_seed(seed)
-    model = models.build_model(name, categorical, dense, **MODEL_OPTIONS[name])
+    options = dict(MODEL_OPTIONS[name], **({"stack_tables": True} if _STACK.value and name != "retrieval" else {}))
+    model = models.build_model(name, categorical, dense, **options)
     return models.compile_model(model, optimizer="adagrad", learning_rate=learning_rate)
 
   return build

@@ -22,8 +22,10 @@ _PEER_ALLOWED = ("tfps.models", "tfps.data", "tfps.checks", "tfps.errors", "tfps
 
 def test_throughput_compares_fit_with_the_plain_pss_peer(tmp_path, subprocess_env, processes_naming):
   env = dict(subprocess_env, TFPS_BENCH_LOGS=str(tmp_path / "logs"))
+  # Windows long enough for at least 2 of the bench's CPU samples (every 0.25 s) at up to ~60,000 ex/s: with 10,240
+  # examples a fast peer run fell between samples and had no cores.
   command = [sys.executable, "bench/throughput.py", "--variants=fit_1x1,estimator_1x1,keras_pss_1x1",
-             "--batch_sizes=256", "--repeats=1", "--measure=1", "--window_examples=10240", f"--out={tmp_path}"]
+             "--batch_sizes=256", "--repeats=1", "--measure=1", "--window_examples=30720", f"--out={tmp_path}"]
   result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=500)
   try:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
