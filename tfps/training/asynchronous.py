@@ -112,8 +112,8 @@ class AsyncRunner(steps_lib.Runner):
     `exactly_once`); gradients of ids a table looked up as distinct are not summed per row again."""
     optimizer = self.step.optimizer()
     rows = _tf_private.adagrad_rows_at_once(optimizer, locked=not self.mode.lockfree_row_updates)
-    with rows, distinct_rows.applying(optimizer), exactly_once.applying_once_per_ps(optimizer, self.progress.ps_records, self.strategy, slot, mark,
-                                                 after) as ps_applied:
+    once = exactly_once.applying_once_per_ps(optimizer, self.progress.ps_records, self.strategy, slot, mark, after)
+    with rows, distinct_rows.applying(optimizer), once as ps_applied:
       yield ps_applied
 
   def _reading(self):

@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfps import _tf_private
+from tfps.training import strategy as strategy_lib
 
 # Ops whose output holds exactly the elements of their first input (none added, none repeated).
 _ELEMENTS_KEPT = frozenset({"Identity", "Reshape", "Squeeze", "ExpandDims"})
@@ -55,9 +56,6 @@ def lookup(embeddings, ids: tf.Tensor) -> tf.Tensor:
   """The rows of `ids` (1-D, each id once) in `embeddings` (a table variable, or its shards as ParameterServerStrategy
   partitioned it: whole rows, in order), gathered from each shard with ids marked as distinct; as
   `tf.nn.embedding_lookup` gives them."""
-  # Imported here: tfps's models import this module, and a model trained without tfps (bench's plain peer) loads
-  # none of the strategy's machinery; `lookup` runs only while async training traces a step (`active()`).
-  from tfps.training import strategy as strategy_lib  # pylint: disable=import-outside-toplevel
   shards = strategy_lib.shards_of(embeddings)
   if len(shards) == 1:
     # As `tf.nn.embedding_lookup` does: an identity placed apart from the table, so that ops on the rows' metadata

@@ -165,7 +165,7 @@ def _captured(graph, tensor):
 
 
 def counted_after_updates(step) -> List[tf.Operation]:
-  """Inside `PsRecords.skipping_applied`, after a step's updates: the step's count where `step` (a
+  """Inside `applying_once_per_ps`, after a step's updates: the step's count where `step` (a
   `tfps.training.steps.Step`) does not count itself (a list, empty where it does).
 
   Counted after the step's updates (so not before all its gradients are on their ps), through the strategy's update
@@ -252,7 +252,7 @@ def applying_once_per_ps(optimizer, records: "PsRecords", strategy, slot, mark, 
   the op of `after`, `{device: op}`, on it), and skips them where it applied step `mark` already. Yields `records()`
   (`OncePerPs.records`)."""
   once = records.once_per_ps(slot, mark, after)
-  with updates_after_every_gradient(optimizer, once), records.skipping_applied(strategy, once):
+  with updates_after_every_gradient(optimizer, once), once.skipping_applied(strategy):
     yield once.records
 
 
@@ -280,19 +280,6 @@ class PsRecords:
     times the scheduled function runs; a ps decides after its op in `after` (`{device: op}`), if any."""
     return OncePerPs(self, slot, mark, after)
 
-  @staticmethod
-  @contextlib.contextmanager
-  def skipping_applied(strategy, once: "OncePerPs"):
-    """While a step is traced: each variable update through `strategy.extended.update` (how tf-keras optimizers apply a
-    gradient) runs only if its ps has not applied the step of `once` yet (`OncePerPs.run`)."""
-
-    def conditional(update, var, fn, args, kwargs, group):
-      done = once.run(var, lambda: update(var, fn, args=args, kwargs=kwargs, group=group))
-      return done if group else (done,)  # as ParameterServerStrategy returns them
-
-    with _tf_private.intercepting_updates(strategy, conditional):
-      yield
-
 
 class OncePerPs:
   """In a tf.function: updates that run on each ps only if that ps has not recorded `mark` in `slot` yet, and, after
@@ -316,6 +303,18 @@ class OncePerPs:
       if device in self._already:
         raise RuntimeError(f"the ps {device} decided on its updates before the ops it must wait for were given")
       self._after.setdefault(device, []).append(op)
+
+  @contextlib.contextmanager
+  def skipping_applied(self, strategy):
+    """While a step is traced: each variable update through `strategy.extended.update` (how tf-keras optimizers apply a
+    gradient) runs only if its ps has not applied the mark yet (`run`)."""
+
+    def conditional(update, var, fn, args, kwargs, group):
+      done = self.run(var, lambda: update(var, fn, args=args, kwargs=kwargs, group=group))
+      return done if group else (done,)  # as ParameterServerStrategy returns them
+
+    with _tf_private.intercepting_updates(strategy, conditional):
+      yield
 
   def run(self, variable, update) -> tf.Tensor:
     """`update()` (the ops updating `variable`, made on its ps) unless its ps applied the mark; True where it ran."""
