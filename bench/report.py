@@ -19,13 +19,18 @@ def _load(runs: dict) -> str:
 
 
 def throughput_table(summary: dict, runs: dict) -> str:
-  lines = ["| variant | batch | examples/s (median) | x best single | vs keras_pss | step ms |",
-           "| --- | --- | --- | --- | --- | --- |"]
+  lines = ["| variant | batch | examples/s (median) | x best single | vs keras_pss | step ms | ps CPU ms/step | "
+           "CPU ms/step, all tasks | CPU/example x single |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
   for row in summary["rows"]:
     ratio = "-" if row["vs_single"] is None else f"{row['vs_single']:.2f}"
     peer = "-" if row.get("vs_keras_pss") is None else f"{row['vs_keras_pss']:.2f}"
+    cpu = row.get("cpu_ms_per_step", {})
+    ps_cpu = f"{cpu['ps']:.1f}" if "ps" in cpu else "-"
+    total = f"{cpu['total']:.1f}" if cpu else "-"
+    vs_single = "-" if row.get("cpu_vs_single") is None else f"{row['cpu_vs_single']:.2f}"
     lines.append(f"| {_NAMES.get(row['variant'], row['variant'])} | {row['batch_size']} | "
-                 f"{row['examples_per_sec']:,.0f} | {ratio} | {peer} | {1000 * row['step_secs']:.1f} |")
+                 f"{row['examples_per_sec']:,.0f} | {ratio} | {peer} | {1000 * row['step_secs']:.1f} | {ps_cpu} | "
+                 f"{total} | {vs_single} |")
   lines.append("")
   if summary.get("trivial_functions_per_sec"):
     lines.append(f"Trivial scheduled function: {summary['trivial_functions_per_sec']:,.0f} per second.")

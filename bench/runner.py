@@ -123,7 +123,7 @@ def run(args: Sequence[str], *, num_ps: int = 0, num_workers: int = 0, log_dir: 
   0, else under `tfps-launch` with that cluster; with `plain`, `plain_pss_train.py ARGS` instead, which starts that
   cluster itself (no tfps code).
 
-  Returns the chief's JSON, with `tasks: {task: {"peak_rss_bytes", "cores"}}` for a cluster.
+  Returns the chief's JSON, with `tasks: {task: {"peak_rss_bytes", "cores"}}` (one process: the task `single:0`).
 
   Raises:
     BenchError: the run failed or took longer than `timeout_secs`.
@@ -149,6 +149,8 @@ def run(args: Sequence[str], *, num_ps: int = 0, num_workers: int = 0, log_dir: 
   deadline = time.monotonic() + timeout_secs
   try:
     root = psutil.Process(process.pid)
+    if not plain and not num_ps:  # one process, without TF_CONFIG: sampled as the task `single:0`
+      tasks["single:0"] = root
     while process.poll() is None:
       if time.monotonic() > deadline:
         raise BenchError(f"{' '.join(command)} took more than {timeout_secs:g}s; log {log_path}:\n{_tail(log_path)}")

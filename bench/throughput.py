@@ -8,10 +8,12 @@ Variants, each on Wide&Deep over in-memory Criteo-schema batches (`bench/workloa
 `estimator` with 1 ps + 1 worker and 2 ps + 2 workers (real processes under `tfps-launch`), `keras_pss` (the peer:
 plain tf-keras `Model.fit` under ParameterServerStrategy as TensorFlow's tutorial writes it, no tfps code,
 `bench/plain_pss_train.py`; each fit/estimator row gets its ratio to the peer of the same cluster shape and batch),
-`tutorial` (one step per `schedule`, loss fetched every step; 1 ps + 1 worker), and a trivial scheduled function. Variants run in a
-shuffled order within each repetition; each run measures `--measure` windows after a warm-up; the table shows the
-median over repetitions of each run's median window. Writes `--out/throughput.json` and `--out/throughput.png`
-(with matplotlib, the `bench` extra).
+`tutorial` (one step per `schedule`, loss fetched every step; 1 ps + 1 worker), and a trivial scheduled function.
+Variants run in a shuffled order within each repetition; each run measures `--measure` windows after a warm-up;
+the table shows the median over repetitions of each run's median window. Every process is sampled for CPU time
+(`bench/runner.py`): each row has its CPU milliseconds per step per role and over all tasks, and each cluster row its
+CPU per example as a multiple of the leanest single-process variant's at the same batch (issue 16's CPU targets).
+Writes `--out/throughput.json` and `--out/throughput.png` (with matplotlib, the `bench` extra).
 """
 
 import json
@@ -152,10 +154,12 @@ def summarize(runs: dict) -> dict:
     if variant.startswith(("fit", "estimator")):
       row["chief_schedule_share"] = statistics.median(r["chief_schedule_share"] for r in results)
       row["chief_cpu_share"] = statistics.median(r["chief_cpu_share"] for r in results)
-    if variant.startswith(("fit", "keras_pss", "estimator")):
-      row["cores"] = _median_cores(results)
+    row["cores"] = _median_cores(results)
+    if row["cores"]:
+      row["cpu_ms_per_step"] = _cpu_ms_per_step(row)
     rows.append(row)
   _add_peer_ratios(rows)
+  _add_cpu_ratios(rows)
   trivial = [r["functions_per_sec"] for r in runs["results"] if r["variant"] == "trivial"]
   summary = {"rows": rows, "trivial_functions_per_sec": statistics.median(trivial) if trivial else None}
   summary["targets"] = _targets(rows, summary["trivial_functions_per_sec"])
@@ -171,6 +175,29 @@ def _add_peer_ratios(rows) -> None:
     key = ((num_ps, num_workers, tuple(filter(_peer_has, options))), row["batch_size"])
     if path in ("fit", "estimator") and key in peer:
       row["vs_keras_pss"] = row["examples_per_sec"] / peer[key]
+
+
+def _cpu_ms_per_step(row) -> dict:
+  """CPU milliseconds per step of `batch_size` examples, per role (`ps`, `worker`, `chief`, `single`) and `total`:
+  each task's cores over the measured windows times the step time."""
+  per_role = {}
+  for task, cores in row["cores"].items():
+    role = task.split(":")[0]
+    per_role[role] = per_role.get(role, 0.0) + 1000 * cores * row["step_secs"]
+  return dict(per_role, total=sum(per_role.values()))
+
+
+def _add_cpu_ratios(rows) -> None:
+  """`cpu_vs_single` of every cluster row: its CPU per example over all tasks over the leanest single-process
+  variant's at the same batch (a step holds `batch_size` examples in both)."""
+  single = {}
+  for row in rows:
+    if row["variant"].startswith("single") and "cpu_ms_per_step" in row:
+      total = row["cpu_ms_per_step"]["total"]
+      single[row["batch_size"]] = min(single.get(row["batch_size"], total), total)
+  for row in rows:
+    if not row["variant"].startswith("single") and "cpu_ms_per_step" in row and row["batch_size"] in single:
+      row["cpu_vs_single"] = row["cpu_ms_per_step"]["total"] / single[row["batch_size"]]
 
 
 def _median_cores(results):
@@ -192,6 +219,12 @@ def _targets(rows, trivial_rate) -> dict:
     if variant in ("fit_1x1", "estimator_1x1") and batch == 256 and ("tutorial_1x1", 256) in get:
       ratio = row["examples_per_sec"] / get[("tutorial_1x1", 256)]["examples_per_sec"]
       targets[f"{variant} >= 4 x tutorial at batch 256"] = (round(ratio, 2), ratio >= 4)
+    if batch == 256 and variant in ("fit_1x1", "estimator_1x1") and "cpu_ms_per_step" in row:
+      ps_ms = row["cpu_ms_per_step"]["ps"]
+      targets[f"{variant} ps CPU per step <= 4 ms at batch 256"] = (round(ps_ms, 2), ps_ms <= 4)
+    if batch == 256 and row.get("cpu_vs_single") is not None and variant.startswith(("fit", "estimator")):
+      targets[f"{variant} CPU per example <= 1.8 x single at batch 256"] = (round(row["cpu_vs_single"], 3),
+                                                                             row["cpu_vs_single"] <= 1.8)
     if row.get("vs_keras_pss") is not None:
       targets[f"{variant} >= 1.10 x keras_pss at batch {batch}"] = (round(row["vs_keras_pss"], 3),
                                                                    row["vs_keras_pss"] >= 1.10)

@@ -1,6 +1,6 @@
-"""bench/throughput.py with the plain-PSS peer (bench/plain_pss_train.py) in a tiny mode: every side trains, each
-fit and Estimator row gets its ratio to the peer of the same shape, the peer loads none of tfps's training code, and no
-process is left behind."""
+"""bench/throughput.py with the plain-PSS peer (bench/plain_pss_train.py) and one process in a tiny mode: every side
+trains, each fit and Estimator row gets its ratio to the peer of the same shape and its CPU against the one process's,
+the peer loads none of tfps's training code, and no process is left behind."""
 
 import json
 import pathlib
@@ -24,14 +24,14 @@ def test_throughput_compares_fit_with_the_plain_pss_peer(tmp_path, subprocess_en
   env = dict(subprocess_env, TFPS_BENCH_LOGS=str(tmp_path / "logs"))
   # Windows long enough for at least 2 of the bench's CPU samples (every 0.25 s) at up to ~60,000 ex/s: with 10,240
   # examples a fast peer run fell between samples and had no cores.
-  command = [sys.executable, "bench/throughput.py", "--variants=fit_1x1,estimator_1x1,keras_pss_1x1",
+  command = [sys.executable, "bench/throughput.py", "--variants=fit_1x1,estimator_1x1,keras_pss_1x1,single",
              "--batch_sizes=256", "--repeats=1", "--measure=1", "--window_examples=30720", f"--out={tmp_path}"]
   result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=500)
   try:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((tmp_path / "throughput.json").read_text())
     rows = {row["variant"]: row for row in report["summary"]["rows"]}
-    assert set(rows) == {"fit_1x1", "estimator_1x1", "keras_pss_1x1"}
+    assert set(rows) == {"fit_1x1", "estimator_1x1", "keras_pss_1x1", "single"}
     fit, peer = rows["fit_1x1"], rows["keras_pss_1x1"]
     assert fit["examples_per_sec"] > 0 and peer["examples_per_sec"] > 0
     assert fit["vs_keras_pss"] == pytest.approx(fit["examples_per_sec"] / peer["examples_per_sec"])
@@ -42,12 +42,27 @@ def test_throughput_compares_fit_with_the_plain_pss_peer(tmp_path, subprocess_en
     assert set(peer["cores"]) == {"chief:0", "ps:0", "worker:0"}  # the peer's processes carry their TF_CONFIG
     target = report["summary"]["targets"]["fit_1x1 >= 1.10 x keras_pss at batch 256"]
     assert target == [round(fit["vs_keras_pss"], 3), fit["vs_keras_pss"] >= 1.10]
+    # CPU side by side: the one process is sampled too, and every cluster row's CPU per example is a multiple of its.
+    single = rows["single"]
+    assert set(single["cores"]) == {"single:0"} and single["cores"]["single:0"] > 0.1
+    assert single["cpu_ms_per_step"]["total"] == pytest.approx(1000 * single["cores"]["single:0"] * single["step_secs"])
+    cpu = fit["cpu_ms_per_step"]
+    assert set(cpu) == {"ps", "worker", "chief", "total"} and cpu["ps"] > 0 and cpu["worker"] > 0
+    assert cpu["total"] == pytest.approx(cpu["ps"] + cpu["worker"] + cpu["chief"])
+    assert cpu["ps"] == pytest.approx(1000 * fit["cores"]["ps:0"] * fit["step_secs"])
+    assert fit["cpu_vs_single"] == pytest.approx(cpu["total"] / single["cpu_ms_per_step"]["total"])
+    assert peer["cpu_vs_single"] == pytest.approx(peer["cpu_ms_per_step"]["total"] / single["cpu_ms_per_step"]["total"])
+    targets = report["summary"]["targets"]
+    assert targets["fit_1x1 ps CPU per step <= 4 ms at batch 256"] == [round(cpu["ps"], 2), cpu["ps"] <= 4]
+    assert targets["estimator_1x1 CPU per example <= 1.8 x single at batch 256"] == [
+        round(estimator["cpu_vs_single"], 3), estimator["cpu_vs_single"] <= 1.8]
     peer_run = next(run for run in report["runs"]["results"] if run["variant"] == "keras_pss_1x1")
     assert peer_run["steps_per_execution"] == 20 and peer_run["num_ps"] == 1
     loaded = [name for name in peer_run["tfps_modules"]
               if name not in _PEER_PACKAGES and not name.startswith(_PEER_ALLOWED)]
     assert not loaded, f"the plain peer loaded tfps code beyond the workload: {loaded}"
     assert "| vs keras_pss |" in result.stdout and f"| {fit['vs_keras_pss']:.2f} |" in result.stdout
+    assert f"| {cpu['ps']:.1f} | {cpu['total']:.1f} | {fit['cpu_vs_single']:.2f} |" in result.stdout
   finally:
     leftovers = processes_naming(str(tmp_path))
     for process in leftovers:
