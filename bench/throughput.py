@@ -44,7 +44,8 @@ _VARIANTS = flags.DEFINE_list(
                  "keras_pss_1x1", "keras_pss_2x2", "tutorial_1x1"],
     "Variants to run: PATH or PATH_<ps>x<workers> (keras_pss_<ps>x<workers>: the plain-PSS peer), then options, "
     "each after a `+` (e.g. fit_1x1+pipelined+spin): `+per_feature` for one table per feature instead of "
-    "stacked, `+spe<N>` for N steps per scheduled function instead of the path's default, `+packed` for "
+    "stacked, `+spe<N>` for N steps per scheduled function instead of the path's default, `+unroll<N>` for "
+    "--unrolled_steps=N (N steps traced one after another per loop iteration; default 4), `+packed` for "
     "--packed_reads (the dense variables of a ps read in one transfer), `+spin` for --thread_spinning (idle "
     "threads of ps and workers spin, TensorFlow's default; `+nospin`: they sleep, tfps's default), `+lockfree` "
     "for --lockfree_row_updates (a legacy Adagrad's table rows updated without a lock), `+pipelined` for "
@@ -83,15 +84,17 @@ def _option_args(variant: str) -> list:
       args.append(_FLAG_OPTIONS[option])
     elif re.fullmatch(r"spe[1-9][0-9]*", option):
       args.append(f"--steps_per_execution={int(option[3:])}")
+    elif re.fullmatch(r"unroll[1-9][0-9]*", option):
+      args.append(f"--unrolled_steps={int(option[6:])}")
     elif option != "per_feature":
       raise app.UsageError(f"--variants: {variant!r} has the option {option!r}; allowed: per_feature, spe<N>, "
-                           + ", ".join(_FLAG_OPTIONS))
+                           "unroll<N>, " + ", ".join(_FLAG_OPTIONS))
   return args
 
 
 def _peer_has(option: str) -> bool:
   """Whether the plain peer has `option` too (else a variant with it is compared with the peer without it)."""
-  return not (option.startswith("spe") or option in _FLAG_OPTIONS)
+  return not (option.startswith(("spe", "unroll")) or option in _FLAG_OPTIONS)
 
 
 def _run(variant: str, batch_size: int, repeat: int) -> dict:

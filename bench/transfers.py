@@ -7,8 +7,10 @@ Trains a few scheduled functions of the benchmark workload (`bench/workload.py`)
 worker cluster with `TF_DUMP_GRAPH_PREFIX` set (in a child process: the variable must be set before TensorFlow
 loads), then counts in each ps's partition of the training function (that ps's partition with the most ops) the
 `_Send` and `_Recv` ops, each one tensor moved between that ps and another task, served by one gRPC `RecvTensor`
-call. Inside the step loop (`while/` frames) they happen every step; the rest once per scheduled function. With one
-ps the output is that partition's counts; with more, `{"ps": [counts of ps 0, ps 1, ...]}`.
+call. The first loop of the function (`while/` frames) runs `--unrolled_steps` steps per iteration: its counts
+divided by that are per step; a second loop (`while_1/`, the steps left over, one per iteration) is counted apart
+(`per_leftover_step`); the rest happens once per scheduled function. With one ps the output is that partition's
+counts; with more, `{"ps": [counts of ps 0, ps 1, ...]}`.
 """
 
 import collections
@@ -25,11 +27,15 @@ from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, for `bench`
 
+from tfps.training import modes  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 _PATH = flags.DEFINE_enum("path", "estimator", ["fit", "estimator"], "The training path to count.")
 _BATCH = flags.DEFINE_integer("batch_size", 256, "Examples per step.", lower_bound=1)
 _SPE = flags.DEFINE_integer("steps_per_execution", None, "Steps per scheduled function (default: the path's own).",
                             lower_bound=1)
 _NUM_PS = flags.DEFINE_integer("num_ps", 1, "Parameter servers of the in-process cluster.", lower_bound=1)
+_UNROLLED = flags.DEFINE_integer("unrolled_steps", None, "Steps per iteration of the step loop (default: tfps's).",
+                                 lower_bound=1)
 _CHILD_DIR = flags.DEFINE_string("child_dump_dir", None, "(internal) train and dump into this folder.")
 _JSON = flags.DEFINE_string("json_out", None, "Also write the counts here.")
 
@@ -46,12 +52,14 @@ def _train(dump_dir: str) -> None:
   cluster = in_process.local_cluster(num_workers=1, num_ps=_NUM_PS.value)
   if _PATH.value == "fit":
     tfps.fit(lambda: workload_lib.build_model(workload), workload_lib.dataset_fn(workload), epochs=1,
-             steps_per_epoch=40, steps_per_execution=_SPE.value, cluster=cluster, batch_size=_BATCH.value)
+             steps_per_epoch=40, steps_per_execution=_SPE.value, cluster=cluster, batch_size=_BATCH.value,
+             sync_mode=tfps.TrainingMode(unrolled_steps=_UNROLLED.value))
     return
   with tempfile.TemporaryDirectory(prefix="tfps_transfers_") as model_dir:
     options = {} if _SPE.value is None else {"steps_per_execution": _SPE.value}
     estimator = tfps.Estimator(workload_lib.build_model_fn(workload), model_dir=model_dir, cluster=cluster,
-                               config=tfps.RunConfig(save_checkpoints_steps=1000, **options))
+                               config=tfps.RunConfig(save_checkpoints_steps=1000, unrolled_steps=_UNROLLED.value,
+                                                     **options))
     estimator.train(lambda: workload_lib.dataset(workload), max_steps=40)
 
 
@@ -78,18 +86,26 @@ def count(dump_dir: str, num_ps: int = 1) -> dict:
   return {"ps": [_counted(*biggest[task]) for task in range(num_ps)]}
 
 
+_LOOP = re.compile(r"^(?:Func/|GroupCrossDeviceControlEdges_\d+/)*(while(?:_\d+)?)/")
+
+
 def _counted(path: str, nodes: list) -> dict:
-  counts = {"per_step": collections.Counter(), "per_function": collections.Counter()}
+  counts = {"per_step": collections.Counter(), "per_leftover_step": collections.Counter(),
+            "per_function": collections.Counter()}
   names = []
   for name, op in nodes:
     if op not in ("_Send", "_Recv", "_HostSend", "_HostRecv"):
       continue
-    where = "per_step" if "while/" in name or "/body/" in name else "per_function"
+    loop = _LOOP.match(name)
+    where = "per_function" if not loop else "per_step" if loop.group(1) == "while" else "per_leftover_step"
     counts[where]["send" if "Send" in op else "recv"] += 1
     if where == "per_step":
       names.append(f"{op} {name}")
-  return {"file": os.path.basename(path), "ops": len(nodes), "per_step": dict(counts["per_step"]),
-          "per_function": dict(counts["per_function"]), "per_step_names": sorted(names)}
+  unrolled = min(_UNROLLED.value or modes.DEFAULT_UNROLLED_STEPS, _SPE.value or modes.DEFAULT_STEPS_PER_EXECUTION)
+  return {"file": os.path.basename(path), "ops": len(nodes), "unrolled_steps": unrolled,
+          "per_step": {kind: n / unrolled for kind, n in counts["per_step"].items()},
+          "per_leftover_step": dict(counts["per_leftover_step"]), "per_function": dict(counts["per_function"]),
+          "per_step_names": sorted(names)}
 
 
 def main(argv):
@@ -103,6 +119,7 @@ def main(argv):
     args = [sys.executable, os.path.abspath(__file__), f"--path={_PATH.value}", f"--batch_size={_BATCH.value}",
             f"--num_ps={_NUM_PS.value}", f"--child_dump_dir={dump_dir}"]
     args += [f"--steps_per_execution={_SPE.value}"] if _SPE.value else []
+    args += [f"--unrolled_steps={_UNROLLED.value}"] if _UNROLLED.value else []
     subprocess.run(args, env=env, check=True, stdout=subprocess.DEVNULL)
     result = dict(count(dump_dir, _NUM_PS.value), path=_PATH.value, batch_size=_BATCH.value)
   for ps, counted in enumerate(result.get("ps", [result])):

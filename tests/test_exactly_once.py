@@ -300,6 +300,44 @@ def test_a_sync_update_run_again_applies_the_step_only_where_it_is_missing(clust
       device: 2 for device in devices}
 
 
+def test_unrolled_steps_end_where_the_same_steps_in_one_process_do(cluster):
+  """`unrolled_steps=3`, a function of 7 steps: two loop iterations of 3 steps traced one after another, then the step
+  left over. Each step reads the previous step's updates (the weights end where 7 steps in one process leave them),
+  each is counted once, and the same function run again applies nothing."""
+  def build():
+    model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(4, activation="tanh"),
+                                 tf_keras.layers.Dense(1)])
+    model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "mse")
+    return model
+
+  strategy, coordinator = tfps.build_strategy(cluster)
+  with strategy.scope():
+    model = build()
+    runner = async_runner(model, coordinator, steps_per_execution=7, mode=tfps.TrainingMode(unrolled_steps=3))
+  local = build()
+  local.set_weights(model.get_weights())
+  features = tf.reshape(tf.range(24, dtype=tf.float32) / 24.0, (8, 3))
+  labels = tf.reduce_sum(features, axis=1, keepdims=True)
+  iterator = iter(coordinator.create_per_worker_dataset(
+      lambda: tf.data.Dataset.from_tensors((features, labels)).repeat()))
+  seq = runner.progress.next_sequence()
+  coordinator.schedule(runner.function, args=(iterator, tf.constant(7, tf.int64), seq))
+  coordinator.join()
+  for _ in range(7):
+    local.train_on_batch(features, labels)
+  assert int(model.optimizer.iterations.numpy()) == 7
+  for trained, expected in zip(model.get_weights(), local.get_weights()):
+    assert abs(trained - expected).max() < 1e-5, (trained, expected)
+  trained = model.get_weights()
+  coordinator.schedule(runner.function, args=(iterator, tf.constant(7, tf.int64), seq))  # the same function again
+  coordinator.join()
+  assert int(model.optimizer.iterations.numpy()) == 7
+  assert all((again == before).all() for again, before in zip(model.get_weights(), trained))
+  loops = [op for op in runner.function.get_concrete_function(iterator, tf.constant(7, tf.int64), seq).graph
+           .get_operations() if op.type in ("While", "StatelessWhile")]
+  assert len(loops) == 2, loops  # 3 steps per iteration, then the step left over
+
+
 @pytest.mark.parametrize("packed_reads", [False, True])
 def test_gradients_packed_per_ps_reach_their_own_variables(cluster, packed_reads):
   """The dense gradients of each ps travel packed in one tensor and are split again there (and with `packed_reads`

@@ -178,12 +178,26 @@ def test_geo_estimator_round_matches_single_process_on_one_worker_batch(cluster,
      "`lockfree_row_updates` (True) applies only to sync_mode=async"),
     (dict(lockfree_row_updates=1), "`lockfree_row_updates` (1) must be True or False"),
     (dict(sync_mode="geo", pipelined_updates=True), "`pipelined_updates` (True) applies only to sync_mode=async"),
+    (dict(sync_mode="sync", unrolled_steps=4),
+     "`unrolled_steps` (4) applies only to sync_mode=async without pipelined_updates, not sync_mode=sync"),
+    (dict(pipelined_updates=True, unrolled_steps=2),
+     "`unrolled_steps` (2) applies only to sync_mode=async without pipelined_updates, not sync_mode=async with "
+     "pipelined_updates"),
+    (dict(unrolled_steps=0), "`unrolled_steps` (0) must be a positive integer or None"),
+    (dict(unrolled_steps="4"), "`unrolled_steps` ('4') must be a positive integer or None"),
 ])
 def test_modes_that_make_no_sense_are_refused(mode, message):
   with pytest.raises(tfps.UsageError, match=re.escape(message)):
     tfps.TrainingMode(**mode)
   with pytest.raises(tfps.UsageError, match=re.escape(message)):
     tfps.RunConfig(**mode)
+
+
+def test_async_steps_are_unrolled_by_default_and_only_there():
+  assert tfps.TrainingMode().unrolled_steps == 4 and tfps.RunConfig().training_mode.unrolled_steps == 4
+  assert tfps.TrainingMode(unrolled_steps=1).unrolled_steps == 1
+  for mode in (tfps.TrainingMode(pipelined_updates=True), tfps.TrainingMode("sync"), tfps.TrainingMode("geo")):
+    assert mode.unrolled_steps is None, mode
 
 
 def test_sync_with_more_replicas_than_workers_or_steps_per_execution_is_refused(cluster, tmp_path):
@@ -213,6 +227,7 @@ def test_sync_with_one_replica_per_step_uses_one_batch_per_update(cluster):
     (["--geo_steps=5"], "`geo_steps` (5) applies only to sync_mode=geo, not async"),
     (["--sync_mode=sync", "--packed_reads"], "`packed_reads` (True) applies only to sync_mode=async, not sync"),
     (["--sync_mode=geo", "--pipelined_updates"], "`pipelined_updates` (True) applies only to sync_mode=async, not geo"),
+    (["--unrolled_steps=0"], "`unrolled_steps` (0) must be a positive integer or None"),
 ])
 def test_a_script_given_a_bad_mode_says_so_in_one_line(args, message, subprocess_env):
   result = subprocess.run([sys.executable, "scripts/train_keras.py", *args], cwd=REPO, env=subprocess_env,

@@ -14,8 +14,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def _count(path: str, out: pathlib.Path, env: dict) -> dict:
-  command = [sys.executable, "bench/transfers.py", f"--path={path}", f"--json_out={out}"]
+def _count(path: str, out: pathlib.Path, env: dict, *flags: str) -> dict:
+  command = [sys.executable, "bench/transfers.py", f"--path={path}", f"--json_out={out}", *flags]
   result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   return json.loads(out.read_text())
@@ -50,3 +50,16 @@ def test_with_four_ps_no_ps_waits_for_another_ps_gradients(tmp_path, subprocess_
   for one in counted:
     total = one["per_step"].get("send", 0) + one["per_step"].get("recv", 0)
     assert total <= 33, one["per_step_names"]
+
+
+def test_unrolled_steps_move_fewer_tensors_per_step_than_one_step_per_loop_iteration(tmp_path, subprocess_env):
+  """Each iteration of the step loop moves its condition and control signals between the ps and the worker: with 4
+  steps per iteration (the default) a step moves at least 5 tensors fewer than with 1 (whose function has one loop
+  only: no second loop for the steps left over)."""
+  unrolled = _count("fit", tmp_path / "unrolled.json", subprocess_env)
+  single = _count("fit", tmp_path / "single.json", subprocess_env, "--unrolled_steps=1")
+  total = lambda counted: counted["per_step"]["send"] + counted["per_step"]["recv"]
+  assert unrolled["unrolled_steps"] == 4 and single["unrolled_steps"] == 1
+  assert total(unrolled) <= total(single) - 5, (unrolled["per_step"], single["per_step_names"])
+  assert unrolled["per_step"]["send"] >= 12  # still every dense weight and both lookups, every step
+  assert not single["per_leftover_step"] and unrolled["per_leftover_step"]

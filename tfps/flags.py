@@ -140,8 +140,8 @@ def server_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> di
 
 
 def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """--sync_mode, --geo_steps, --replicas_to_aggregate, --packed_reads, --lockfree_row_updates and
-  --pipelined_updates (`tfps.training.modes`); calling it again is harmless."""
+  """--sync_mode, --geo_steps, --replicas_to_aggregate, --packed_reads, --lockfree_row_updates, --pipelined_updates
+  and --unrolled_steps (`tfps.training.modes`); calling it again is harmless."""
   if "sync_mode" in flag_values:
     return
   flags.DEFINE_string("sync_mode", "async", f"How the ps applies the workers' work: {', '.join(modes.MODES)}.",
@@ -158,6 +158,9 @@ def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_boolean("pipelined_updates", False, "async: each ps applies a step's updates while the worker computes "
                        "the next step (faster; gradients one step late; not with table layers).",
                        flag_values=flag_values)
+  flags.DEFINE_integer("unrolled_steps", None, "async: steps traced one after another in each iteration of a "
+                       f"scheduled function's loop (default {modes.DEFAULT_UNROLLED_STEPS}; 1: one step per "
+                       "iteration; more: faster steps, slower first trace).", flag_values=flag_values)
   declare_program_flags(flag_values, __name__)
 
 

@@ -135,6 +135,8 @@ class RunConfig:
       default (default False: under a lock of each table shard; `tfps.TrainingMode`; tfps).
     pipelined_updates: async: each ps applies a step's updates while the worker computes the next step (default
       False; `tfps.TrainingMode`; tfps).
+    unrolled_steps: async without pipelined updates: steps traced one after another in each iteration of a
+      scheduled function's loop (default 4; `tfps.TrainingMode`; tfps).
   """
 
   model_dir: Optional[str] = None
@@ -151,6 +153,7 @@ class RunConfig:
   packed_reads: bool = False
   lockfree_row_updates: bool = False
   pipelined_updates: bool = False
+  unrolled_steps: Optional[int] = None
 
   @property
   def training_mode(self) -> modes.TrainingMode:

@@ -4,8 +4,8 @@ once per step and shard: `tfps.training.tables.StepMarks`). The dense gradients 
 per ps and step, and with `packed_reads` its small dense variables are read in one (`tfps.training.packing`); a
 legacy Adagrad updates a batch's table rows all at once, under a lock of each table shard (without it with
 `lockfree_row_updates`), and a stacked table's gradient, summed per row on the worker, is not summed again on the ps
-(`tfps.training.distinct_rows`); with `pipelined_updates` a step's updates are applied while the next step computes
-(`tfps.training.modes`)."""
+(`tfps.training.distinct_rows`); a scheduled function's loop runs `unrolled_steps` steps per iteration; with
+`pipelined_updates` a step's updates are applied while the next step computes (`tfps.training.modes`)."""
 
 import contextlib
 
@@ -33,6 +33,7 @@ class AsyncRunner(steps_lib.Runner):
     with self.strategy.scope():
       self.progress = exactly_once.StepProgress(self.steps_per_execution, step.counter)
     self.progress.ps_records = exactly_once.PsRecords()
+    self.progress.ps_records.make_for(step.variables())  # those of variables made by the first trace: made then
     self.table_marks = tables.StepMarks(self.strategy)  # table layers' bookkeeping, once per step and shard
     # opt-in: the small dense variables of a ps read in one transfer per step
     self.packed_reads = packing.PackedReads() if self.mode.packed_reads else None
@@ -41,23 +42,35 @@ class AsyncRunner(steps_lib.Runner):
     self._start = (0, 0)
 
   def _steps(self, iterator, num_steps, seq):
-    """Each step computes its gradients and applies them before the next step starts."""
+    """Each step computes its gradients and applies them before the next step reads what they update.
+
+    The loop runs `unrolled_steps` steps per iteration, traced one after another, then the steps left one per
+    iteration. An iteration ends only when every op of its steps has run, and each one costs its own transfers of the
+    loop's condition and control signals between every ps and the worker; within an iteration a step waits only for
+    what it reads (tf.function orders the ops on each variable in program order: a step reads a variable after the
+    previous step's update of it, and each ps decides on a step's updates after its record of the previous step)."""
     progress = self.progress
     num_steps = tf.cast(num_steps, tf.int64)
     slot, first = progress.begin(seq, num_steps)
+    unrolled = min(self.mode.unrolled_steps, self.steps_per_execution)
 
-    def body(index, loss_sum, examples):
+    def step(index, loss_sum, examples):
       mark = self._mark(seq, index)
       with self._applying(slot, mark) as ps_applied, self._reading():
         loss, count = self._run(self.step.run, iterator, slot, mark)
         counted = exactly_once.counted_after_updates(self.step)
       self._record(slot, mark, ps_applied() + counted)
-      # The next step waits for this one's record: tf.function orders every stateful op of the loop body before the
-      # next iteration, and gathers those of each ps into one signal, so no control edge of its own is sent.
       return index + 1, self._loss_sum(loss_sum, loss), examples + tf.cast(count, tf.int64)
 
-    start = (first, tf.constant(0.0, tf.float32), tf.constant(0, tf.int64))
-    _, loss_sum, examples = tf.while_loop(lambda index, *_: index < num_steps, body, start, parallel_iterations=1)
+    def steps(*state):
+      for _ in range(unrolled):
+        state = step(*state)
+      return state
+
+    state = (first, tf.constant(0.0, tf.float32), tf.constant(0, tf.int64))
+    if unrolled > 1:
+      state = tf.while_loop(lambda index, *_: index + unrolled <= num_steps, steps, state, parallel_iterations=1)
+    _, loss_sum, examples = tf.while_loop(lambda index, *_: index < num_steps, step, state, parallel_iterations=1)
     return self.step.outputs(loss_sum, examples)
 
   def _pipelined_steps(self, iterator, num_steps, seq):

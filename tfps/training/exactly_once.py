@@ -275,6 +275,13 @@ class PsRecords:
                                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     return self.vectors[variable.device]
 
+  def make_for(self, variables: Iterable[tf.Variable]) -> None:
+    """Makes the records of the ps holding `variables` now: a tf.function whose first trace creates a variable is
+    traced twice."""
+    for variable in variables:
+      for part in strategy_lib.shards_of(variable):
+        self.vector_for(part)
+
   def once_per_ps(self, slot, mark, after=None) -> "OncePerPs":
     """Updates (`OncePerPs.run`) that each ps applies once for `mark` (`seq * stride + step index + 1`), however many
     times the scheduled function runs; a ps decides after its op in `after` (`{device: op}`), if any."""

@@ -20,6 +20,11 @@ DEFAULT_GEO_STEPS = 10
 # functions/s, 0.6 ms inside `schedule`) against 15-30 ms per step at batch 256, so 20 steps keep the chief inside
 # `schedule` at 0.3% of wall time (10: 1.5%); more gains under 0.3% and runs longer between the loop's joins.
 DEFAULT_STEPS_PER_EXECUTION = 20
+# Async steps traced one after another in each iteration of a scheduled function's loop (`unrolled_steps`). Each loop
+# iteration costs about 9 transfers between every ps and the worker (the loop's condition and control signals), and
+# it ends only once every op of its steps has run. Measured (docs/performance.md, "Unrolled steps"): 4 gave the
+# examples/s and CPU of 20 (the whole function unrolled) at 1 ps + 1 worker, whose trace took 5 times as long.
+DEFAULT_UNROLLED_STEPS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +48,10 @@ class TrainingMode:
       gradients are then taken on parameters without the previous step's updates (one step of delay, as one more
       worker would add); measured faster (docs/performance.md). Not for models with table layers
       (`tfps.layers.DynamicEmbedding`). False (the default) applies each step's updates before the next step reads.
+    unrolled_steps: async, updates not pipelined: steps traced one after another in each iteration of a scheduled
+      function's loop (default 4, `DEFAULT_UNROLLED_STEPS`): fewer loop transfers and waits per step, and a trace
+      that takes about `unrolled_steps + 1` times one step's (the steps left over run one per iteration). 1: one step
+      per iteration. Each step still reads the parameters after the previous step's updates.
   """
 
   sync_mode: str = "async"
@@ -51,11 +60,13 @@ class TrainingMode:
   packed_reads: bool = False
   lockfree_row_updates: bool = False
   pipelined_updates: bool = False
+  unrolled_steps: Optional[int] = None
 
   def __post_init__(self):
     checks.one_of("sync_mode", self.sync_mode, MODES)
     checks.positive_int("geo_steps", self.geo_steps, allow_none=True)
     checks.positive_int("replicas_to_aggregate", self.replicas_to_aggregate, allow_none=True)
+    checks.positive_int("unrolled_steps", self.unrolled_steps, allow_none=True)
     if self.geo_steps is not None and self.sync_mode != "geo":
       raise UsageError(f"`geo_steps` ({self.geo_steps}) applies only to sync_mode=geo, not {self.sync_mode}")
     if self.replicas_to_aggregate is not None and self.sync_mode != "sync":
@@ -66,8 +77,14 @@ class TrainingMode:
         raise UsageError(f"`{name}` ({getattr(self, name)!r}) must be True or False")
       if getattr(self, name) and self.sync_mode != "async":
         raise UsageError(f"`{name}` (True) applies only to sync_mode=async, not {self.sync_mode}")
+    if self.unrolled_steps is not None and (self.sync_mode != "async" or self.pipelined_updates):
+      given = f"sync_mode={self.sync_mode}" + (" with pipelined_updates" if self.pipelined_updates else "")
+      raise UsageError(f"`unrolled_steps` ({self.unrolled_steps}) applies only to sync_mode=async without "
+                       f"pipelined_updates, not {given}")
     if self.sync_mode == "geo" and self.geo_steps is None:
       object.__setattr__(self, "geo_steps", DEFAULT_GEO_STEPS)
+    if self.sync_mode == "async" and not self.pipelined_updates and self.unrolled_steps is None:
+      object.__setattr__(self, "unrolled_steps", DEFAULT_UNROLLED_STEPS)
 
   def replicas(self, num_workers: int) -> int:
     """Worker batches per sync step on a cluster of `num_workers` workers."""
