@@ -9,6 +9,7 @@ from test_row_updates import op_counts
 from test_row_updates import trained_on_cluster_and_in_one_process
 from tfps.models.layers import StackedEmbedding
 from tfps.training import distinct_rows
+from tfps.training import modes
 import tensorflow as tf
 import tf_keras
 
@@ -79,7 +80,9 @@ def test_a_stacked_table_sharded_over_two_ps_trains_unsummed_as_in_one_process(c
   counts, (start, trained), local = trained_on_cluster_and_in_one_process(
       cluster, lambda: StackedEmbedding({"a": 12_000, "b": 8_000}, 4),
       lambda: {name: tf_keras.Input((), dtype="int64", name=name) for name in ("a", "b")}, features, labels)
-  assert counts["Unique"] == 1 and counts["DynamicPartition"] == 2, counts  # the layer's; its ids and positions
+  traced = modes.DEFAULT_UNROLLED_STEPS + 1  # steps in the function: those unrolled, and the loop of those left over
+  # One Unique per step (the layer's) and two DynamicPartitions (its ids and their positions).
+  assert counts["Unique"] == traced and counts["DynamicPartition"] == 2 * traced, counts
   assert (trained[0] != start[0]).any()
   for got, expected in zip(trained, local):
     np.testing.assert_allclose(got, expected, atol=1e-6)
