@@ -193,9 +193,9 @@ def test_modes_that_make_no_sense_are_refused(mode, message):
     tfps.RunConfig(**mode)
 
 
-def test_async_steps_are_unrolled_by_default_and_only_there():
-  assert tfps.TrainingMode().unrolled_steps == 4 and tfps.RunConfig().training_mode.unrolled_steps == 4
-  assert tfps.TrainingMode(unrolled_steps=1).unrolled_steps == 1
+def test_async_steps_run_one_per_loop_iteration_by_default_and_unroll_only_there():
+  assert tfps.TrainingMode().unrolled_steps == 1 and tfps.RunConfig().training_mode.unrolled_steps == 1
+  assert tfps.TrainingMode(unrolled_steps=4).unrolled_steps == 4
   for mode in (tfps.TrainingMode(pipelined_updates=True), tfps.TrainingMode("sync"), tfps.TrainingMode("geo")):
     assert mode.unrolled_steps is None, mode
 

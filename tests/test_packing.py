@@ -27,8 +27,7 @@ def _built(cluster, packed_reads):
                                  tf_keras.layers.Dense(2, activation="tanh"), tf_keras.layers.Dense(1)],
                                 name="dense_model")
     model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "mse")
-    # One step per loop iteration: the loop body is one step's graph.
-    runner = async_runner(model, coordinator, mode=tfps.TrainingMode(packed_reads=packed_reads, unrolled_steps=1))
+    runner = async_runner(model, coordinator, mode=tfps.TrainingMode(packed_reads=packed_reads))
   iterator = iter(tf.data.Dataset.from_tensors((tf.ones((8, 3)), tf.ones((8, 1)))).repeat())
   body = _loop_body(runner.function.get_concrete_function(iterator, tf.constant(5, tf.int64), tf.constant(0, tf.int64)))
   reads = [node for node in body.node_def if node.op == "ReadVariableOp" and node.name.startswith("while/dense_model/")]

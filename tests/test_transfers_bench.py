@@ -54,10 +54,10 @@ def test_with_four_ps_no_ps_waits_for_another_ps_gradients(tmp_path, subprocess_
 
 def test_unrolled_steps_move_fewer_tensors_per_step_than_one_step_per_loop_iteration(tmp_path, subprocess_env):
   """Each iteration of the step loop moves its condition and control signals between the ps and the worker: with 4
-  steps per iteration (the default) a step moves at least 5 tensors fewer than with 1 (whose function has one loop
+  steps per iteration a step moves at least 5 tensors fewer than with 1 (the default, whose function has one loop
   only: no second loop for the steps left over)."""
-  unrolled = _count("fit", tmp_path / "unrolled.json", subprocess_env)
-  single = _count("fit", tmp_path / "single.json", subprocess_env, "--unrolled_steps=1")
+  unrolled = _count("fit", tmp_path / "unrolled.json", subprocess_env, "--unrolled_steps=4")
+  single = _count("fit", tmp_path / "single.json", subprocess_env)
   total = lambda counted: counted["per_step"]["send"] + counted["per_step"]["recv"]
   assert unrolled["unrolled_steps"] == 4 and single["unrolled_steps"] == 1
   assert total(unrolled) <= total(single) - 5, (unrolled["per_step"], single["per_step_names"])

@@ -159,8 +159,9 @@ def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                        "the next step (faster; gradients one step late; not with table layers).",
                        flag_values=flag_values)
   flags.DEFINE_integer("unrolled_steps", None, "async: steps traced one after another in each iteration of a "
-                       f"scheduled function's loop (default {modes.DEFAULT_UNROLLED_STEPS}; 1: one step per "
-                       "iteration; more: faster steps, slower first trace).", flag_values=flag_values)
+                       f"scheduled function's loop (default {modes.DEFAULT_UNROLLED_STEPS}; 4: faster with small "
+                       "batches, slower with large ones on several workers, slower first trace).",
+                       flag_values=flag_values)
   declare_program_flags(flag_values, __name__)
 
 

@@ -136,7 +136,7 @@ class RunConfig:
     pipelined_updates: async: each ps applies a step's updates while the worker computes the next step (default
       False; `tfps.TrainingMode`; tfps).
     unrolled_steps: async without pipelined updates: steps traced one after another in each iteration of a
-      scheduled function's loop (default 4; `tfps.TrainingMode`; tfps).
+      scheduled function's loop (default 1; `tfps.TrainingMode`; tfps).
   """
 
   model_dir: Optional[str] = None

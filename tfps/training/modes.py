@@ -22,9 +22,11 @@ DEFAULT_GEO_STEPS = 10
 DEFAULT_STEPS_PER_EXECUTION = 20
 # Async steps traced one after another in each iteration of a scheduled function's loop (`unrolled_steps`). Each loop
 # iteration costs about 9 transfers between every ps and the worker (the loop's condition and control signals), and
-# it ends only once every op of its steps has run. Measured (docs/performance.md, "Unrolled steps"): 4 gave the
-# examples/s and CPU of 20 (the whole function unrolled) at 1 ps + 1 worker, whose trace took 5 times as long.
-DEFAULT_UNROLLED_STEPS = 4
+# it ends only once every op of its steps has run. Measured (docs/performance.md, "Unrolled steps"): 4 runs 1.15x as
+# fast at 1 ps + 1 worker and batch 256, but 0.81x at 2 ps + 2 workers and batch 4096 (each worker then runs parts
+# of several steps at once and spends 1.6x the CPU per step), and its first trace takes twice as long; so one step
+# per iteration stays the default, and 4 is opt-in.
+DEFAULT_UNROLLED_STEPS = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,9 +51,10 @@ class TrainingMode:
       worker would add); measured faster (docs/performance.md). Not for models with table layers
       (`tfps.layers.DynamicEmbedding`). False (the default) applies each step's updates before the next step reads.
     unrolled_steps: async, updates not pipelined: steps traced one after another in each iteration of a scheduled
-      function's loop (default 4, `DEFAULT_UNROLLED_STEPS`): fewer loop transfers and waits per step, and a trace
-      that takes about `unrolled_steps + 1` times one step's (the steps left over run one per iteration). 1: one step
-      per iteration. Each step still reads the parameters after the previous step's updates.
+      function's loop (default 1, `DEFAULT_UNROLLED_STEPS`: one step per iteration, as tf-keras runs them). More:
+      fewer loop transfers and waits per step (measured faster with small batches, slower with large batches on
+      several workers: docs/performance.md), and a trace about `unrolled_steps + 1` times one step's (the steps
+      left over run one per iteration). Each step still reads the parameters after the previous step's updates.
   """
 
   sync_mode: str = "async"
