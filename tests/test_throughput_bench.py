@@ -75,6 +75,6 @@ def test_an_unknown_variant_option_is_refused_before_any_run(subprocess_env):
                           env=subprocess_env, capture_output=True, text=True, timeout=120)
   assert result.returncode == 1
   assert result.stderr.strip().splitlines()[-1] == (
-      "--variants: 'fit_1x1+pipelind' has the option 'pipelind'; allowed: per_feature, spe<N>, unroll<N>, packed, spin, "
-      "nospin, lockfree, pipelined")
+      "--variants: 'fit_1x1+pipelind' has the option 'pipelind'; allowed: per_feature, spe<N>, unroll<N>, packed, "
+      "spin, nospin, lockfree, pipelined")
   assert "repeat 1/" not in result.stdout
