@@ -45,7 +45,7 @@ _VARIANTS = flags.DEFINE_list(
     "Variants to run: PATH or PATH_<ps>x<workers> (keras_pss_<ps>x<workers>: the plain-PSS peer), then options, "
     "each after a `+` (e.g. fit_1x1+pipelined+spin): `+per_feature` for one table per feature instead of "
     "stacked, `+spe<N>` for N steps per scheduled function instead of the path's default, `+unroll<N>` for "
-    "--unrolled_steps=N (N steps traced one after another per loop iteration; default 4), `+packed` for "
+    "--unrolled_steps=N (N steps traced one after another per loop iteration; default 1), `+packed` for "
     "--packed_reads (the dense variables of a ps read in one transfer), `+spin` for --thread_spinning (idle "
     "threads of ps and workers spin, TensorFlow's default; `+nospin`: they sleep, tfps's default), `+lockfree` "
     "for --lockfree_row_updates (a legacy Adagrad's table rows updated without a lock), `+pipelined` for "

@@ -101,7 +101,8 @@ def _counted(path: str, nodes: list) -> dict:
     counts[where]["send" if "Send" in op else "recv"] += 1
     if where == "per_step":
       names.append(f"{op} {name}")
-  unrolled = min(_UNROLLED.value or modes.DEFAULT_UNROLLED_STEPS, _SPE.value or modes.DEFAULT_STEPS_PER_EXECUTION)
+  unrolled = modes.TrainingMode(unrolled_steps=_UNROLLED.value).steps_per_iteration(
+      _SPE.value or modes.DEFAULT_STEPS_PER_EXECUTION)
   return {"file": os.path.basename(path), "ops": len(nodes), "unrolled_steps": unrolled,
           "per_step": {kind: n / unrolled for kind, n in counts["per_step"].items()},
           "per_leftover_step": dict(counts["per_leftover_step"]), "per_function": dict(counts["per_function"]),

@@ -47,12 +47,13 @@ class AsyncRunner(steps_lib.Runner):
     The loop runs `unrolled_steps` steps per iteration (default 1), traced one after another, then the steps left
     one per iteration. An iteration ends only when every op of its steps has run, and each one costs its own
     transfers of the loop's condition and control signals between every ps and the worker; within an iteration a
-    step waits only for what it reads (tf.function orders the ops on each variable in program order: a step reads a variable after the
-    previous step's update of it, and each ps decides on a step's updates after its record of the previous step)."""
+    step waits only for what it reads (tf.function orders the ops on each variable in program order: a step reads a
+    variable after the previous step's update of it, and each ps decides on a step's updates after its record of
+    the previous step)."""
     progress = self.progress
     num_steps = tf.cast(num_steps, tf.int64)
     slot, first = progress.begin(seq, num_steps)
-    unrolled = min(self.mode.unrolled_steps, self.steps_per_execution)
+    unrolled = self.mode.steps_per_iteration(self.steps_per_execution)
 
     def step(index, loss_sum, examples):
       mark = self._mark(seq, index)

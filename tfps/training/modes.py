@@ -89,6 +89,11 @@ class TrainingMode:
     if self.sync_mode == "async" and not self.pipelined_updates and self.unrolled_steps is None:
       object.__setattr__(self, "unrolled_steps", DEFAULT_UNROLLED_STEPS)
 
+  def steps_per_iteration(self, steps_per_execution: int) -> int:
+    """Async: the steps each iteration of a scheduled function's loop runs (`unrolled_steps`, at most the function's
+    `steps_per_execution`)."""
+    return min(self.unrolled_steps, steps_per_execution)
+
   def replicas(self, num_workers: int) -> int:
     """Worker batches per sync step on a cluster of `num_workers` workers."""
     replicas = self.replicas_to_aggregate or num_workers
