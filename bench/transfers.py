@@ -9,8 +9,8 @@ loads), then counts in each ps's partition of the training function (that ps's p
 `_Send` and `_Recv` ops, each one tensor moved between that ps and another task, served by one gRPC `RecvTensor`
 call. The first loop of the function (`while/` frames) runs `--unrolled_steps` steps per iteration: its counts
 divided by that are per step; a second loop (`while_1/`, the steps left over, one per iteration) is counted apart
-(`per_leftover_step`); the rest happens once per scheduled function. With one ps the output is that partition's
-counts; with more, `{"ps": [counts of ps 0, ps 1, ...]}`.
+(`per_leftover_step`); the rest (and a loop's exit) happens once per scheduled function. With one ps the output is
+that partition's counts; with more, `{"ps": [counts of ps 0, ps 1, ...]}`.
 """
 
 import collections
@@ -97,7 +97,10 @@ def _counted(path: str, nodes: list) -> dict:
     if op not in ("_Send", "_Recv", "_HostSend", "_HostRecv"):
       continue
     loop = _LOOP.match(name)
-    where = "per_function" if not loop else "per_step" if loop.group(1) == "while" else "per_leftover_step"
+    if not loop or name[loop.end():].startswith("exit/"):  # a loop's exit runs once, after its last iteration
+      where = "per_function"
+    else:
+      where = "per_step" if loop.group(1) == "while" else "per_leftover_step"
     counts[where]["send" if "Send" in op else "recv"] += 1
     if where == "per_step":
       names.append(f"{op} {name}")

@@ -82,14 +82,16 @@ class StepProgress:
 
   def begin(self, seq, steps):
     """At a scheduled function's start: `(slot, first)`, its slot (kept on the vector's ps, for `record`) and the
-    first of its `steps` steps not applied yet (`steps` if all were)."""
+    first of its `steps` steps not applied yet (`steps` if all were), made on the caller's device: a loop over the
+    steps starting there keeps its index there (on the ps, each iteration sent the index to the worker and back)."""
     with tf.device(self.variable.device):
       slot = tf.reshape(seq % SLOTS, [1])
       # A slot last used by an older function holds less than `seq * stride`: raise it to that, the "none done" mark.
       floor = self.variable.scatter_max(tf.IndexedSlices(tf.reshape(seq * self.stride, [1]), slot))
       with tf.control_dependencies([floor]):
         done = tf.gather(self.variable.read_value(), slot)[0] - seq * self.stride
-      return slot, tf.minimum(tf.maximum(done, 0), tf.cast(steps, tf.int64))
+      first = tf.minimum(tf.maximum(done, 0), tf.cast(steps, tf.int64))
+    return slot, tf.identity(first)
 
   def record(self, slot, mark, after):
     """In a scheduled function: its step `mark` (`seq * stride + step index + 1`) is applied, once the ops or tensors
