@@ -36,6 +36,7 @@ _SPE = flags.DEFINE_integer("steps_per_execution", None, "Steps per scheduled fu
 _NUM_PS = flags.DEFINE_integer("num_ps", 1, "Parameter servers of the in-process cluster.", lower_bound=1)
 _UNROLLED = flags.DEFINE_integer("unrolled_steps", None, "Steps per iteration of the step loop (default: tfps's).",
                                  lower_bound=1)
+_PACKED = flags.DEFINE_boolean("packed_reads", False, "Read each ps's small dense variables in one transfer per step.")
 _CHILD_DIR = flags.DEFINE_string("child_dump_dir", None, "(internal) train and dump into this folder.")
 _JSON = flags.DEFINE_string("json_out", None, "Also write the counts here.")
 
@@ -53,13 +54,13 @@ def _train(dump_dir: str) -> None:
   if _PATH.value == "fit":
     tfps.fit(lambda: workload_lib.build_model(workload), workload_lib.dataset_fn(workload), epochs=1,
              steps_per_epoch=40, steps_per_execution=_SPE.value, cluster=cluster, batch_size=_BATCH.value,
-             sync_mode=tfps.TrainingMode(unrolled_steps=_UNROLLED.value))
+             sync_mode=tfps.TrainingMode(unrolled_steps=_UNROLLED.value, packed_reads=_PACKED.value))
     return
   with tempfile.TemporaryDirectory(prefix="tfps_transfers_") as model_dir:
     options = {} if _SPE.value is None else {"steps_per_execution": _SPE.value}
     estimator = tfps.Estimator(workload_lib.build_model_fn(workload), model_dir=model_dir, cluster=cluster,
                                config=tfps.RunConfig(save_checkpoints_steps=1000, unrolled_steps=_UNROLLED.value,
-                                                     **options))
+                                                     packed_reads=_PACKED.value, **options))
     estimator.train(lambda: workload_lib.dataset(workload), max_steps=40)
 
 
@@ -124,6 +125,7 @@ def main(argv):
             f"--num_ps={_NUM_PS.value}", f"--child_dump_dir={dump_dir}"]
     args += [f"--steps_per_execution={_SPE.value}"] if _SPE.value else []
     args += [f"--unrolled_steps={_UNROLLED.value}"] if _UNROLLED.value else []
+    args += ["--packed_reads"] if _PACKED.value else []
     subprocess.run(args, env=env, check=True, stdout=subprocess.DEVNULL)
     result = dict(count(dump_dir, _NUM_PS.value), path=_PATH.value, batch_size=_BATCH.value)
   for ps, counted in enumerate(result.get("ps", [result])):

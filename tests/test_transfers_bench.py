@@ -67,3 +67,13 @@ def test_unrolled_steps_move_fewer_tensors_per_step_than_one_step_per_loop_itera
   assert total(unrolled) <= total(single) - 4, (unrolled["per_step"], single["per_step_names"])
   assert unrolled["per_step"]["send"] >= 12  # still every dense weight and both lookups, every step
   assert not single["per_leftover_step"] and unrolled["per_leftover_step"]
+
+
+def test_packed_reads_send_each_ps_dense_weights_in_one_tensor_per_step(tmp_path, subprocess_env):
+  """With `--packed_reads` the ps sends 4 tensors per step (the packed dense weights, 2 lookups and a control
+  signal) instead of the 10 dense weights one by one; the gradients still reach it."""
+  packed = _count("fit", tmp_path / "packed.json", subprocess_env, "--packed_reads")
+  sends = [name for name in packed["per_step_names"] if name.startswith("_Send")]
+  assert packed["per_step"]["send"] == 4, sends
+  assert not [name for name in sends if "ReadVariableOp" in name], sends
+  assert packed["per_step"]["recv"] >= 3, packed["per_step_names"]
