@@ -1,6 +1,7 @@
 """The small dense variables of each ps are read in one transfer per step (`tfps.training.packing`); that they train
 to the same weights as one process is `test_exactly_once.test_gradients_packed_per_ps_reach_their_own_variables`."""
 
+import pytest
 from test_exactly_once import async_runner
 import tfps
 from tfps.training import packing
@@ -58,3 +59,37 @@ def test_a_variable_too_large_to_pack_or_not_trainable_is_read_as_before():
   assert not packing.packable(tf.Variable(tf.zeros([packing.MAX_PACKED_BYTES // 4 + 1])))
   assert not packing.packable(tf.Variable(tf.zeros([3]), trainable=False))
   assert not packing.packable(tf.Variable(tf.zeros([3], tf.int64)))
+
+
+class _ReadsAfterItsWrite(tf_keras.Sequential):
+  """A step that reads its weights, writes one (the last bias, + 1) and reads them again: `shift` gets the mean change
+  of the output between the two reads."""
+
+  def train_step(self, data):
+    features, _ = data
+    before = self(features)
+    self.layers[-1].bias.assign_add(tf.ones_like(self.layers[-1].bias))
+    after = self(features)
+    self.shift.assign(tf.reduce_mean(after - before))
+    return {"loss": tf.reduce_mean(after)}
+
+
+@pytest.mark.parametrize("packed_reads", [True, False])
+def test_a_read_after_a_write_in_the_step_sees_the_write(cluster, packed_reads):
+  strategy, coordinator = tfps.build_strategy(cluster)
+  with strategy.scope():
+    model = _ReadsAfterItsWrite([tf_keras.Input((3,)), tf_keras.layers.Dense(4, activation="tanh"),
+                                 tf_keras.layers.Dense(2, activation="tanh"), tf_keras.layers.Dense(1)])
+    model.shift = tf.Variable(0.0, trainable=False)
+    model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "mse")
+    runner = async_runner(model, coordinator, mode=tfps.TrainingMode(packed_reads=packed_reads))
+  bias = model.layers[-1].bias
+  assert sum(other.device == bias.device for other in model.trainable_variables) > 1  # packed with others
+
+  def dataset_fn():
+    return tf.data.Dataset.from_tensors((tf.ones((8, 3)), tf.ones((8, 1)))).repeat()
+  iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+  coordinator.schedule(runner.function, args=(iterator, tf.constant(3, tf.int64), runner.progress.next_sequence()))
+  coordinator.join()
+  assert float(bias.numpy()[0]) == pytest.approx(3.0)  # 3 steps, each + 1
+  assert float(model.shift.numpy()) == pytest.approx(1.0)  # the second read saw the step's write

@@ -11,7 +11,9 @@ these helpers through `tfps.training.asynchronous.AsyncRunner`:
   worker; every whole read (`tf.convert_to_tensor`, `value()`, what tf-keras layers do) of one of them returns its
   part. The reads are the variables' own `ReadVariableOp`s, made where the step's first read is (inside its gradient
   tape), so gradients flow back to the variables as before, each step reads the latest values, and tf.function still
-  orders them before the step's updates. Variables, checkpoints and everything outside the traced step are unchanged.
+  orders them before the step's updates. A whole read after an op that may write the variable (one made since the
+  packed read, in the same graph) reads the variable itself, as it would unpacked. Variables, checkpoints and
+  everything outside the traced step are unchanged.
 """
 
 import contextlib
@@ -25,6 +27,8 @@ from tfps.training import strategy as strategy_lib
 # The largest variable (or shard) read packed. A table read by gathers would be read whole every step if it were packed,
 # so only parts as small as tfps's unsharded dense weights are; a small table under it costs at most this many bytes.
 MAX_PACKED_BYTES = 512 * 1024
+# Ops that take a variable's handle and only read the variable; any other op taking it may write it.
+_READS_ONLY = frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape", "VarIsInitializedOp"})
 
 
 def transferred(tensors: Sequence[tf.Tensor], destination: Optional[str],
@@ -76,11 +80,23 @@ class PackedReads:
         with tf.device(key[0]):
           values = [_tf_private.own_value(member) for member in members]
         _, parts = transferred(values, destination=None, source=key[0])
-        packs[(graph, key)] = {id(member): value for member, value in zip(members, parts)}
-      return packs[(graph, key)][id(part)]
+        packs[(graph, key)] = ({id(member): value for member, value in zip(members, parts)},
+                               {id(member): _handle_users(member, graph) for member in members})
+      parts, users = packs[(graph, key)]
+      if any(op.type not in _READS_ONLY for op in _handle_users(part, graph) - users[id(part)]):
+        return _tf_private.own_value(part)  # written since the packed read (or may have been)
+      return parts[id(part)]
 
     with contextlib.ExitStack() as reads:
       for key, parts in groups.items():
         for part in parts:
           reads.enter_context(_tf_private.reading_through(part, lambda part=part, key=key: read(part, key)))
       yield
+
+
+def _handle_users(variable, graph) -> frozenset:
+  """The ops of `graph` (being traced) that take `variable`'s handle so far."""
+  handle = variable.handle
+  if hasattr(graph, "capture"):  # a function's graph: the handle is captured as one of its inputs
+    handle = graph.capture(handle)
+  return frozenset(handle.consumers())
