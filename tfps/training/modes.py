@@ -21,11 +21,11 @@ DEFAULT_GEO_STEPS = 10
 # `schedule` at 0.3% of wall time (10: 1.5%); more gains under 0.3% and runs longer between the loop's joins.
 DEFAULT_STEPS_PER_EXECUTION = 20
 # Async steps traced one after another in each iteration of a scheduled function's loop (`unrolled_steps`). Each loop
-# iteration costs about 9 transfers between every ps and the worker (the loop's condition and control signals), and
-# it ends only once every op of its steps has run. Measured (docs/performance.md, "Unrolled steps"): 4 runs 1.15x as
-# fast at 1 ps + 1 worker and batch 256, but 0.81x at 2 ps + 2 workers and batch 4096 (each worker then runs parts
-# of several steps at once and spends 1.6x the CPU per step), and its first trace takes twice as long; so one step
-# per iteration stays the default, and 4 is opt-in.
+# iteration costs about 5 transfers between every ps and the worker (the loop's condition and control signals: 5 of
+# a step's 25 at 1 ps), and it ends only once every op of its steps has run. Measured (docs/performance.md, "Unrolled
+# steps"): 4 runs 1.15x as fast at 1 ps + 1 worker and batch 256, but 0.81x at 2 ps + 2 workers and batch 4096 (the
+# workers spend 1.6x the CPU per step; most likely each runs parts of several steps at once), and its first trace
+# takes twice as long; so one step per iteration stays the default, and 4 is opt-in.
 DEFAULT_UNROLLED_STEPS = 1
 
 

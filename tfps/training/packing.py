@@ -82,10 +82,10 @@ class PackedReads:
         _, parts = transferred(values, destination=None, source=key[0])
         packs[(graph, key)] = ({id(member): value for member, value in zip(members, parts)},
                                {id(member): _handle_users(member, graph) for member in members})
-      parts, users = packs[(graph, key)]
+      values, users = packs[(graph, key)]
       if any(op.type not in _READS_ONLY for op in _handle_users(part, graph) - users[id(part)]):
         return _tf_private.own_value(part)  # written since the packed read (or may have been)
-      return parts[id(part)]
+      return values[id(part)]
 
     with contextlib.ExitStack() as reads:
       for key, parts in groups.items():
