@@ -3,6 +3,8 @@
   .venv/bin/python bench/host_delay.py                        # delays 0, 1, 2, 5, 10 ms (~8 min); root, iptables
   .venv/bin/python bench/host_delay.py --delays=0,10 --repeats=2
   .venv/bin/python bench/host_delay.py --train_flags=--pipelined_updates --out=bench/results/pipelined
+  .venv/bin/python bench/host_delay.py --delays=0 --nodelayer_baseline --rate_mbit=200 --batch_size=4096 \
+      --train_flags=--bf16_rows   # every host's link capped at 200 Mbit/s
 
 Every host holds each packet it receives for the delay (`TestHosts.delay`: NFQUEUE and `tfps.testing.netdelay`,
 since this kernel has no netem), so a round trip between two tasks grows by twice the delay. Each run is
@@ -10,7 +12,8 @@ since this kernel has no netem), so a round trip between two tasks grows by twic
 chief measures examples/s over `--measure` windows of `--steps` steps after a warm-up window. One more point runs
 every packet through the delayers held 1 us (`--delayer_baseline`): the injector's own cost. Also recorded per run:
 the packets the busiest host's delayer held per second and the CPU share it used (is the injector a limit?). With
-`--repeats` > 1 the delays run in a shuffled order each time and a delay's rate is the median. Writes
+`--repeats` > 1 the delays run in a shuffled order each time and a delay's rate is the median. `--rate_mbit` caps
+what every host sends (`TestHosts.limit_rate`); every run records the bytes all hosts sent per step. Writes
 `--out/host_delay.json` and `--out/host_delay.png`.
 """
 
@@ -42,6 +45,8 @@ _LOSS = flags.DEFINE_float("loss_percent", 0, "Packets dropped on every link, in
                            upper_bound=50)
 _BASELINE = flags.DEFINE_boolean("delayer_baseline", True, "Also run with every packet through the delayers but "
                                  "held only 1 us: what the injector costs by itself.")
+_RATE = flags.DEFINE_float("rate_mbit", 0, "Caps what every host sends at this many Mbit/s (tc tbf; 0: no cap).",
+                          lower_bound=0)
 _REPEATS = flags.DEFINE_integer("repeats", 1, "Runs per delay, each round in a shuffled order.", lower_bound=1)
 _TRAIN_FLAGS = flags.DEFINE_list("train_flags", [], "More flags of every task's bench/train_bench.py, e.g. "
                                  "--train_flags=--pipelined_updates.")
@@ -87,6 +92,9 @@ def run_once(delay_ms: float, work_dir: str) -> dict:
     cluster.delay(delay_ms)
     if _LOSS.value:
       cluster.drop(_LOSS.value / 100)
+    if _RATE.value:
+      for task in cluster.tasks:
+        cluster.limit_rate(task, round(_RATE.value * 1000))
     start = time.monotonic()
     cluster.start_all()
     code = cluster.wait(CHIEF, TIMEOUT_SECS)
@@ -94,6 +102,7 @@ def run_once(delay_ms: float, work_dir: str) -> dict:
     if code != 0 or not os.path.exists(result_path):
       raise runner.BenchError(f"delay {delay_ms} ms: chief exit {code}; its log ends:\n{cluster.log(CHIEF)[-3000:]}")
     counts, cpu = _queue_counts(cluster), _delayer_cpu_secs(cluster)
+    sent = sum(cluster.traffic(task)[1] for task in cluster.tasks)
   with open(result_path, encoding="utf-8") as f:
     result = json.load(f)
   packets = {name: queued for name, (queued, _) in counts.items()}
@@ -103,7 +112,9 @@ def run_once(delay_ms: float, work_dir: str) -> dict:
           "wall_secs": round(wall, 1), "busiest_delayer": busiest,
           "busiest_delayer_packets_per_sec": round(packets[busiest] / wall) if busiest else 0,
           "busiest_delayer_cpu_share": round(cpu[busiest] / wall, 3) if busiest and cpu[busiest] is not None else 0,
-          "queue_dropped_packets": sum(dropped for _, dropped in counts.values())}
+          "queue_dropped_packets": sum(dropped for _, dropped in counts.values()),
+          # every host's sent bytes over the whole run (start-up included) per step trained (warm-up included)
+          "sent_bytes_per_step": round(sent / (_STEPS.value * (_MEASURE.value + 1)))}
 
 
 def summarize(runs: list) -> list:
@@ -114,7 +125,8 @@ def summarize(runs: list) -> list:
                  "step_secs": statistics.median(r["step_secs"] for r in mine),
                  "busiest_delayer_packets_per_sec": max(r["busiest_delayer_packets_per_sec"] for r in mine),
                  "busiest_delayer_cpu_share": max(r["busiest_delayer_cpu_share"] for r in mine),
-                 "queue_dropped_packets": sum(r["queue_dropped_packets"] for r in mine)})
+                 "queue_dropped_packets": sum(r["queue_dropped_packets"] for r in mine),
+                 "sent_bytes_per_step": statistics.median(r["sent_bytes_per_step"] for r in mine)})
   base = next((row["examples_per_sec"] for row in rows if row["delay_ms"] == 0), None)
   for row in rows:
     row["vs_no_delay"] = round(row["examples_per_sec"] / base, 3) if base else None
@@ -136,7 +148,7 @@ def main(argv):
   summary = {"load_before": os.getloadavg(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
              "cluster": "2 ps + 2 workers + chief, one test host each", "batch_size": _BATCH.value,
              "vocab_size": _VOCAB.value, "steps": _STEPS.value, "measure": _MEASURE.value,
-             "loss_percent": _LOSS.value, "train_flags": _TRAIN_FLAGS.value}
+             "loss_percent": _LOSS.value, "rate_mbit": _RATE.value, "train_flags": _TRAIN_FLAGS.value}
   try:
     for _ in range(_REPEATS.value):
       for delay in random.sample(delays, len(delays)) if _REPEATS.value > 1 else delays:

@@ -49,7 +49,8 @@ _VARIANTS = flags.DEFINE_list(
     "--packed_reads (the dense variables of a ps read in one transfer), `+spin` for --thread_spinning (idle "
     "threads of ps and workers spin, TensorFlow's default; `+nospin`: they sleep, tfps's default), `+lockfree` "
     "for --lockfree_row_updates (a legacy Adagrad's table rows updated without a lock), `+pipelined` for "
-    "--pipelined_updates (a step's updates applied while the next step computes). The tutorial loop runs at the "
+    "--pipelined_updates (a step's updates applied while the next step computes), `+bf16` for --bf16_rows (table "
+    "rows and their gradients cross as bfloat16). The tutorial loop runs at the "
     "smallest batch size only (its target is there).")
 _START_SECS = flags.DEFINE_float("start_timeout_secs", 300.0, "Seconds every variant's processes may take to "
                                   "start and answer (a loaded machine starts TensorFlow slowly).", lower_bound=1)
@@ -61,7 +62,7 @@ _OUT = flags.DEFINE_string("out", "bench/results",
 # `+option` -> the flag of train_bench.py it sets; the plain peer has none of these, so a variant with one is compared
 # with the peer of its shape.
 _FLAG_OPTIONS = {"packed": "--packed_reads", "spin": "--thread_spinning", "nospin": "--nothread_spinning",
-                 "lockfree": "--lockfree_row_updates", "pipelined": "--pipelined_updates"}
+                 "lockfree": "--lockfree_row_updates", "pipelined": "--pipelined_updates", "bf16": "--bf16_rows"}
 
 
 def _steps(batch_size: int) -> int:

@@ -10,7 +10,8 @@ loads), then counts in each ps's partition of the training function (that ps's p
 call. The first loop of the function (`while/` frames) runs `--unrolled_steps` steps per iteration: its counts
 divided by that are per step; a second loop (`while_1/`, the steps left over, one per iteration) is counted apart
 (`per_leftover_step`); the rest (and a loop's exit) happens once per scheduled function. With one ps the output is
-that partition's counts; with more, `{"ps": [counts of ps 0, ps 1, ...]}`.
+that partition's counts; with more, `{"ps": [counts of ps 0, ps 1, ...]}`. Each per-step transfer is printed with
+its dtype (FLOAT, BFLOAT16 with `--bf16_rows`, ...).
 """
 
 import collections
@@ -37,10 +38,13 @@ _NUM_PS = flags.DEFINE_integer("num_ps", 1, "Parameter servers of the in-process
 _UNROLLED = flags.DEFINE_integer("unrolled_steps", None, "Steps per iteration of the step loop (default: tfps's).",
                                  lower_bound=1)
 _PACKED = flags.DEFINE_boolean("packed_reads", False, "Read each ps's small dense variables in one transfer per step.")
+_BF16 = flags.DEFINE_boolean("bf16_rows", False, "Table rows and their gradients cross as bfloat16.")
 _CHILD_DIR = flags.DEFINE_string("child_dump_dir", None, "(internal) train and dump into this folder.")
 _JSON = flags.DEFINE_string("json_out", None, "Also write the counts here.")
 
 _NODE = re.compile(r'^node \{\n  name: "([^"]*)"\n  op: "([^"]*)"', re.M)
+# The dtype of a `_Send` (attr T) or `_Recv` (attr tensor_type) within its node's text.
+_DTYPE = re.compile(r'key: "(?:T|tensor_type)"\n    value \{\n      type: DT_(\w+)')
 
 
 def _train(dump_dir: str) -> None:
@@ -54,19 +58,21 @@ def _train(dump_dir: str) -> None:
   if _PATH.value == "fit":
     tfps.fit(lambda: workload_lib.build_model(workload), workload_lib.dataset_fn(workload), epochs=1,
              steps_per_epoch=40, steps_per_execution=_SPE.value, cluster=cluster, batch_size=_BATCH.value,
-             sync_mode=tfps.TrainingMode(unrolled_steps=_UNROLLED.value, packed_reads=_PACKED.value))
+             sync_mode=tfps.TrainingMode(unrolled_steps=_UNROLLED.value, packed_reads=_PACKED.value,
+                                         bf16_rows=_BF16.value))
     return
   with tempfile.TemporaryDirectory(prefix="tfps_transfers_") as model_dir:
     options = {} if _SPE.value is None else {"steps_per_execution": _SPE.value}
     estimator = tfps.Estimator(workload_lib.build_model_fn(workload), model_dir=model_dir, cluster=cluster,
                                config=tfps.RunConfig(save_checkpoints_steps=1000, unrolled_steps=_UNROLLED.value,
-                                                     packed_reads=_PACKED.value, **options))
+                                                     packed_reads=_PACKED.value, bf16_rows=_BF16.value,
+                                                     **options))
     estimator.train(lambda: workload_lib.dataset(workload), max_steps=40)
 
 
 def count(dump_dir: str, num_ps: int = 1) -> dict:
-  """`{file, ops, per_step: {send, recv}, per_function: {send, recv}, per_step_names}` of the biggest partition of a
-  ps; with `num_ps` > 1, `{"ps": [those of ps 0, ps 1, ...]}`, the biggest partition of each."""
+  """`{file, ops, per_step: {send, recv}, per_function: {send, recv}, per_step_names}` (each "op name DTYPE") of the
+  biggest partition of a ps; with `num_ps` > 1, `{"ps": [those of ps 0, ps 1, ...]}`, the biggest partition of each."""
   files = glob.glob(os.path.join(dump_dir, "*partition__job_ps*after_partition_passes*.pbtxt"))
   files += glob.glob(os.path.join(dump_dir, "*partition__job:ps*after_partition_passes*.pbtxt"))
   if not files:
@@ -76,7 +82,7 @@ def count(dump_dir: str, num_ps: int = 1) -> dict:
     task = re.search(r"task[_:](\d+)", os.path.basename(path))
     task = int(task.group(1)) if task else 0
     with open(path, encoding="utf-8") as graph:
-      nodes = _NODE.findall(graph.read())
+      nodes = _nodes(graph.read())
     if task not in biggest or len(nodes) > len(biggest[task][1]):
       biggest[task] = (path, nodes)
   if num_ps == 1:
@@ -87,6 +93,16 @@ def count(dump_dir: str, num_ps: int = 1) -> dict:
   return {"ps": [_counted(*biggest[task]) for task in range(num_ps)]}
 
 
+def _nodes(text: str) -> list:
+  """`(name, op, dtype)` of every node of a dumped graph; dtype ("FLOAT", "BFLOAT16") where a transfer names one."""
+  matches = list(_NODE.finditer(text))
+  nodes = []
+  for match, following in zip(matches, matches[1:] + [None]):
+    dtype = _DTYPE.search(text, match.end(), following.start() if following else len(text))
+    nodes.append((match.group(1), match.group(2), dtype.group(1) if dtype else ""))
+  return nodes
+
+
 _LOOP = re.compile(r"^(?:Func/|GroupCrossDeviceControlEdges_\d+/)*(while(?:_\d+)?)/")
 
 
@@ -94,7 +110,7 @@ def _counted(path: str, nodes: list) -> dict:
   counts = {"per_step": collections.Counter(), "per_leftover_step": collections.Counter(),
             "per_function": collections.Counter()}
   names = []
-  for name, op in nodes:
+  for name, op, dtype in nodes:
     if op not in ("_Send", "_Recv", "_HostSend", "_HostRecv"):
       continue
     loop = _LOOP.match(name)
@@ -104,7 +120,7 @@ def _counted(path: str, nodes: list) -> dict:
       where = "per_step" if loop.group(1) == "while" else "per_leftover_step"
     counts[where]["send" if "Send" in op else "recv"] += 1
     if where == "per_step":
-      names.append(f"{op} {name}")
+      names.append(f"{op} {name} {dtype}".rstrip())
   unrolled = modes.TrainingMode(unrolled_steps=_UNROLLED.value).steps_per_iteration(
       _SPE.value or modes.DEFAULT_STEPS_PER_EXECUTION)
   return {"file": os.path.basename(path), "ops": len(nodes), "unrolled_steps": unrolled,
@@ -126,6 +142,7 @@ def main(argv):
     args += [f"--steps_per_execution={_SPE.value}"] if _SPE.value else []
     args += [f"--unrolled_steps={_UNROLLED.value}"] if _UNROLLED.value else []
     args += ["--packed_reads"] if _PACKED.value else []
+    args += ["--bf16_rows"] if _BF16.value else []
     subprocess.run(args, env=env, check=True, stdout=subprocess.DEVNULL)
     result = dict(count(dump_dir, _NUM_PS.value), path=_PATH.value, batch_size=_BATCH.value)
   for ps, counted in enumerate(result.get("ps", [result])):

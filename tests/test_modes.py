@@ -185,6 +185,8 @@ def test_geo_estimator_round_matches_single_process_on_one_worker_batch(cluster,
      "pipelined_updates"),
     (dict(unrolled_steps=0), "`unrolled_steps` (0) must be a positive integer or None"),
     (dict(unrolled_steps="4"), "`unrolled_steps` ('4') must be a positive integer or None"),
+    (dict(sync_mode="geo", bf16_rows=True), "`bf16_rows` (True) applies only to sync_mode=async, not geo"),
+    (dict(bf16_rows="yes"), "`bf16_rows` ('yes') must be True or False"),
 ])
 def test_modes_that_make_no_sense_are_refused(mode, message):
   with pytest.raises(tfps.UsageError, match=re.escape(message)):
@@ -228,6 +230,7 @@ def test_sync_with_one_replica_per_step_uses_one_batch_per_update(cluster):
     (["--sync_mode=sync", "--packed_reads"], "`packed_reads` (True) applies only to sync_mode=async, not sync"),
     (["--sync_mode=geo", "--pipelined_updates"], "`pipelined_updates` (True) applies only to sync_mode=async, not geo"),
     (["--unrolled_steps=0"], "`unrolled_steps` (0) must be a positive integer or None"),
+    (["--sync_mode=sync", "--bf16_rows"], "`bf16_rows` (True) applies only to sync_mode=async, not sync"),
 ])
 def test_a_script_given_a_bad_mode_says_so_in_one_line(args, message, subprocess_env):
   result = subprocess.run([sys.executable, "scripts/train_keras.py", *args], cwd=REPO, env=subprocess_env,

@@ -77,3 +77,17 @@ def test_packed_reads_send_each_ps_dense_weights_in_one_tensor_per_step(tmp_path
   assert packed["per_step"]["send"] == 4, sends
   assert not [name for name in sends if "ReadVariableOp" in name], sends
   assert packed["per_step"]["recv"] >= 3, packed["per_step_names"]
+
+
+def test_bf16_rows_move_the_rows_and_their_gradients_as_bfloat16(tmp_path, subprocess_env):
+  """With `--bf16_rows` the ps sends each table's rows and receives their gradients as bfloat16 (as float32 by
+  default), and moves no more tensors per step than without it."""
+  rows = lambda counted: [name for name in counted["per_step_names"]
+                          if "_stacked/" in name and ("_Send" in name or "gradient_tape" in name)]
+  narrow = _count("fit", tmp_path / "bf16.json", subprocess_env, "--bf16_rows")
+  default = _count("fit", tmp_path / "default.json", subprocess_env)
+  # 2 tables (deep and wide): each one's rows out and its gradient in.
+  assert len(rows(narrow)) == 4 and all(name.endswith(" BFLOAT16") for name in rows(narrow)), rows(narrow)
+  assert len(rows(default)) == 4 and all(name.endswith(" FLOAT") for name in rows(default)), rows(default)
+  assert narrow["per_step"] == default["per_step"], (narrow["per_step_names"], default["per_step_names"])
+  assert not [name for name in narrow["per_step_names"] if name.endswith(" FLOAT") and "_stacked/" in name]

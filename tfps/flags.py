@@ -140,8 +140,8 @@ def server_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> di
 
 
 def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """--sync_mode, --geo_steps, --replicas_to_aggregate, --packed_reads, --lockfree_row_updates, --pipelined_updates
-  and --unrolled_steps (`tfps.training.modes`); calling it again is harmless."""
+  """--sync_mode, --geo_steps, --replicas_to_aggregate, --packed_reads, --lockfree_row_updates, --pipelined_updates,
+  --unrolled_steps and --bf16_rows (`tfps.training.modes`); calling it again is harmless."""
   if "sync_mode" in flag_values:
     return
   flags.DEFINE_string("sync_mode", "async", f"How the ps applies the workers' work: {', '.join(modes.MODES)}.",
@@ -162,6 +162,8 @@ def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                        f"scheduled function's loop (default {modes.DEFAULT_UNROLLED_STEPS}; 4: faster with small "
                        "batches, slower with large ones on several workers, slower first trace).",
                        flag_values=flag_values)
+  flags.DEFINE_boolean("bf16_rows", False, "async: table rows and their gradients cross the network as bfloat16 "
+                       "(half their bytes; rows rounded to 8 significant bits).", flag_values=flag_values)
   declare_program_flags(flag_values, __name__)
 
 

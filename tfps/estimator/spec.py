@@ -137,6 +137,8 @@ class RunConfig:
       False; `tfps.TrainingMode`; tfps).
     unrolled_steps: async without pipelined updates: steps traced one after another in each iteration of a
       scheduled function's loop (default 1; `tfps.TrainingMode`; tfps).
+    bf16_rows: async: table rows and their gradients cross the network as bfloat16 (default False;
+      `tfps.TrainingMode`; tfps).
   """
 
   model_dir: Optional[str] = None
@@ -154,6 +156,7 @@ class RunConfig:
   lockfree_row_updates: bool = False
   pipelined_updates: bool = False
   unrolled_steps: Optional[int] = None
+  bf16_rows: bool = False
 
   @property
   def training_mode(self) -> modes.TrainingMode:

@@ -192,13 +192,16 @@ class TestHosts:
 
   def limit_rate(self, name: str, kbit: int) -> None:
     """Caps what host `name` sends at `kbit` kbit/s (tc's token bucket filter: packets wait up to 500 ms, then are
-    dropped); `kbit=0` removes the cap. Paces a run by the network rather than by how busy this machine's CPUs are."""
+    dropped); `kbit=0` removes the cap. Paces a run by the network rather than by how busy this machine's CPUs are.
+    The bucket holds 16 KB, or 4 ms of the rate where that is more (a smaller bucket than a timer tick's worth of
+    bytes would cap a fast link below its rate)."""
     if kbit < 0:
       raise ValueError(f"`kbit` ({kbit}) must be >= 0")
     interface = self.hosts[name].interface
+    burst_bytes = max(16 * 1024, kbit * 1000 // 8 * 4 // 1000)
     argv = (["tc", "qdisc", "del", "dev", interface, "root"] if kbit == 0 else
-            ["tc", "qdisc", "replace", "dev", interface, "root", "tbf", "rate", f"{kbit}kbit", "burst", "16kb",
-             "latency", "500ms"])
+            ["tc", "qdisc", "replace", "dev", interface, "root", "tbf", "rate", f"{kbit}kbit", "burst",
+             f"{burst_bytes}b", "latency", "500ms"])
     result = subprocess.run(self.command(name, argv), capture_output=True, text=True, check=False)
     if result.returncode != 0 and kbit:
       raise HostsUnavailableError(f"tc tbf on {name} failed: {result.stderr.strip()}")

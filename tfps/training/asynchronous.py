@@ -5,7 +5,8 @@ per ps and step, and with `packed_reads` its small dense variables are read in o
 legacy Adagrad updates a batch's table rows all at once, under a lock of each table shard (without it with
 `lockfree_row_updates`), and a stacked table's gradient, summed per row on the worker, is not summed again on the ps
 (`tfps.training.distinct_rows`); a scheduled function's loop runs `unrolled_steps` steps per iteration; with
-`pipelined_updates` a step's updates are applied while the next step computes (`tfps.training.modes`)."""
+`pipelined_updates` a step's updates are applied while the next step computes (`tfps.training.modes`); with
+`bf16_rows` table rows and their gradients cross the network as bfloat16 (`tfps.training.wire`)."""
 
 import contextlib
 
@@ -126,8 +127,10 @@ class AsyncRunner(steps_lib.Runner):
     `exactly_once`); gradients of ids a table looked up as distinct are not summed per row again."""
     optimizer = self.step.optimizer()
     rows = _tf_private.adagrad_rows_at_once(optimizer, locked=not self.mode.lockfree_row_updates)
-    once = exactly_once.applying_once_per_ps(optimizer, self.progress.ps_records, self.strategy, slot, mark, after)
-    with rows, distinct_rows.applying(optimizer), once as ps_applied:
+    bf16_rows = self.mode.bf16_rows
+    once = exactly_once.applying_once_per_ps(optimizer, self.progress.ps_records, self.strategy, slot, mark, after,
+                                             bf16_rows)
+    with rows, distinct_rows.applying(optimizer, bf16_rows), once as ps_applied:
       yield ps_applied
 
   def _reading(self):

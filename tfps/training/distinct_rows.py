@@ -22,12 +22,13 @@ import tensorflow as tf
 
 from tfps import _tf_private
 from tfps.training import strategy as strategy_lib
+from tfps.training import wire
 
 # Ops whose output holds exactly the elements of their first input (none added, none repeated).
 _ELEMENTS_KEPT = frozenset({"Identity", "Reshape", "Squeeze", "ExpandDims"})
 _MOST_HOPS = 16
 
-_active = weakref.WeakSet()  # graphs whose step async training is tracing
+_active = weakref.WeakKeyDictionary()  # graph whose step async training is tracing -> rows cross as bfloat16
 _marks = weakref.WeakKeyDictionary()  # graph -> names of tensors of distinct ids a gather reads
 
 
@@ -37,19 +38,20 @@ def active() -> bool:
 
 
 @contextlib.contextmanager
-def applying(optimizer):
-  """While a step's computation and updates are traced (in one graph): `lookup` marks the ids it gathers, and
-  `optimizer` (a tf-keras legacy optimizer) applies a sparse gradient whose ids are marked without summing them per
-  row first."""
+def applying(optimizer, bf16_rows: bool = False):
+  """While a step's computation and updates are traced (in one graph): `lookup` marks the ids it gathers (and, with
+  `bf16_rows`, sends the rows to the worker as bfloat16: `tfps.training.wire`), and `optimizer` (a tf-keras legacy
+  optimizer) applies a sparse gradient whose ids are marked without summing them per row first."""
   graph = tf.compat.v1.get_default_graph()
   added = graph not in _active
-  _active.add(graph)
+  if added:
+    _active[graph] = bf16_rows
   try:
     with _tf_private.sparse_updates_unsummed(optimizer, is_distinct):
       yield
   finally:
     if added:
-      _active.discard(graph)
+      del _active[graph]
 
 
 def lookup(embeddings, ids: tf.Tensor) -> tf.Tensor:
@@ -58,17 +60,25 @@ def lookup(embeddings, ids: tf.Tensor) -> tf.Tensor:
   `tf.nn.embedding_lookup` gives them."""
   shards = strategy_lib.shards_of(embeddings)
   if len(shards) == 1:
-    # As `tf.nn.embedding_lookup` does: an identity placed apart from the table, so that ops on the rows' metadata
-    # (the gradient's `Shape`) run where the rows are used, not on the ps (a transfer per table and step).
-    return tf.identity(tf.gather(shards[0], _marked(ids)))
+    return _gathered(shards[0], ids)
   sizes = [int(shard.shape[0]) for shard in shards]
   ends = np.cumsum(sizes)
   shard_of = tf.searchsorted(tf.constant(ends, ids.dtype), ids, side="right", out_type=tf.int32)
   local = ids - tf.gather(tf.constant(ends - sizes, ids.dtype), shard_of)
   parts = tf.dynamic_partition(local, shard_of, len(shards))
   positions = tf.dynamic_partition(tf.range(tf.size(ids)), shard_of, len(shards))
-  rows: List[tf.Tensor] = [tf.gather(shard, _marked(part)) for shard, part in zip(shards, parts)]
+  rows: List[tf.Tensor] = [_gathered(shard, part) for shard, part in zip(shards, parts)]
   return tf.dynamic_stitch(positions, rows)
+
+
+def _gathered(shard, ids: tf.Tensor) -> tf.Tensor:
+  """The rows of `ids` in `shard`, gathered on its ps and returned by an op placed apart from it, as
+  `tf.nn.embedding_lookup` does (its identity), so that ops on the rows' metadata (the gradient's `Shape`) run where
+  the rows are used, not on the ps (a transfer per table and step); as bfloat16 on the way with `bf16_rows`."""
+  rows = tf.gather(shard, _marked(ids))
+  if active() and _active[tf.compat.v1.get_default_graph()]:
+    return wire.crossed(rows, destination=None, source=shard.device)
+  return tf.identity(rows)
 
 
 def is_distinct(ids: tf.Tensor) -> bool:

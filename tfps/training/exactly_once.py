@@ -40,6 +40,7 @@ import tensorflow as tf
 from tfps import _tf_private
 from tfps.training import packing
 from tfps.training import strategy as strategy_lib
+from tfps.training import wire
 
 SLOTS = 16_384  # more than the functions scheduled between two joins of the coordinator
 
@@ -188,19 +189,21 @@ def _grouped(by_device: Dict[str, list]) -> List[tf.Operation]:
   return groups
 
 
-def _on_their_ps(grads_and_vars):
+def _on_their_ps(grads_and_vars, bf16_rows: bool = False):
   """In a tf.function: `(grads_and_vars, gates)`, each gradient moved to its variable's ps (a copy there, which the
   update then reads: the update's ops all run on the ps), and `{device: op}`, one op per ps that runs once every
   gradient for a variable on that ps is there. The dense gradients of one ps (the small dense layers) travel packed
-  in one tensor: one transfer per ps and step instead of one per variable."""
+  in one tensor: one transfer per ps and step instead of one per variable; with `bf16_rows` the rows of a sparse
+  gradient (float32) travel as bfloat16 (`tfps.training.wire`)."""
   moved = list(grads_and_vars)
   by_device, dense = {}, {}
   for position, (gradient, variable) in enumerate(moved):
     if gradient is None:
       continue
     if isinstance(gradient, tf.IndexedSlices):
+      values = wire.crossed(gradient.values, variable.device) if bf16_rows else gradient.values
       with tf.device(variable.device):
-        gradient = tf.IndexedSlices(tf.identity(gradient.values, name="tfps_gradient_in"),
+        gradient = tf.IndexedSlices(tf.identity(values, name="tfps_gradient_in"),
                                     tf.identity(gradient.indices, name="tfps_gradient_in"), gradient.dense_shape)
       by_device.setdefault(variable.device, []).extend([gradient.values, gradient.indices])
       moved[position] = (gradient, variable)
@@ -219,7 +222,7 @@ def _on_their_ps(grads_and_vars):
 
 
 @contextlib.contextmanager
-def updates_after_every_gradient(optimizer, once: "OncePerPs"):
+def updates_after_every_gradient(optimizer, once: "OncePerPs", bf16_rows: bool = False):
   """While a train step is traced: the optimizer's updates on each ps start only once all the step's gradients for
   that ps have reached it (`once` decides there after them), so a worker that dies before sending them all leaves
   each ps with all of its updates of that step applied or none; a run again applies that step on the ps that have
@@ -227,13 +230,14 @@ def updates_after_every_gradient(optimizer, once: "OncePerPs"):
   unless the optimizer writes a variable other than through the strategy's update (a current tf-keras optimizer).
   Each gradient is sent once, to its ps, and updated from there: the update, and the skip of `OncePerPs`, then run
   on the ps without a further round trip to the worker. Not for an optimizer that clips or scales the gradients
-  itself: it would send them twice, and the ones it applies would still arrive one by one."""
+  itself: it would send them twice, and the ones it applies would still arrive one by one. With `bf16_rows` the rows
+  of sparse gradients travel as bfloat16 (`tfps.training.wire`)."""
   if optimizer is None or not _tf_private.applies_gradients_as_given(optimizer):
     yield
     return
 
   def gated(apply_gradients, grads_and_vars, *args, **kwargs):
-    moved, gates = _on_their_ps(grads_and_vars)
+    moved, gates = _on_their_ps(grads_and_vars, bf16_rows)
     once.decide_after(gates)
     # An optimizer that also writes a variable directly (a current tf-keras optimizer's `iterations`), not through the
     # strategy's update that `once` makes conditional, would write it before the gradients arrive: every op of such an
@@ -249,12 +253,12 @@ def updates_after_every_gradient(optimizer, once: "OncePerPs"):
 
 
 @contextlib.contextmanager
-def applying_once_per_ps(optimizer, records: "PsRecords", strategy, slot, mark, after=None):
+def applying_once_per_ps(optimizer, records: "PsRecords", strategy, slot, mark, after=None, bf16_rows=False):
   """While a step's updates are traced: rules 1 and 3, each ps starts them once all its gradients are there (and
   the op of `after`, `{device: op}`, on it), and skips them where it applied step `mark` already. Yields `records()`
-  (`OncePerPs.records`)."""
+  (`OncePerPs.records`). With `bf16_rows` the rows of sparse gradients travel to the ps as bfloat16."""
   once = records.once_per_ps(slot, mark, after)
-  with updates_after_every_gradient(optimizer, once), once.skipping_applied(strategy):
+  with updates_after_every_gradient(optimizer, once, bf16_rows), once.skipping_applied(strategy):
     yield once.records
 
 

@@ -50,6 +50,10 @@ class TrainingMode:
       gradients are then taken on parameters without the previous step's updates (one step of delay, as one more
       worker would add); measured faster (docs/performance.md). Not for models with table layers
       (`tfps.layers.DynamicEmbedding`). False (the default) applies each step's updates before the next step reads.
+    bf16_rows: async: table rows and their gradients cross the network as bfloat16 (`tfps.training.wire`): the
+      rows a table looked up with distinct ids sends to the worker (the bundled models' stacked tables) and every
+      sparse gradient of a float32 variable; half their bytes, rounded to 8 significant bits (tables, optimizer
+      slots and updates stay float32). False (the default): they cross as float32.
     unrolled_steps: async, updates not pipelined: steps traced one after another in each iteration of a scheduled
       function's loop (default 1, `DEFAULT_UNROLLED_STEPS`: one step per iteration, as tf-keras runs them). More:
       fewer loop transfers and waits per step (measured faster with small batches, slower with large batches on
@@ -64,6 +68,7 @@ class TrainingMode:
   lockfree_row_updates: bool = False
   pipelined_updates: bool = False
   unrolled_steps: Optional[int] = None
+  bf16_rows: bool = False
 
   def __post_init__(self):
     checks.one_of("sync_mode", self.sync_mode, MODES)
@@ -75,7 +80,7 @@ class TrainingMode:
     if self.replicas_to_aggregate is not None and self.sync_mode != "sync":
       raise UsageError(f"`replicas_to_aggregate` ({self.replicas_to_aggregate}) applies only to sync_mode=sync, "
                        f"not {self.sync_mode}")
-    for name in ("packed_reads", "lockfree_row_updates", "pipelined_updates"):  # async-only switches
+    for name in ("packed_reads", "lockfree_row_updates", "pipelined_updates", "bf16_rows"):  # async-only switches
       if not isinstance(getattr(self, name), bool):
         raise UsageError(f"`{name}` ({getattr(self, name)!r}) must be True or False")
       if getattr(self, name) and self.sync_mode != "async":

@@ -36,16 +36,12 @@ def transferred(tensors: Sequence[tf.Tensor], destination: Optional[str],
   """In a tf.function: `(packed, parts)`, `tensors` (fully defined shapes, one dtype) concatenated on device `source`
   and split again on `destination` (None: where the caller's ops run), so that one tensor crosses between the two.
   `packed` is the tensor on `destination`; `parts` are `tensors` there, in order and shape."""
-  with _on(source):
+  with strategy_lib.on_device(source):
     packed = tf.concat([tf.reshape(tensor, [-1]) for tensor in tensors], 0)
-  with _on(destination):
+  with strategy_lib.on_device(destination):
     packed = tf.identity(packed, name="tfps_packed_in")
     parts = tf.split(packed, [tensor.shape.num_elements() for tensor in tensors])
     return packed, [tf.reshape(part, tensor.shape) for part, tensor in zip(parts, tensors)]
-
-
-def _on(device: Optional[str]):
-  return contextlib.nullcontext() if device is None else tf.device(device)
 
 
 def packable(variable) -> bool:

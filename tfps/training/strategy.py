@@ -1,5 +1,6 @@
 """Builds the ParameterServerStrategy and its ClusterCoordinator for a `ClusterConfig`; nothing else."""
 
+import contextlib
 import logging as py_logging
 import socket
 import time
@@ -126,6 +127,11 @@ def cluster_of(strategy: tf.distribute.Strategy) -> cluster_lib.ClusterConfig:
   if strategy not in _CLUSTERS:
     raise ValueError("this model was not built under a strategy from tfps.build_strategy (tfps.fit builds one)")
   return _CLUSTERS[strategy]
+
+
+def on_device(device: Optional[str]):
+  """`tf.device(device)`, or no device scope at all where `device` is None (ops then run where the caller's do)."""
+  return contextlib.nullcontext() if device is None else tf.device(device)
 
 
 def shards_of(variable) -> List[tf.Variable]:
