@@ -39,6 +39,8 @@ _UNROLLED = flags.DEFINE_integer("unrolled_steps", None, "Steps per iteration of
                                  lower_bound=1)
 _PACKED = flags.DEFINE_boolean("packed_reads", False, "Read each ps's small dense variables in one transfer per step.")
 _BF16 = flags.DEFINE_boolean("bf16_rows", False, "Table rows and their gradients cross as bfloat16.")
+_PER_FEATURE = flags.DEFINE_boolean("per_feature_tables", False, "A tf-keras Embedding per feature (deep and wide) "
+                                    "instead of the stacked tables.")
 _CHILD_DIR = flags.DEFINE_string("child_dump_dir", None, "(internal) train and dump into this folder.")
 _JSON = flags.DEFINE_string("json_out", None, "Also write the counts here.")
 
@@ -53,7 +55,7 @@ def _train(dump_dir: str) -> None:
   import tfps  # pylint: disable=g-import-not-at-top
   from bench import workload as workload_lib  # pylint: disable=g-import-not-at-top
   from tfps.testing import in_process  # pylint: disable=g-import-not-at-top
-  workload = workload_lib.Workload(batch_size=_BATCH.value, vocab_size=10_000)
+  workload = workload_lib.Workload(batch_size=_BATCH.value, vocab_size=10_000, stack_tables=not _PER_FEATURE.value)
   cluster = in_process.local_cluster(num_workers=1, num_ps=_NUM_PS.value)
   if _PATH.value == "fit":
     tfps.fit(lambda: workload_lib.build_model(workload), workload_lib.dataset_fn(workload), epochs=1,
@@ -143,6 +145,7 @@ def main(argv):
     args += [f"--unrolled_steps={_UNROLLED.value}"] if _UNROLLED.value else []
     args += ["--packed_reads"] if _PACKED.value else []
     args += ["--bf16_rows"] if _BF16.value else []
+    args += ["--per_feature_tables"] if _PER_FEATURE.value else []
     subprocess.run(args, env=env, check=True, stdout=subprocess.DEVNULL)
     result = dict(count(dump_dir, _NUM_PS.value), path=_PATH.value, batch_size=_BATCH.value)
   for ps, counted in enumerate(result.get("ps", [result])):

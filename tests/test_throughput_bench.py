@@ -76,5 +76,5 @@ def test_an_unknown_variant_option_is_refused_before_any_run(subprocess_env):
   assert result.returncode == 1
   assert result.stderr.strip().splitlines()[-1] == (
       "--variants: 'fit_1x1+pipelind' has the option 'pipelind'; allowed: per_feature, spe<N>, unroll<N>, packed, "
-      "spin, nospin, lockfree, pipelined")
+      "spin, nospin, lockfree, pipelined, bf16")
   assert "repeat 1/" not in result.stdout

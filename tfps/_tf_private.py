@@ -149,7 +149,8 @@ def embedding_calls(answer: Callable):
 
   The one patch made on a class: on the Estimator path the layers are created inside the model_fn, during the very
   trace that must see them answer (no instance exists before it to patch), and a Keras model may hold its Embedding
-  layers in nested layers or lists. The patch lasts only while geo traces a round on the chief.
+  layers in nested layers or lists. The patch lasts only while geo traces a round on the chief, or while async
+  training with `bf16_rows` traces a step (`tfps.training.distinct_rows`).
   """
   original = tf_keras.layers.Embedding.call
   return swapped(tf_keras.layers.Embedding, "call", lambda layer, ids: answer(layer, ids, original))

@@ -51,9 +51,9 @@ class TrainingMode:
       worker would add); measured faster (docs/performance.md). Not for models with table layers
       (`tfps.layers.DynamicEmbedding`). False (the default) applies each step's updates before the next step reads.
     bf16_rows: async: table rows and their gradients cross the network as bfloat16 (`tfps.training.wire`): the
-      rows a table looked up with distinct ids sends to the worker (the bundled models' stacked tables) and every
-      sparse gradient of a float32 variable; half their bytes, rounded to 8 significant bits (tables, optimizer
-      slots and updates stay float32). False (the default): they cross as float32.
+      rows of every lookup of a tf-keras `Embedding` layer or a stacked table, and every sparse gradient of a float32
+      variable; half their bytes, rounded to 8 significant bits (tables, optimizer slots and updates stay float32).
+      False (the default): they cross as float32.
     unrolled_steps: async, updates not pipelined: steps traced one after another in each iteration of a scheduled
       function's loop (default 1, `DEFAULT_UNROLLED_STEPS`: one step per iteration, as tf-keras runs them). More:
       fewer loop transfers and waits per step (measured faster with small batches, slower with large batches on
