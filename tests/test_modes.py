@@ -195,6 +195,15 @@ def test_modes_that_make_no_sense_are_refused(mode, message):
     tfps.RunConfig(**mode)
 
 
+def test_a_mode_names_its_opt_in_switches_in_the_run_log_line():
+  assert tfps.TrainingMode().describe(2) == "async"
+  assert tfps.TrainingMode(pipelined_updates=True).describe(2) == "async, updates pipelined"
+  assert tfps.TrainingMode(unrolled_steps=4, packed_reads=True, lockfree_row_updates=True, bf16_rows=True).describe(
+      2) == "async, 4 steps per loop iteration, dense reads packed per ps, row updates without a lock, rows as bfloat16"
+  assert tfps.TrainingMode("sync").describe(2) == "sync, 2 worker batches per step"
+  assert tfps.TrainingMode("geo").describe(2) == "geo, 10 local steps per push"
+
+
 def test_async_steps_run_one_per_loop_iteration_by_default_and_unroll_only_there():
   assert tfps.TrainingMode().unrolled_steps == 1 and tfps.RunConfig().training_mode.unrolled_steps == 1
   assert tfps.TrainingMode(unrolled_steps=4).unrolled_steps == 4

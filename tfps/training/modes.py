@@ -108,12 +108,20 @@ class TrainingMode:
     return replicas
 
   def describe(self, num_workers: int) -> str:
-    """"async", "async, updates pipelined", "sync, 2 worker batches per step", "geo, 10 local steps per push"."""
+    """"async", "async, updates pipelined", "sync, 2 worker batches per step", "geo, 10 local steps per push"; async
+    names its opt-in switches too ("async, 4 steps per loop iteration, rows as bfloat16")."""
     if self.sync_mode == "geo":
       return f"geo, {self.geo_steps} local steps per push"
     if self.sync_mode == "sync":
       return f"sync, {self.replicas(num_workers)} worker batches per step"
-    return "async, updates pipelined" if self.pipelined_updates else "async"
+    switches = [
+        (self.pipelined_updates, "updates pipelined"),
+        (self.unrolled_steps not in (None, DEFAULT_UNROLLED_STEPS), f"{self.unrolled_steps} steps per loop iteration"),
+        (self.packed_reads, "dense reads packed per ps"),
+        (self.lockfree_row_updates, "row updates without a lock"),
+        (self.bf16_rows, "rows as bfloat16"),
+    ]
+    return ", ".join(["async"] + [name for on, name in switches if on])
 
 
 def as_mode(mode) -> TrainingMode:
