@@ -82,7 +82,7 @@ def _gathered(shard, ids: tf.Tensor, distinct: bool) -> tf.Tensor:
   `tf.nn.embedding_lookup` does (its identity), so that ops on the rows' metadata (the gradient's `Shape`) run where
   the rows are used, not on the ps (a transfer per table and step); as bfloat16 on the way with `bf16_rows`."""
   rows = tf.gather(shard, _marked(ids) if distinct else ids)
-  if active() and _active[tf.compat.v1.get_default_graph()]:
+  if _active.get(tf.compat.v1.get_default_graph()):  # tracing a step with bf16_rows
     return wire.crossed(rows, destination=None, source=shard.device)
   return tf.identity(rows)
 
