@@ -11,6 +11,7 @@ import tensorflow as tf
 import tfps
 from tfps.data import criteo
 from tfps.estimator.distributed import DistributedModel
+from tfps.training import dataset_fns
 
 ROWS = 24
 ROUNDS = 30  # scheduling rounds before giving up on hearing from both workers
@@ -33,11 +34,11 @@ def pss(cluster):
 
 
 def _ids_by_worker(pss, dataset_fn, min_rows_per_worker):
-  """`{worker index: set of row ids}` read by scheduled functions, once both workers have read that many rows."""
+  """`{worker index: set of row ids}` read by scheduled functions from the per-worker iterator tfps.fit trains on,
+  once both workers have read that many rows."""
   strategy, coordinator = pss
-  with strategy.scope():
-    per_worker = coordinator.create_per_worker_dataset(lambda: strategy.distribute_datasets_from_function(dataset_fn))
-  return _ids_read(coordinator, iter(per_worker), min_rows_per_worker)
+  return _ids_read(coordinator, dataset_fns.per_worker_iterator(strategy, coordinator, dataset_fn, "dataset_fn"),
+                   min_rows_per_worker)
 
 
 def _ids_read(coordinator, iterator, min_rows_per_worker):
@@ -92,3 +93,26 @@ def test_one_pass_readers_are_not_split(pss, tmp_path):
   once = criteo.criteo_dataset_fn(paths, batch_size=4, num_buckets=10, repeat=False, shuffle_buffer=0, scan=False)
   seen = _ids_by_worker(pss, lambda input_context: once(input_context).repeat(), min_rows_per_worker=3 * ROWS)
   assert seen[0] == seen[1] == set(range(1, ROWS + 1))
+
+
+def test_steps_take_each_batch_with_a_plain_get_next(pss):
+  """With one replica per worker a step's batch comes from the worker's own iterator, not through the partial-batch
+  conditionals of a distributed iterator; `fn` gets ParameterServerStrategy's input context (one pipeline a worker)."""
+  strategy, coordinator = pss
+  contexts = []
+
+  def dataset_fn(input_context):
+    contexts.append((input_context.num_input_pipelines, input_context.input_pipeline_id,
+                     input_context.num_replicas_in_sync))
+    return tf.data.Dataset.range(6).batch(3).repeat()
+  iterator = dataset_fns.per_worker_iterator(strategy, coordinator, dataset_fn, "dataset_fn")
+
+  @tf.function
+  def take(iterator):
+    return strategy.run(tf.reduce_sum, args=(next(iterator),))
+
+  assert int(coordinator.schedule(take, args=(iterator,)).fetch()) == 0 + 1 + 2
+  assert contexts == [(1, 0, 1)]  # traced once, run on every worker
+  ops = {op.type for op in take.get_concrete_function(iterator).graph.get_operations()}
+  assert "IteratorGetNext" in ops
+  assert not ops & {"IteratorGetNextAsOptional", "If", "StatelessIf"}, ops

@@ -69,7 +69,8 @@ def shard_plan(num_files: int, input_context: Optional[tf.distribute.InputContex
 
   Args:
     num_files: files of the data set.
-    input_context: from the strategy (`DatasetCreator` or `distribute_datasets_from_function`), or None.
+    input_context: the strategy's (`tfps.training.dataset_fns.per_worker_iterator`, `DatasetCreator`,
+      `distribute_datasets_from_function`), or None.
     shard_index: overrides the context and the worker (requires `num_shards`).
     num_shards: overrides the context and the worker (requires `shard_index`).
     repeat: whether the reader repeats (training); only a repeating reader is split by PSS worker.

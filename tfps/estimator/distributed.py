@@ -6,6 +6,7 @@ from absl import logging
 import tensorflow as tf
 
 from tfps.training import checkpoints as checkpoints_lib
+from tfps.training import dataset_fns
 from tfps.cluster import config as cluster_lib
 from tfps.training import loop
 from tfps.training import runners
@@ -42,11 +43,7 @@ class DistributedModel:
     def dataset_fn(input_context):
       return calls.call_input_fn(input_fn, ModeKeys.TRAIN, self.model.params, self._config, input_context)
 
-    def per_worker_dataset_fn():
-      return self.strategy.distribute_datasets_from_function(dataset_fn)
-
-    with self.strategy.scope():  # tfps readers split the training data between the workers of the strategy in scope
-      return iter(self.coordinator.create_per_worker_dataset(per_worker_dataset_fn))
+    return dataset_fns.per_worker_iterator(self.strategy, self.coordinator, dataset_fn, "input_fn")
 
   def _build(self, iterator) -> None:
     """Creates every variable (the model_fn's and its optimizer's) by tracing a training step that runs no step on a

@@ -154,6 +154,7 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
   strategy, coordinator = strategy_lib.build_strategy(config, **strategy_options)
   model = build_model_in_scope(build_model, strategy)
   sample = dataset_fns.make_dataset(train_dataset_fn, "train_dataset_fn")  # on the chief: its spec, maybe a batch
+  dataset_fns.check_repeats(sample, "train_dataset_fn")
   with strategy.scope():  # restoring needs every variable: the model's and the optimizer's
     evaluation.ensure_built(model, sample)
     variables = resharding.variables_so_far(model)
@@ -172,7 +173,8 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
                                   num_workers=config.num_workers, steps_per_execution=steps_per_execution)
     _tf_private.set_steps_per_execution(model, min(runner.steps_per_execution, steps_per_epoch))
   exactly_once.check_functions_per_join(steps_per_epoch, _tf_private.steps_per_execution(model))
-  runner_callback = keras_steps.drive_fit(model, runner)
+  iterator = dataset_fns.per_worker_iterator(strategy, coordinator, train_dataset_fn, "train_dataset_fn")
+  runner_callback = keras_steps.drive_fit(model, runner, iterator)
   validation = None
   if validation_dataset_fn is not None:
     if exact_evaluation:
@@ -189,10 +191,13 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
   logging.info("Training on %s (%s): %d epochs x %d steps, %d steps per execution", config.sizes(),
                mode.describe(config.num_workers), epochs, steps_per_epoch, _tf_private.steps_per_execution(model))
   try:
-    return model.fit(tf_keras.utils.experimental.DatasetCreator(train_dataset_fn), epochs=epochs,
+    return model.fit(keras_steps.UNUSED_BY_FIT, epochs=epochs,
                      steps_per_epoch=steps_per_epoch, initial_epoch=initial_epoch, validation_data=validation,
                      validation_steps=None if exact_evaluation else validation_steps, callbacks=all_callbacks,
                      verbose=verbose)
+  except tf.errors.OutOfRangeError:  # a dataset of unknown length (`check_repeats` passed it) that ended
+    raise UsageError("a worker's training input ended before its steps did: `train_dataset_fn` must return a "
+                     "dataset that repeats (`.repeat()`)") from None
   except ValueError as e:
     if _tf_private.BATCH_CALLBACKS_REFUSED in str(e):
       raise ValueError(f"{e}. Under ParameterServerStrategy a callback may only use epoch-level hooks "

@@ -30,12 +30,19 @@ def keras_step(model: tf_keras.Model) -> steps_lib.Step:
                         outputs_use_loss=False)
 
 
-def drive_fit(model: tf_keras.Model, runner: steps_lib.Runner) -> tf_keras.callbacks.Callback:
-  """Makes `model.fit` run each execution (of the model's steps per execution) through `runner`; returns the callback
-  that must come first in the fit's callbacks (it settles the step counter before any other reads it)."""
+def drive_fit(model: tf_keras.Model, runner: steps_lib.Runner, iterator) -> tf_keras.callbacks.Callback:
+  """Makes `model.fit` run each execution (of the model's steps per execution) through `runner`, on batches of the
+  per-worker `iterator` (`tfps.training.dataset_fns.per_worker_iterator`; the one `fit` passes is not used: give
+  `fit` `UNUSED_BY_FIT`); returns the callback that must come first in the fit's callbacks (it settles the step
+  counter before any other reads it)."""
   _tf_private.replace_train_function(
-      model, lambda iterator: runner.schedule(iterator, _tf_private.steps_per_execution(model)))
+      model, lambda unused: runner.schedule(iterator, _tf_private.steps_per_execution(model)))
   return RunnerEpochs(runner)
+
+
+# What `model.fit` is given as its training data where `drive_fit` gives the steps their batches: tf-keras builds an
+# iterator of it on every worker that nothing reads.
+UNUSED_BY_FIT = tf_keras.utils.experimental.DatasetCreator(lambda input_context: tf.data.Dataset.from_tensors(0).repeat())
 
 
 class RunnerEpochs(tf_keras.callbacks.Callback):

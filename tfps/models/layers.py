@@ -104,8 +104,9 @@ class StackedEmbedding(tf_keras.layers.Layer):
     self.table = _DistinctIdsTable(total, output_dim, embeddings_initializer=embeddings_initializer, name=name)
 
   def call(self, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
-    ids = tf.stack([tf.reshape(tf.cast(features[feature], tf.int64), [-1]) + offset
-                    for feature, offset in zip(self.vocab_sizes, self.offsets)], axis=1)
+    # One add of every feature's offset (one op a step, not one per feature).
+    ids = tf.stack([tf.reshape(tf.cast(features[feature], tf.int64), [-1]) for feature in self.vocab_sizes],
+                   axis=1) + tf.constant(self.offsets, tf.int64)
     # Looks up each distinct id once: under ParameterServerStrategy only distinct rows cross the network, and the
     # gradient reaches the ps already summed per row (the sum runs here, on the worker, not again on the ps).
     unique_ids, positions = tf.unique(tf.reshape(ids, [-1]))
