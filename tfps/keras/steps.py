@@ -42,7 +42,8 @@ def drive_fit(model: tf_keras.Model, runner: steps_lib.Runner, iterator) -> tf_k
 
 # What `model.fit` is given as its training data where `drive_fit` gives the steps their batches: tf-keras builds an
 # iterator of it on every worker that nothing reads.
-UNUSED_BY_FIT = tf_keras.utils.experimental.DatasetCreator(lambda input_context: tf.data.Dataset.from_tensors(0).repeat())
+UNUSED_BY_FIT = tf_keras.utils.experimental.DatasetCreator(
+    lambda input_context: tf.data.Dataset.from_tensors(0).repeat())
 
 
 class RunnerEpochs(tf_keras.callbacks.Callback):
