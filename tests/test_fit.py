@@ -249,8 +249,8 @@ def keras3_model():
     (dict(train_dataset_fn=tf.data.Dataset.range(3)), TypeError, "`train_dataset_fn` must be a function"),
     (dict(train_dataset_fn=lambda: None), TypeError, "`train_dataset_fn` must take one argument"),
     (dict(validation_dataset_fn=eval_fn_of(100)), ValueError, "`validation_steps` is required"),
-    (dict(train_dataset_fn=lambda ctx: train_fn(ctx).take(5)), ValueError,
-     "`train_dataset_fn` returns a dataset that ends after 5 batches; each worker reads its own copy"),
+    (dict(train_dataset_fn=lambda ctx: train_fn(ctx).take(5), steps_per_epoch=6), ValueError,
+     "`train_dataset_fn` returns a dataset that ends after 5 batches, and training takes 6 steps; each worker reads"),
     (dict(train_dataset_fn=lambda ctx: train_fn(ctx).take(5).filter(lambda *_: True), steps_per_epoch=30), ValueError,
      "a worker's training input ended before its steps did: `train_dataset_fn` must return a dataset that repeats"),
     (dict(build_model=uncompiled), ValueError, "not compiled; call model.compile"),
@@ -268,6 +268,12 @@ def test_bad_fit_arguments_get_clear_errors(cluster, kwargs, error, message):
   with pytest.raises(error) as info:
     tfps.fit(args.pop("build_model"), args.pop("train_dataset_fn"), **args)
   assert message in str(info.value)
+
+
+def test_a_finite_training_dataset_with_a_batch_for_every_step_trains(cluster):
+  """Each worker reads its own copy: a copy that holds every step's batch can never run out."""
+  history = tfps.fit(build_model, lambda ctx: train_fn(ctx).take(8), epochs=2, steps_per_epoch=4, cluster=cluster)
+  assert int(history.model.optimizer.iterations.numpy()) == 8
 
 
 def test_tfps_evaluate_exact_counts_a_dataset_read_from_files(trained, tmp_path):

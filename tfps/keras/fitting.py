@@ -154,7 +154,7 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
   strategy, coordinator = strategy_lib.build_strategy(config, **strategy_options)
   model = build_model_in_scope(build_model, strategy)
   sample = dataset_fns.make_dataset(train_dataset_fn, "train_dataset_fn")  # on the chief: its spec, maybe a batch
-  dataset_fns.check_repeats(sample, "train_dataset_fn")
+  dataset_fns.check_lasts(sample, "train_dataset_fn", epochs * steps_per_epoch)
   with strategy.scope():  # restoring needs every variable: the model's and the optimizer's
     evaluation.ensure_built(model, sample)
     variables = resharding.variables_so_far(model)
@@ -195,7 +195,7 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
                      steps_per_epoch=steps_per_epoch, initial_epoch=initial_epoch, validation_data=validation,
                      validation_steps=None if exact_evaluation else validation_steps, callbacks=all_callbacks,
                      verbose=verbose)
-  except tf.errors.OutOfRangeError:  # a dataset of unknown length (`check_repeats` passed it) that ended
+  except tf.errors.OutOfRangeError:  # one whose length was not known (`check_lasts`)
     raise UsageError("a worker's training input ended before its steps did: `train_dataset_fn` must return a "
                      "dataset that repeats (`.repeat()`)") from None
   except ValueError as e:

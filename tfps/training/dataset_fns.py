@@ -42,13 +42,14 @@ def check_finite(dataset: tf.data.Dataset, name: str) -> None:
                      "remove .repeat() from it")
 
 
-def check_repeats(dataset: tf.data.Dataset, name: str) -> None:
-  """Raises unless `dataset` may be infinite: under ParameterServerStrategy each worker reads its own copy of a training
-  dataset for as many steps as it is given, so one that ends leaves steps without a batch."""
+def check_lasts(dataset: tf.data.Dataset, name: str, steps: int) -> None:
+  """Raises where `dataset` is known to end before `steps` batches: under ParameterServerStrategy each worker reads its
+  own copy of a training dataset for as many of the steps as it is given, up to all of them."""
   batches = int(dataset.cardinality())
-  if batches >= 0:
-    raise UsageError(f"`{name}` returns a dataset that ends after {batches} batches; each worker reads its own copy "
-                     "of it for as many steps as it is given: repeat it (`.repeat()`)")
+  if 0 <= batches < steps:
+    raise UsageError(f"`{name}` returns a dataset that ends after {batches} batches, and training takes {steps} "
+                     "steps; each worker reads its own copy of it for as many of them as it is given: repeat it "
+                     "(`.repeat()`)")
 
 
 def batch_size_of(dataset: tf.data.Dataset) -> Optional[int]:
