@@ -77,6 +77,8 @@ def replace_train_function(model, run: Callable[[object], object]) -> None:
 
 
 BATCH_CALLBACKS_REFUSED = "Batch-level `Callback`s are not supported"  # the start of tf-keras's error under PSS
+# The start of the warning tf-keras logs (to the "tensorflow" logger) where a training input ends within an epoch.
+INPUT_RAN_OUT = "Your input ran out of data"
 
 
 def accept_remote_logs(callback) -> None:

@@ -5,6 +5,7 @@ ps and workers serve there, the chief's `chief_fn` calls `tfps.fit`, the evaluat
 `tfps.run_sidecar_evaluator`. Every setting is an argument; nothing is read from flags.
 """
 
+import logging as logging_lib
 import os
 from typing import Callable, List, Optional, Sequence
 
@@ -154,7 +155,6 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
   strategy, coordinator = strategy_lib.build_strategy(config, **strategy_options)
   model = build_model_in_scope(build_model, strategy)
   sample = dataset_fns.make_dataset(train_dataset_fn, "train_dataset_fn")  # on the chief: its spec, maybe a batch
-  dataset_fns.check_lasts(sample, "train_dataset_fn", epochs * steps_per_epoch)
   with strategy.scope():  # restoring needs every variable: the model's and the optimizer's
     evaluation.ensure_built(model, sample)
     variables = resharding.variables_so_far(model)
@@ -165,6 +165,7 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
   if finished is not None:
     return _restore_finished(model, finished, strategy, model_dir)
   initial_epoch = _resume(model, strategy, model_dir, steps_per_epoch)
+  dataset_fns.check_lasts(sample, "train_dataset_fn", (epochs - initial_epoch) * steps_per_epoch)
   if steps_per_execution is None:
     model_steps = _tf_private.steps_per_execution(model)
     steps_per_execution = model_steps if model_steps > 1 else min(modes.DEFAULT_STEPS_PER_EXECUTION, steps_per_epoch)
@@ -190,19 +191,38 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
       model_dir, steps_per_epoch, epochs, batch_size, log_every_secs, keep_checkpoint_max) + user_callbacks
   logging.info("Training on %s (%s): %d epochs x %d steps, %d steps per execution", config.sizes(),
                mode.describe(config.num_workers), epochs, steps_per_epoch, _tf_private.steps_per_execution(model))
+  ran_out = _InputRanOut()
+  logging_lib.getLogger("tensorflow").addHandler(ran_out)
   try:
     return model.fit(keras_steps.UNUSED_BY_FIT, epochs=epochs,
                      steps_per_epoch=steps_per_epoch, initial_epoch=initial_epoch, validation_data=validation,
                      validation_steps=None if exact_evaluation else validation_steps, callbacks=all_callbacks,
                      verbose=verbose)
-  except tf.errors.OutOfRangeError:  # one whose length was not known (`check_lasts`)
-    raise UsageError("a worker's training input ended before its steps did: `train_dataset_fn` must return a "
-                     "dataset that repeats (`.repeat()`)") from None
+  except (tf.errors.OutOfRangeError, tf.errors.CancelledError) as e:
+    # A dataset whose length was not known (`check_lasts`) ended: tf-keras then stops the epoch, and the functions
+    # still pending (cancelled) or the next one raise.
+    if isinstance(e, tf.errors.OutOfRangeError) or ran_out.seen:
+      raise UsageError("a worker's training input ended before its steps did: `train_dataset_fn` must return a "
+                       "dataset that repeats (`.repeat()`)") from None
+    raise
   except ValueError as e:
     if _tf_private.BATCH_CALLBACKS_REFUSED in str(e):
       raise ValueError(f"{e}. Under ParameterServerStrategy a callback may only use epoch-level hooks "
                        "(on_epoch_end, ...), or set `_supports_tf_logs = True` and handle remote values") from None
     raise
+  finally:
+    logging_lib.getLogger("tensorflow").removeHandler(ran_out)
+
+
+class _InputRanOut(logging_lib.Handler):
+  """Notes tf-keras's warning that a training input ended within an epoch (`_tf_private.INPUT_RAN_OUT`)."""
+
+  def __init__(self):
+    super().__init__()
+    self.seen = False
+
+  def emit(self, record):
+    self.seen = self.seen or record.getMessage().startswith(_tf_private.INPUT_RAN_OUT)
 
 
 def _finished_run(model_dir: Optional[str], total_steps: int) -> Optional[dict]:
