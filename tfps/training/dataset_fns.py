@@ -68,13 +68,10 @@ def per_worker_iterator(strategy: tf.distribute.Strategy, coordinator, fn: Calla
   conditionals (partial-batch handling, for batches split over several replicas), ~130 ops more per step on the
   worker. A batch and the end of the input reach a step as they would through it.
   """
-  if strategy.num_replicas_in_sync > 1:  # each replica gets its own part of a batch
-    def per_worker_dataset():
+  def per_worker_dataset():
+    if strategy.num_replicas_in_sync > 1:  # each replica gets its own part of a batch
       return strategy.distribute_datasets_from_function(lambda input_context: make_dataset(fn, name, input_context))
-  else:
-    context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
+    return make_dataset(fn, name)  # the default context is ParameterServerStrategy's: 1 pipeline, id 0, 1 replica
 
-    def per_worker_dataset():
-      return make_dataset(fn, name, context)
   with strategy.scope():  # tfps readers split their files between the workers of the strategy in scope
     return iter(coordinator.create_per_worker_dataset(per_worker_dataset))
