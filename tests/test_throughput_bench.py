@@ -51,11 +51,13 @@ def _refused(subprocess_env, variants: str) -> str:
   return result.stderr.strip().splitlines()[-1]
 
 
-def test_throughput_compares_fit_with_the_plain_pss_peer(tmp_path, subprocess_env, processes_naming):
+def test_throughput_compares_fit_with_the_plain_pss_peer_one_process_and_the_ps_floor(tmp_path, subprocess_env,
+                                                                                     processes_naming):
+  """One run of every kind of side (each run costs a cluster's start-up): the peer, one process, the floor."""
   with _throughput(tmp_path, subprocess_env, processes_naming,
-                   "fit_1x1,estimator_1x1,keras_pss_1x1,single") as (result, report):
+                   "fit_1x1,estimator_1x1,keras_pss_1x1,single,ps_floor_1x1,ps_floor_1x1+packed") as (result, report):
     rows = {row["variant"]: row for row in report["summary"]["rows"]}
-    assert set(rows) == {"fit_1x1", "estimator_1x1", "keras_pss_1x1", "single"}
+    assert set(rows) == {"fit_1x1", "estimator_1x1", "keras_pss_1x1", "single", "ps_floor_1x1", "ps_floor_1x1+packed"}
     fit, peer = rows["fit_1x1"], rows["keras_pss_1x1"]
     assert fit["examples_per_sec"] > 0 and peer["examples_per_sec"] > 0
     assert fit["vs_keras_pss"] == pytest.approx(fit["examples_per_sec"] / peer["examples_per_sec"])
@@ -87,20 +89,8 @@ def test_throughput_compares_fit_with_the_plain_pss_peer(tmp_path, subprocess_en
     assert not loaded, f"the plain peer loaded tfps code beyond the workload: {loaded}"
     assert "| vs keras_pss |" in result.stdout and f"| {fit['vs_keras_pss']:.2f} |" in result.stdout
     assert f"| {cpu['ps']:.1f} | {cpu['total']:.1f} | {fit['cpu_vs_single']:.2f} |" in result.stdout
-
-
-def test_an_unknown_variant_option_is_refused_before_any_run(subprocess_env):
-  assert _refused(subprocess_env, "fit_1x1,fit_1x1+pipelind") == (
-      "--variants: 'fit_1x1+pipelind' has the option 'pipelind'; allowed: per_feature, spe<N>, unroll<N>, packed, "
-      "spin, nospin, lockfree, pipelined, bf16")
-
-
-def test_the_ps_floor_runs_beside_fit_and_each_fit_row_gets_its_ps_over_the_floor(tmp_path, subprocess_env,
-                                                                                  processes_naming):
-  with _throughput(tmp_path, subprocess_env, processes_naming,
-                   "fit_1x1,ps_floor_1x1,ps_floor_1x1+packed") as (result, report):
-    rows = {row["variant"]: row for row in report["summary"]["rows"]}
-    fit, floor, packed = rows["fit_1x1"], rows["ps_floor_1x1"], rows["ps_floor_1x1+packed"]
+    # The ps's floor, beside fit: its own cluster, no tfps training code, fit's ps CPU against it.
+    floor, packed = rows["ps_floor_1x1"], rows["ps_floor_1x1+packed"]
     for row in (floor, packed):  # its own cluster's processes, sampled as tasks: the ps works every step
       assert set(row["cores"]) == {"chief:0", "ps:0", "worker:0"} and row["cpu_ms_per_step"]["ps"] > 0
       assert "vs_keras_pss" not in row and "ps_vs_floor" not in row
@@ -119,6 +109,12 @@ def test_the_ps_floor_runs_beside_fit_and_each_fit_row_gets_its_ps_over_the_floo
     assert targets["ps_floor_1x1 (the ps's floor) ps CPU per step at batch 256"] == [
         round(floor["cpu_ms_per_step"]["ps"], 2), None]
     assert f"fit_1x1 batch 256: ps CPU per step {fit['ps_vs_floor']:.2f}x the ps's floor" in result.stdout
+
+
+def test_an_unknown_variant_option_is_refused_before_any_run(subprocess_env):
+  assert _refused(subprocess_env, "fit_1x1,fit_1x1+pipelind") == (
+      "--variants: 'fit_1x1+pipelind' has the option 'pipelind'; allowed: per_feature, spe<N>, unroll<N>, packed, "
+      "spin, nospin, lockfree, pipelined, bf16")
 
 
 def test_a_ps_floor_on_more_than_one_ps_is_refused_before_any_run(subprocess_env):
