@@ -283,6 +283,38 @@ def test_fit_trains_a_model_on_raw_ids_and_logs_table_metrics(trained):
   assert list((model_dir / "logs" / "train").glob("events.out.tfevents.*"))
 
 
+class _CountingTable(tf_keras.layers.Layer):
+  """A table layer (`tables.is_table`) whose occupancy grows by one each time its metrics are read."""
+
+  def __init__(self, **kwargs):
+    super().__init__(**kwargs)
+    self.reads = 0
+
+  def call(self, inputs):
+    return inputs
+
+  def bind_optimizer(self, optimizer):
+    del optimizer
+
+  def table_metrics(self):
+    self.reads += 1
+    return {"occupancy": self.reads}
+
+
+def test_table_metrics_reach_every_epochs_logs_from_one_walk_of_the_model(monkeypatch):
+  walks = []
+  tables_of = tables.tables_of
+  monkeypatch.setattr(tables, "tables_of", lambda model: walks.append(model) or tables_of(model))
+  model = tf_keras.Sequential([tf_keras.Input((2,)), _CountingTable(name="table"), tf_keras.layers.Dense(1)])
+  callback = callbacks_lib.DynamicTableMetrics()
+  callback.set_model(model)
+  for epoch in range(3):
+    logs = {"loss": 0.5}
+    callback.on_epoch_end(epoch, logs)
+    assert logs == {"loss": 0.5, "table/occupancy": epoch + 1}  # read from the table at every epoch's end
+  assert walks == [model]  # the model's submodules walked once, not every epoch
+
+
 def test_export_serves_raw_ids_without_a_cluster(trained, tmp_path):
   history, _, _ = trained
   export_dir = str(tmp_path / "export")

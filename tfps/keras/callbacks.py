@@ -101,13 +101,28 @@ class ProgressLogger(tf_keras.callbacks.Callback):
 
 
 class DynamicTableMetrics(tf_keras.callbacks.Callback):
-  """Adds each table layer's (`tfps.training.tables`, e.g. `DynamicEmbedding`) occupancy, admitted, evicted and fallbacks (`<layer>/<metric>`, read from the ps)
-  to the epoch's logs, so the epoch line, the History and TensorBoard show them. Place it before those callbacks."""
+  """Adds each table layer's (`tfps.training.tables`, e.g. `DynamicEmbedding`) occupancy, admitted, evicted and
+  fallbacks (`<layer>/<metric>`, read from the ps) to the epoch's logs, so the epoch line, the History and TensorBoard
+  show them. Place it before those callbacks.
+
+  The table layers are looked for once, at the first epoch's end (the model has run a step then): walking a model's
+  submodules costs the chief milliseconds per epoch, more the larger the model.
+  """
+
+  def __init__(self):
+    super().__init__()
+    self._tables = None
+
+  def set_model(self, model):
+    super().set_model(model)
+    self._tables = None
 
   def on_epoch_end(self, epoch, logs=None):
     if logs is None:
       return
-    logs.update(tables.table_metrics(tables.tables_of(self.model)))
+    if self._tables is None:
+      self._tables = tables.tables_of(self.model)
+    logs.update(tables.table_metrics(self._tables))
 
 
 def _fetch(value):
