@@ -86,6 +86,14 @@ def test_fit_shards_the_table_over_both_ps(trained):
   assert sorted(tf.DeviceSpec.from_string(v.device).task for v in table.variables) == [0, 1]
 
 
+def test_fit_keeps_its_steps_per_execution_on_the_chief(trained):
+  """tf-keras reads the variable before every scheduled function (and tfps once more): on a ps, each read is a round
+  trip from the chief."""
+  history, _ = trained
+  variable = history.model._steps_per_execution  # pylint: disable=protected-access
+  assert tf.DeviceSpec.from_string(variable.device).job == "chief", variable.device
+
+
 def test_fit_takes_the_strategy_options(cluster):
   """What a notebook sets without flags: one shard, and every variable of two rows or more sharded."""
   history = tfps.fit(build_model, train_fn, epochs=1, steps_per_epoch=2, cluster=cluster, num_shards=1)
