@@ -33,10 +33,8 @@ def set_steps_per_execution(model, steps: int) -> None:
   """Sets the steps packed into one scheduled function of an already compiled tf-keras model.
 
   tf-keras takes `steps_per_execution` only in `compile()`, and the user's `build_model` compiles; recompiling would
-  lose the user's compile arguments. It makes a new variable where it is called: outside a strategy's scope, on the
-  calling process. Under ParameterServerStrategy every use of it is on the coordinator (`fit` reads it before each
-  scheduled function and passes the number of steps as an argument), so there it is best made outside the scope: a
-  local read instead of a round trip to a ps and back, twice per function.
+  lose the user's compile arguments. It makes a new variable where it is called (outside a strategy's scope: in the
+  calling process).
   """
   model._configure_steps_per_execution(steps)  # pylint: disable=protected-access
 

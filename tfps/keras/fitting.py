@@ -172,7 +172,9 @@ def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, valid
   with strategy.scope():
     runner = runners.build_runner(mode, keras_steps.keras_step(model), strategy=strategy, coordinator=coordinator,
                                   num_workers=config.num_workers, steps_per_execution=steps_per_execution)
-  # Outside the strategy's scope its variable stays on the chief: tf-keras reads it before every scheduled function.
+  # Outside the strategy's scope its variable stays on the chief, where every use of it is: tf-keras (and tfps's train
+  # function) read it before each scheduled function and pass the step count as an argument; on a ps each read would be
+  # a round trip.
   _tf_private.set_steps_per_execution(model, min(runner.steps_per_execution, steps_per_epoch))
   exactly_once.check_functions_per_join(steps_per_epoch, _tf_private.steps_per_execution(model))
   iterator = dataset_fns.per_worker_iterator(strategy, coordinator, train_dataset_fn, "train_dataset_fn")
