@@ -7,9 +7,9 @@ import pathlib
 import subprocess
 import sys
 
-import psutil
 import pytest
 
+from marked_processes import MARK, kill_marked
 from tfps.cluster import console
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -65,14 +65,9 @@ def launch(tmp_path, *args, script, script_args=(), env):
 def quiet_env(tmp_path):
   """Our environment without a TF_CPP_MIN_LOG_LEVEL of the user's; leftover tasks are killed at the end."""
   env = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
-  env["TFPS_TEST_MARK"] = str(tmp_path)
+  env[MARK] = str(tmp_path)
   yield env
-  for process in psutil.process_iter(["environ"]):
-    try:
-      if (process.info["environ"] or {}).get("TFPS_TEST_MARK") == str(tmp_path):
-        process.kill()
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-      continue
+  kill_marked(tmp_path)
 
 
 def noise_of(text):

@@ -18,6 +18,7 @@ import time
 import psutil
 import pytest
 
+from marked_processes import MARK, kill_marked, marked
 from tfps.cluster import isolation
 from tfps.testing import hosts as hosts_lib
 
@@ -76,19 +77,6 @@ def probe(command_prefix, address, ports):
   return json.loads(result.stdout)
 
 
-def marked(tmp_path):
-  """Live processes started by this test's launcher (they carry TFPS_TEST_MARK=tmp_path), zombies left out."""
-  found = []
-  for process in psutil.process_iter(["environ"]):
-    try:
-      if (process.info["environ"] or {}).get("TFPS_TEST_MARK") == str(tmp_path) and \
-          process.status() != psutil.STATUS_ZOMBIE:
-        found.append(process)
-    except psutil.Error:
-      continue
-  return found
-
-
 def net_namespace(pid):
   return os.readlink(f"/proc/{pid}/ns/net")
 
@@ -133,10 +121,9 @@ def two_hosts():
 
 @pytest.fixture
 def marked_env(tmp_path, subprocess_env):
-  env = dict(subprocess_env, TFPS_TEST_MARK=str(tmp_path))
+  env = dict(subprocess_env, **{MARK: str(tmp_path)})
   yield env
-  for process in marked(tmp_path):  # leave nothing behind even when a test fails
-    process.kill()
+  kill_marked(tmp_path)  # leave nothing behind even when a test fails
 
 
 @pytest.mark.slow

@@ -7,8 +7,9 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
+
+from marked_processes import MARK, kill_marked, marked as tasks_of
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FAKE_TASK = REPO / "tests" / "fixtures" / "fake_task.py"
@@ -21,27 +22,11 @@ def launch(tmp_path, *args, script=FAKE_TASK, script_args=(), env=None, **kwargs
                           start_new_session=True, **kwargs)
 
 
-def tasks_of(tmp_path):
-  """Every live process (any depth) whose command line mentions this test's log dir or the fake task."""
-  found = []
-  for process in psutil.process_iter(["cmdline", "environ"]):
-    try:
-      cmdline = " ".join(process.info["cmdline"] or [])
-      environ = process.info["environ"] or {}
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-      continue
-    if str(FAKE_TASK) in cmdline or environ.get("TFPS_TEST_MARK") == str(tmp_path):
-      if process.status() != psutil.STATUS_ZOMBIE:
-        found.append(process)
-  return found
-
-
 @pytest.fixture
 def marked_env(tmp_path):
-  env = dict(os.environ, TFPS_TEST_MARK=str(tmp_path))
+  env = dict(os.environ, **{MARK: str(tmp_path)})
   yield env
-  for process in tasks_of(tmp_path):  # leave nothing behind even when a test fails
-    process.kill()
+  kill_marked(tmp_path)  # leave nothing behind even when a test fails
 
 
 def test_chief_success_stops_all_tasks_and_exits_zero(tmp_path, marked_env):
