@@ -93,3 +93,81 @@ def test_a_read_after_a_write_in_the_step_sees_the_write(cluster, packed_reads):
   coordinator.join()
   assert float(bias.numpy()[0]) == pytest.approx(3.0)  # 3 steps, each + 1
   assert float(model.shift.numpy()) == pytest.approx(1.0)  # the second read saw the step's write
+
+
+class _Table(tf_keras.layers.Layer):
+  """A small table (100 x 4, small enough to pack), looked up by gathers from the variable, or (`whole`) from its
+  whole value, as a sharded table's lookup may read its shards."""
+
+  def __init__(self, whole=False, **kwargs):
+    super().__init__(**kwargs)
+    self.whole = whole
+
+  def build(self, input_shape):
+    self.table = self.add_weight(name="table", shape=[100, 4])
+
+  def call(self, ids):
+    return tf.reduce_sum(tf.gather(tf.convert_to_tensor(self.table) if self.whole else self.table, ids), axis=1)
+
+
+class _DenseFirst(tf_keras.Model):
+  """Reads a dense layer's weights before it looks up its table (as a second tower may): the table's ps has made its
+  packed read by then."""
+
+  def __init__(self, table):
+    super().__init__(name="dense_first")
+    self.first, self.lookup, self.last = tf_keras.layers.Dense(4), table, tf_keras.layers.Dense(1)
+
+  def call(self, inputs):
+    return self.last(tf.concat([self.first(inputs["x"]), tf.reshape(self.lookup(inputs["ids"]), [8, -1])], axis=1))
+
+
+def _traced(cluster, build):
+  """The step loop body of `build()`'s runner (packed reads, the default), and the dense Adagrad updates in its
+  function library (the loop's, its branches')."""
+  strategy, coordinator = tfps.build_strategy(cluster)
+  with strategy.scope():
+    model = build()
+    model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "mse")
+    runner = async_runner(model, coordinator)
+  features = {"x": tf.ones((8, 3)), "ids": tf.constant([[1, 2, 3]] * 8, tf.int64)}
+  iterator = iter(tf.data.Dataset.from_tensors((features, tf.ones((8, 1)))).repeat())
+  concrete = runner.function.get_concrete_function(iterator, tf.constant(5, tf.int64), tf.constant(0, tf.int64))
+  (table,) = [v for v in model.trainable_variables if "table" in v.name]
+  assert sum(other.device == table.device for other in model.trainable_variables) > 1  # a pack on its ps
+  library = concrete.graph.as_graph_def().library.function
+  return _loop_body(concrete), [node for function in library for node in function.node_def
+                                if node.op == "ResourceApplyAdagradV2"]
+
+
+def _tables_read_whole(body):
+  """The variables (the loop's arguments) the model gathers from that are also read whole."""
+  gathered = {node.input[0] for node in body.node_def
+              if node.op == "ResourceGather" and not node.name.startswith("while/Adagrad/")}  # not the slots' rows
+  assert gathered
+  return gathered & {node.input[0] for node in body.node_def if node.op == "ReadVariableOp"}
+
+
+def _table_model(table):
+  ids, x = tf_keras.Input((3,), dtype="int64", name="ids"), tf_keras.Input((3,), name="x")
+  hidden = tf_keras.layers.Dense(4)(tf_keras.layers.Concatenate()([tf_keras.layers.Flatten()(table(ids)), x]))
+  return tf_keras.Model({"ids": ids, "x": x}, tf_keras.layers.Dense(1)(hidden))
+
+
+def test_a_table_gathered_before_the_dense_reads_stays_out_of_the_pack_and_sparse(cluster):
+  body, dense_applies = _traced(cluster, lambda: _table_model(_Table(name="lookup")))
+  assert not _tables_read_whole(body)
+  assert len(dense_applies) == 4  # the 2 kernels and 2 biases; the table's rows are updated sparsely
+
+
+def test_a_keras_embedding_looked_up_after_the_pack_stays_out_of_it(cluster):
+  body, dense_applies = _traced(cluster, lambda: _DenseFirst(tf_keras.layers.Embedding(100, 4, name="table")))
+  assert not _tables_read_whole(body)
+  assert len(dense_applies) == 4
+
+
+def test_a_table_read_whole_from_the_pack_keeps_its_sparse_gradient(cluster):
+  """A lookup from the table's whole value, taken from the pack (made before it): the tapes see the table's part as
+  its read, not the concatenation of the pack, which would have given the whole table a dense gradient."""
+  _, dense_applies = _traced(cluster, lambda: _DenseFirst(_Table(whole=True, name="lookup")))
+  assert len(dense_applies) == 4  # no dense update of the table: its rows are updated sparsely

@@ -151,6 +151,26 @@ def test_a_variable_read_through_another_read_is_converted_to_it_and_its_own_rea
   assert float(layer(inputs)[0, 0]) == 2.0
 
 
+def test_reads_made_unrecorded_reach_a_variable_only_through_the_values_recorded_as_its_reads():
+  dense, table = tf.Variable([[1.0], [2.0]]), tf.Variable([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+
+  @tf.function
+  def gradients():
+    with tf.GradientTape() as tape:
+      with _tf_private.reads_unrecorded():  # both read and concatenated, as a packed read does
+        packed = tf.concat([tf.reshape(_tf_private.own_value(v), [-1]) for v in (dense, table)], 0)
+      kernel = tf.reshape(packed[:2], [2, 1])
+      _tf_private.record_read(dense, kernel)  # only the dense part is used whole
+      loss = tf.reduce_sum(tf.matmul(tf.gather(table, [2, 2]), kernel))
+    return tape.gradient(loss, [dense, table])
+
+  dense_gradient, table_gradient = gradients()
+  assert dense_gradient.numpy().tolist() == [[6.0], [6.0]]  # through the recorded read
+  assert isinstance(table_gradient, tf.IndexedSlices)  # through its gather alone: still sparse
+  assert table_gradient.indices.numpy().tolist() == [2, 2]
+  assert table_gradient.values.numpy().tolist() == [[1.0, 2.0], [1.0, 2.0]]
+
+
 def test_an_uninitialized_variable_takes_its_value_from_an_assignment():
   variable = _tf_private.uninitialized_variable(shape=[2], dtype=tf.float32, name="later")
   variable.assign([3.0, 4.0])

@@ -251,6 +251,30 @@ def own_value(variable) -> tf.Tensor:
   return type(variable).value(variable)
 
 
+def reads_unrecorded():
+  """While open: reads and ops made are recorded on no gradient tape.
+
+  A packed read (`tfps.training.packing`) reads every small dense variable of a ps in one transfer, and a step may use
+  only some of them whole (a small table, say, only through gathers). Recorded, the concatenation and split would give
+  each variable a dense gradient of zeros for the parts the step did not use, turning a table's sparse gradient dense.
+  The parts a step uses are recorded one by one (`record_read`). TensorFlow has no public way to pause every tape.
+  """
+  from tensorflow.python.eager import record  # pylint: disable=g-import-not-at-top
+  return record.stop_recording()
+
+
+def record_read(variable, value: tf.Tensor) -> None:
+  """Records `value` on every open gradient tape as a read of `variable`, as the variable's own `ReadVariableOp` is
+  recorded (`resource_variable_ops.BaseResourceVariable._read_variable_op`): gradients reach `variable` through
+  `value` alone. TensorFlow has no public way to record an op on the tapes."""
+  from tensorflow.python.eager import record  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-import-not-at-top
+  variable = unwrapped(variable)
+  resource_variable_ops.variable_accessed(variable)
+  record.record_operation("ReadVariableOp", [value], [variable.handle], backward_function=lambda x: [x],
+                          forward_function=lambda x: [x])
+
+
 def unwrapped(variable):
   """The variable itself: ParameterServerStrategy hands out its variables wrapped in a `CachingVariable`, which
   passes every op to the wrapped one (`_v`)."""

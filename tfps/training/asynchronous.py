@@ -137,7 +137,7 @@ class AsyncRunner(steps_lib.Runner):
     """While a step's parameters are read: with `packed_reads`, those of each ps in one transfer."""
     if self.packed_reads is None:
       return contextlib.nullcontext()
-    return self.packed_reads.reading(self.step.trainable_variables())
+    return self.packed_reads.reading(self.step.trainable_variables(), self.step.lookups())
 
   def _record(self, slot, mark, after):
     """Records step `mark` applied once its updates, and the ops in `after`, have run."""
