@@ -46,7 +46,8 @@ _VARIANTS = flags.DEFINE_list(
     "each after a `+` (e.g. fit_1x1+pipelined+spin): `+per_feature` for one table per feature instead of "
     "stacked, `+spe<N>` for N steps per scheduled function instead of the path's default, `+unroll<N>` for "
     "--unrolled_steps=N (N steps traced one after another per loop iteration; default 1), `+packed` for "
-    "--packed_reads (the dense variables of a ps read in one transfer), `+spin` for --thread_spinning (idle "
+    "--packed_reads (the dense variables of a ps read in one transfer: tfps's default), `+unpacked` for "
+    "--nopacked_reads (each one read on its own), `+spin` for --thread_spinning (idle "
     "threads of ps and workers spin, TensorFlow's default; `+nospin`: they sleep, tfps's default), `+lockfree` "
     "for --lockfree_row_updates (a legacy Adagrad's table rows updated without a lock), `+pipelined` for "
     "--pipelined_updates (a step's updates applied while the next step computes), `+bf16` for --bf16_rows (table "
@@ -64,7 +65,8 @@ _OUT = flags.DEFINE_string("out", "bench/results",
 
 # `+option` -> the flag of train_bench.py it sets; the plain peer has none of these, so a variant with one is compared
 # with the peer of its shape.
-_FLAG_OPTIONS = {"packed": "--packed_reads", "spin": "--thread_spinning", "nospin": "--nothread_spinning",
+_FLAG_OPTIONS = {"packed": "--packed_reads", "unpacked": "--nopacked_reads", "spin": "--thread_spinning",
+                 "nospin": "--nothread_spinning",
                  "lockfree": "--lockfree_row_updates", "pipelined": "--pipelined_updates", "bf16": "--bf16_rows"}
 
 

@@ -37,7 +37,8 @@ _SPE = flags.DEFINE_integer("steps_per_execution", None, "Steps per scheduled fu
 _NUM_PS = flags.DEFINE_integer("num_ps", 1, "Parameter servers of the in-process cluster.", lower_bound=1)
 _UNROLLED = flags.DEFINE_integer("unrolled_steps", None, "Steps per iteration of the step loop (default: tfps's).",
                                  lower_bound=1)
-_PACKED = flags.DEFINE_boolean("packed_reads", False, "Read each ps's small dense variables in one transfer per step.")
+_PACKED = flags.DEFINE_boolean("packed_reads", None, "Read each ps's small dense variables in one transfer per step "
+                               "(default: tfps's; --nopacked_reads: each one on its own).")
 _BF16 = flags.DEFINE_boolean("bf16_rows", False, "Table rows and their gradients cross as bfloat16.")
 _PER_FEATURE = flags.DEFINE_boolean("per_feature_tables", False, "A tf-keras Embedding per feature (deep and wide) "
                                     "instead of the stacked tables.")
@@ -143,7 +144,7 @@ def main(argv):
             f"--num_ps={_NUM_PS.value}", f"--child_dump_dir={dump_dir}"]
     args += [f"--steps_per_execution={_SPE.value}"] if _SPE.value else []
     args += [f"--unrolled_steps={_UNROLLED.value}"] if _UNROLLED.value else []
-    args += ["--packed_reads"] if _PACKED.value else []
+    args += [] if _PACKED.value is None else ["--packed_reads" if _PACKED.value else "--nopacked_reads"]
     args += ["--bf16_rows"] if _BF16.value else []
     args += ["--per_feature_tables"] if _PER_FEATURE.value else []
     subprocess.run(args, env=env, check=True, stdout=subprocess.DEVNULL)

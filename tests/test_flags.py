@@ -43,6 +43,19 @@ def test_server_options_come_from_the_flags():
   assert flags_lib.server_options_from_flags(flags.FlagValues()) == {}
 
 
+def test_mode_flags_read_dense_variables_packed_by_default_with_async():
+  def mode(*args):
+    flag_values = flags.FlagValues()
+    flags_lib.define_mode_flags(flag_values)
+    flag_values(["prog", *args])
+    return flags_lib.mode_from_flags(flag_values)
+
+  assert mode().packed_reads is True
+  assert mode("--nopacked_reads").packed_reads is False
+  assert mode("--sync_mode=sync").packed_reads is False
+  assert mode("--sync_mode=geo", "--nopacked_reads").describe(2) == "geo, 10 local steps per push"
+
+
 def test_define_flags_twice_is_harmless():
   flag_values = flags.FlagValues()
   flags_lib.define_flags(flag_values)

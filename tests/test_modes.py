@@ -195,13 +195,25 @@ def test_modes_that_make_no_sense_are_refused(mode, message):
     tfps.RunConfig(**mode)
 
 
-def test_a_mode_names_its_opt_in_switches_in_the_run_log_line():
+def test_a_mode_names_the_switches_set_otherwise_than_by_default_in_the_run_log_line():
   assert tfps.TrainingMode().describe(2) == "async"
+  assert tfps.TrainingMode(packed_reads=True).describe(2) == "async"  # the default
   assert tfps.TrainingMode(pipelined_updates=True).describe(2) == "async, updates pipelined"
-  assert tfps.TrainingMode(unrolled_steps=4, packed_reads=True, lockfree_row_updates=True, bf16_rows=True).describe(
-      2) == "async, 4 steps per loop iteration, dense reads packed per ps, row updates without a lock, rows as bfloat16"
+  assert tfps.TrainingMode(unrolled_steps=4, packed_reads=False, lockfree_row_updates=True, bf16_rows=True).describe(
+      2) == ("async, 4 steps per loop iteration, dense variables read one by one, row updates without a lock, rows as "
+             "bfloat16")
   assert tfps.TrainingMode("sync").describe(2) == "sync, 2 worker batches per step"
   assert tfps.TrainingMode("geo").describe(2) == "geo, 10 local steps per push"
+
+
+def test_async_reads_dense_variables_packed_by_default_and_only_there():
+  assert tfps.TrainingMode().packed_reads is True and tfps.RunConfig().training_mode.packed_reads is True
+  assert tfps.TrainingMode(pipelined_updates=True).packed_reads is True
+  assert tfps.TrainingMode(packed_reads=False).packed_reads is False
+  assert tfps.RunConfig(packed_reads=False).training_mode.packed_reads is False
+  for mode in ("sync", "geo"):  # nothing to pack there; saying False is allowed
+    assert tfps.TrainingMode(mode).packed_reads is False
+    assert tfps.TrainingMode(mode, packed_reads=False).packed_reads is False
 
 
 def test_async_steps_run_one_per_loop_iteration_by_default_and_unroll_only_there():

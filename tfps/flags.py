@@ -150,8 +150,9 @@ def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                        flag_values=flag_values)
   flags.DEFINE_integer("replicas_to_aggregate", None, "sync: worker batches per step (default: every worker's).",
                        flag_values=flag_values)
-  flags.DEFINE_boolean("packed_reads", False, "async: read the small dense variables of each ps in one transfer per "
-                       "step (fewer transfers; measured slower at 1 ps + 1 worker).", flag_values=flag_values)
+  flags.DEFINE_boolean("packed_reads", None, "async: read the small dense variables of each ps in one transfer per "
+                       "step (default: on with async; --nopacked_reads reads each one on its own).",
+                       flag_values=flag_values)
   flags.DEFINE_boolean("lockfree_row_updates", False, "async: a legacy Adagrad updates a batch's table rows at once "
                        "without the lock it holds by default (concurrent updates of one row may be lost).",
                        flag_values=flag_values)

@@ -130,7 +130,8 @@ class RunConfig:
     sync_mode: "async" (default), "sync" or "geo" (`tfps.training.modes`; tfps).
     geo_steps: geo: local steps between two pushes of a worker's difference (default 10).
     replicas_to_aggregate: sync: worker batches averaged per step (default: one per worker).
-    packed_reads: async: read the small dense variables of each ps in one transfer per step (default False; tfps).
+    packed_reads: async: read the small dense variables of each ps in one transfer per step (default: on with
+      async, `tfps.TrainingMode`; False reads each one on its own; tfps).
     lockfree_row_updates: async: a legacy Adagrad's table rows, updated all at once, without the lock held by
       default (default False: under a lock of each table shard; `tfps.TrainingMode`; tfps).
     pipelined_updates: async: each ps applies a step's updates while the worker computes the next step (default
@@ -152,7 +153,7 @@ class RunConfig:
   sync_mode: str = "async"
   geo_steps: Optional[int] = None
   replicas_to_aggregate: Optional[int] = None
-  packed_reads: bool = False
+  packed_reads: Optional[bool] = None
   lockfree_row_updates: bool = False
   pipelined_updates: bool = False
   unrolled_steps: Optional[int] = None

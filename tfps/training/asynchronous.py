@@ -1,7 +1,7 @@
 """Async training (ParameterServerStrategy's own): every worker step applies its gradients at once, each step applied
 and counted once even when a worker dies (`tfps.training.exactly_once`, all four rules; table layers' bookkeeping
 once per step and shard: `tfps.training.tables.StepMarks`). The dense gradients of each ps are sent in one transfer
-per ps and step, and with `packed_reads` its small dense variables are read in one (`tfps.training.packing`); a
+per ps and step, and by default (`packed_reads`) its small dense variables are read in one (`tfps.training.packing`); a
 legacy Adagrad updates a batch's table rows all at once, under a lock of each table shard (without it with
 `lockfree_row_updates`), and a stacked table's gradient, summed per row on the worker, is not summed again on the ps
 (`tfps.training.distinct_rows`); a scheduled function's loop runs `unrolled_steps` steps per iteration; with
