@@ -4,7 +4,8 @@ While a cluster runs, every task process (found by its TF_CONFIG) is sampled eve
 (`VmHWM` of /proc/<pid>/status, through psutil), and the bytes its TCP sockets sent and received (`ss -tinp`: the
 kernel's per-connection `bytes_sent`/`bytes_received`; gRPC keeps its connections open, so nothing is lost between
 samples). The result is the chief's JSON plus, per task, `peak_rss_bytes`, and over the chief's measured span `cores`
-(CPU seconds per second) and `network_bytes`. Imports no TensorFlow.
+(CPU seconds per second) and `network_bytes`. One process run alone reports its own `process_cores` over its windows,
+which is taken as its `cores`: its short windows can fall between two samples. Imports no TensorFlow.
 """
 
 import json
@@ -168,6 +169,9 @@ def run(args: Sequence[str], *, num_ps: int = 0, num_workers: int = 0, log_dir: 
     os.remove(json_path)
   if samples:
     result["tasks"] = {name: _task_summary(series, result.get("measured_span")) for name, series in samples.items()}
+  if "process_cores" in result and "single:0" in result.get("tasks", {}):
+    # One process counts its own CPU over its measured windows: exact, where a short window may fall between samples.
+    result["tasks"]["single:0"]["cores"] = result["process_cores"]
   return result
 
 

@@ -91,7 +91,8 @@ def run_single() -> dict:
   model.fit(workload_lib.dataset(workload), epochs=1 + _MEASURE.value, steps_per_epoch=_STEPS.value,
             callbacks=[timer.callback], verbose=0)
   return dict(_rates(timer.seconds), steps_per_execution=_SPE.value or 20, measured_span=timer.span,
-              cpu_secs_per_step=sum(timer.cpu) / (_STEPS.value * _MEASURE.value))
+              cpu_secs_per_step=sum(timer.cpu) / (_STEPS.value * _MEASURE.value),
+              process_cores=sum(timer.cpu) / sum(timer.seconds))
 
 
 def run_fit(config) -> dict:
