@@ -122,6 +122,9 @@ class _DenseFirst(tf_keras.Model):
     return self.last(tf.concat([self.first(inputs["x"]), tf.reshape(self.lookup(inputs["ids"]), [8, -1])], axis=1))
 
 
+_FEATURES = {"x": tf.ones((8, 3)), "ids": tf.constant([[1, 2, 3]] * 8, tf.int64)}
+
+
 def _traced(cluster, build):
   """The step loop body of `build()`'s runner (packed reads, the default), and the dense Adagrad updates in its
   function library (the loop's, its branches')."""
@@ -130,11 +133,15 @@ def _traced(cluster, build):
     model = build()
     model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "mse")
     runner = async_runner(model, coordinator)
-  features = {"x": tf.ones((8, 3)), "ids": tf.constant([[1, 2, 3]] * 8, tf.int64)}
-  iterator = iter(tf.data.Dataset.from_tensors((features, tf.ones((8, 1)))).repeat())
+  return _runner_traced(runner, lambda: model.trainable_variables)  # a subclassed model is built by the trace
+
+
+def _runner_traced(runner, trainable_variables):
+  """`_traced` of `runner`, whose model's variables `trainable_variables()` gives."""
+  iterator = iter(tf.data.Dataset.from_tensors((_FEATURES, tf.ones((8, 1)))).repeat())
   concrete = runner.function.get_concrete_function(iterator, tf.constant(5, tf.int64), tf.constant(0, tf.int64))
-  (table,) = [v for v in model.trainable_variables if "table" in v.name]
-  assert sum(other.device == table.device for other in model.trainable_variables) > 1  # a pack on its ps
+  (table,) = [v for v in trainable_variables() if "table" in v.name]
+  assert sum(other.device == table.device for other in trainable_variables()) > 1  # a pack on its ps
   library = concrete.graph.as_graph_def().library.function
   return _loop_body(concrete), [node for function in library for node in function.node_def
                                 if node.op == "ResourceApplyAdagradV2"]
@@ -162,6 +169,30 @@ def test_a_table_gathered_before_the_dense_reads_stays_out_of_the_pack_and_spars
 
 def test_a_keras_embedding_looked_up_after_the_pack_stays_out_of_it(cluster):
   body, dense_applies = _traced(cluster, lambda: _DenseFirst(tf_keras.layers.Embedding(100, 4, name="table")))
+  assert not _tables_read_whole(body)
+  assert len(dense_applies) == 4
+
+
+def test_any_table_looked_up_after_the_pack_stays_out_of_it(cluster):
+  """Not a tf-keras Embedding, looked up after its ps's packed read is made: found by the step's scratch trace."""
+  body, dense_applies = _traced(cluster, lambda: _DenseFirst(_Table(name="lookup")))
+  assert not _tables_read_whole(body)
+  assert len(dense_applies) == 4
+
+
+def _dense_first_model_fn(features, labels, mode):
+  hidden = tf_keras.layers.Dense(4)(features["x"])
+  looked_up = tf_keras.layers.Flatten()(tf_keras.layers.Embedding(100, 4, name="table")(features["ids"]))
+  predictions = tf_keras.layers.Dense(1)(tf.concat([hidden, looked_up], axis=1))
+  return tfps.EstimatorSpec(mode, loss=tf.reduce_mean(tf.square(predictions - labels)),
+                            optimizer=tf_keras.optimizers.legacy.Adagrad(0.1))
+
+
+def test_a_table_a_model_fn_looks_up_after_the_pack_stays_out_of_it(cluster, tmp_path):
+  estimator = tfps.Estimator(_dense_first_model_fn, model_dir=str(tmp_path), cluster=cluster)
+  estimator.train(lambda: tf.data.Dataset.from_tensors((_FEATURES, tf.ones((8, 1)))).repeat(), max_steps=1)
+  model = estimator.distributed_model()
+  body, dense_applies = _runner_traced(model.runner, model.model.variables.trainable_variables_flat)
   assert not _tables_read_whole(body)
   assert len(dense_applies) == 4
 

@@ -27,13 +27,7 @@ def keras_step(model: tf_keras.Model) -> steps_lib.Step:
   return steps_lib.Step(run=run, forward=forward, optimizer=lambda: model.optimizer, variables=lambda: model.variables,
                         trainable_variables=lambda: model.trainable_variables, counter=model.optimizer.iterations,
                         counts_itself=True, outputs=outputs, tables=lambda: tables.tables_of(model),
-                        outputs_use_loss=False, lookups=lambda: _embedding_tables(model))
-
-
-def _embedding_tables(model: tf_keras.Model) -> list:
-  """The tables of the model's built tf-keras `Embedding` layers (read by gathers)."""
-  return [layer.embeddings for layer in model.submodules
-          if isinstance(layer, tf_keras.layers.Embedding) and layer.built]
+                        outputs_use_loss=False)
 
 
 def drive_fit(model: tf_keras.Model, runner: steps_lib.Runner, iterator) -> tf_keras.callbacks.Callback:

@@ -38,6 +38,7 @@ class AsyncRunner(steps_lib.Runner):
     self.table_marks = tables.StepMarks(self.strategy)  # table layers' bookkeeping, once per step and shard
     # opt-in: the small dense variables of a ps read in one transfer per step
     self.packed_reads = packing.PackedReads() if self.mode.packed_reads else None
+    self._tables = None  # the variables a step gathers rows from, found at the first trace (`_gathered`)
     steps = self._pipelined_steps if self.mode.pipelined_updates else self._steps
     self.function = tf.function(steps, autograph=False)  # a step's errors surface unwrapped
     self._start = (0, 0)
@@ -57,9 +58,9 @@ class AsyncRunner(steps_lib.Runner):
     unrolled = self.mode.steps_per_iteration(self.steps_per_execution)
 
     def step(index, loss_sum, examples):
-      mark = self._mark(seq, index)
-      with self._applying(slot, mark) as ps_applied, self._reading():
-        loss, count = self._run(self.step.run, iterator, slot, mark)
+      mark, batch = self._mark(seq, index), next(iterator)
+      with self._applying(slot, mark) as ps_applied, self._reading(batch):
+        loss, count = self._run(self.step.run, batch, slot, mark)
         counted = exactly_once.counted_after_updates(self.step)
       self._record(slot, mark, ps_applied() + counted)
       return index + 1, self._loss_sum(loss_sum, loss), examples + tf.cast(count, tf.int64)
@@ -116,9 +117,9 @@ class AsyncRunner(steps_lib.Runner):
     """Step `index` of function `seq` in the records (`exactly_once`)."""
     return seq * self.progress.stride + index + 1
 
-  def _run(self, fn, iterator, slot, mark):
-    """`fn(batch)` on the next batch, in replica context, table layers marked with the step."""
-    return self.strategy.run(self.table_marks.marked(fn, slot, mark), args=(next(iterator),))
+  def _run(self, fn, batch, slot, mark):
+    """`fn(batch)` in replica context, table layers marked with the step."""
+    return self.strategy.run(self.table_marks.marked(fn, slot, mark), args=(batch,))
 
   @contextlib.contextmanager
   def _applying(self, slot, mark, after=None):
@@ -133,11 +134,29 @@ class AsyncRunner(steps_lib.Runner):
     with rows, distinct_rows.applying(optimizer, bf16_rows), once as ps_applied:
       yield ps_applied
 
-  def _reading(self):
-    """While a step's parameters are read: with `packed_reads`, those of each ps in one transfer."""
+  def _reading(self, batch):
+    """While a step on `batch` reads its parameters: with `packed_reads`, those of each ps in one transfer, but its
+    tables (the variables it gathers rows from)."""
     if self.packed_reads is None:
       return contextlib.nullcontext()
-    return self.packed_reads.reading(self.step.trainable_variables(), self.step.lookups())
+    if self._tables is None:
+      self._tables = self._gathered(batch)
+    return self.packed_reads.reading(self.step.trainable_variables(), self._tables)
+
+  def _gathered(self, batch) -> list:
+    """The variables (or shards) the step gathers rows from, wherever the model looks them up: found by tracing the
+    step on `batch`'s spec in a scratch graph (never run), its updates held back."""
+    found = []
+
+    def step(batch):
+      optimizer = self.step.optimizer()
+      with (contextlib.nullcontext() if optimizer is None else
+            steps_lib.redirected_apply_gradients(optimizer, lambda *args, **kwargs: tf.no_op())):
+        self.strategy.run(self.step.run, args=(batch,))
+      found.extend(packing.gathered(tf.compat.v1.get_default_graph(), self.step.trainable_variables()))
+
+    tf.function(step, autograph=False).get_concrete_function(tf.nest.map_structure(tf.type_spec_from_value, batch))
+    return found
 
   def _record(self, slot, mark, after):
     """Records step `mark` applied once its updates, and the ops in `after`, have run."""
@@ -153,8 +172,9 @@ class AsyncRunner(steps_lib.Runner):
       held.append((grads_and_vars, args, kwargs))
       return tf.no_op()
 
-    with steps_lib.redirected_apply_gradients(self.step.optimizer(), hold), self._reading():
-      loss, count = self._run(self.step.run, iterator, slot, mark)
+    batch = next(iterator)
+    with steps_lib.redirected_apply_gradients(self.step.optimizer(), hold), self._reading(batch):
+      loss, count = self._run(self.step.run, batch, slot, mark)
     if len(held) != 1:
       raise UsageError(f"`pipelined_updates` (True) needs a step that applies its gradients with one "
                        f"`optimizer.apply_gradients` call; this one made {len(held)}")

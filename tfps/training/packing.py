@@ -12,8 +12,9 @@ these helpers through `tfps.training.asynchronous.AsyncRunner`:
   part. The reads are the variables' own `ReadVariableOp`s, made where the step's first read is, so each step reads
   the latest values and tf.function still orders them before the step's updates. The gradient tapes see each part
   the step uses as its variable's read, and nothing of the concatenation and split: gradients reach the variables as
-  they do unpacked (on the worker, then packed per ps by `transferred`), and a variable the step uses only through
-  gathers (a small table) keeps its sparse gradient. A whole read after an op that may write the variable (one made
+  they do unpacked (on the worker, then packed per ps by `transferred`), and a table read whole (a lookup from its
+  value) keeps its sparse gradient. The step's tables, the variables it gathers rows from (`gathered`), are never
+  part of a pack. A whole read after an op that may write the variable (one made
   since the packed read, in the same graph) reads the variable itself, as it would unpacked. Variables, checkpoints
   and everything outside the traced step are unchanged.
 """
@@ -26,12 +27,11 @@ import tensorflow as tf
 from tfps import _tf_private
 from tfps.training import strategy as strategy_lib
 
-# The largest variable (or shard) read packed: parts as small as tfps's unsharded dense weights. A table is kept out of
-# packs where it is known (`PackedReads.reading`); one that is not would be read whole every step, at most this large.
+# The largest variable (or shard) read packed: parts as small as tfps's unsharded dense weights.
 MAX_PACKED_BYTES = 512 * 1024
 # Ops that take a variable's handle and only read the variable; any other op taking it may write it.
 _READS_ONLY = frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape", "VarIsInitializedOp"})
-# Ops that read some rows of a variable: a variable a step has read this way (a table) is not read whole in a pack.
+# Ops that read some rows of a variable: a variable a step reads this way (a table) is not read whole in a pack.
 _GATHERS = frozenset({"ResourceGather", "ResourceGatherNd"})
 
 
@@ -59,16 +59,14 @@ class PackedReads:
   """Reads the small dense variables of each ps in one transfer per step (see the module docstring)."""
 
   @contextlib.contextmanager
-  def reading(self, variables: Iterable[tf.Variable], lookups: Iterable[tf.Variable] = ()):
+  def reading(self, variables: Iterable[tf.Variable], tables: Iterable[tf.Variable] = ()):
     """While a step is traced: every whole read of one of `variables` (or of a shard of one) that is `packable` returns
     its part of its ps's packed read, made once per graph being traced (a step, a loop body, a branch).
 
-    Tables are not read whole: neither the `lookups` (variables the model reads by gathers, e.g. tf-keras `Embedding`
-    tables) nor a variable the step has gathered from before its ps's packed read is made (the model's other tables,
-    looked up before the dense layers that follow them read their weights) is part of a pack; a whole read of one is
-    its own read."""
+    The `tables` (variables or shards the step gathers rows from, `gathered`) are not part of a pack: read whole
+    every step, a small table would cost more than its rows; a whole read of one is its own read."""
     groups: Dict[Tuple[str, tf.DType], list] = {}
-    seen = {id(_tf_private.unwrapped(part)) for table in lookups for part in strategy_lib.shards_of(table)}
+    seen = {id(_tf_private.unwrapped(part)) for table in tables for part in strategy_lib.shards_of(table)}
     for variable in variables:
       for part in strategy_lib.shards_of(variable):
         part = _tf_private.unwrapped(part)
@@ -81,19 +79,14 @@ class PackedReads:
     def read(part, key):
       graph = tf.compat.v1.get_default_graph()
       if (graph, key) not in packs:
-        members = [member for member in groups[key]
-                   if not any(op.type in _GATHERS for op in _handle_users(member, graph))]
-        parts = []
-        if members:
-          with _tf_private.reads_unrecorded():  # each part the step uses is recorded below, alone
-            with tf.device(key[0]):
-              values = [_tf_private.own_value(member) for member in members]
-            _, parts = transferred(values, destination=None, source=key[0])
+        members = groups[key]
+        with _tf_private.reads_unrecorded():  # each part the step uses is recorded below, alone
+          with tf.device(key[0]):
+            values = [_tf_private.own_value(member) for member in members]
+          _, parts = transferred(values, destination=None, source=key[0])
         packs[(graph, key)] = ({id(member): value for member, value in zip(members, parts)},
                                {id(member): _handle_users(member, graph) for member in members})
       values, users = packs[(graph, key)]
-      if id(part) not in values:  # gathered before the pack was made: a table
-        return _tf_private.own_value(part)
       if any(op.type not in _READS_ONLY for op in _handle_users(part, graph) - users[id(part)]):
         return _tf_private.own_value(part)  # written since the packed read (or may have been)
       _tf_private.record_read(part, values[id(part)])
@@ -112,3 +105,9 @@ def _handle_users(variable, graph) -> frozenset:
   if hasattr(graph, "capture"):  # a function's graph: the handle is captured as one of its inputs
     handle = graph.capture(handle)
   return frozenset(handle.consumers())
+
+
+def gathered(graph, variables: Iterable[tf.Variable]) -> list:
+  """The parts (variables or shards) of `variables` whose rows `graph`, a traced step, gathers: its tables."""
+  return [part for variable in variables for part in strategy_lib.shards_of(variable)
+          if any(op.type in _GATHERS for op in _handle_users(_tf_private.unwrapped(part), graph))]

@@ -34,8 +34,6 @@ class Step:
       (`tfps.training.tables`), known once the model is built.
     outputs_use_loss: whether `outputs` uses `loss_sum`; where it does not (tf-keras, whose loss is a metric on a ps),
       the async runner does not read each step's loss back from the ps.
-    lookups: `fn() -> [tf.Variable]`, variables the model reads by gathers (embedding tables), where it knows them:
-      packed reads (`tfps.training.packing`) never read them whole.
   """
 
   run: Callable
@@ -48,7 +46,6 @@ class Step:
   outputs: Callable[[tf.Tensor, tf.Tensor], Any] = lambda loss_sum, examples: (loss_sum, examples)
   tables: Callable[[], list] = lambda: []
   outputs_use_loss: bool = True
-  lookups: Callable[[], List[tf.Variable]] = lambda: []
 
   def count(self, steps) -> Optional[tf.Operation]:
     """Adds `steps` to the counter unless `run` counts itself (then None)."""
