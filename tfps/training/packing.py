@@ -14,9 +14,9 @@ these helpers through `tfps.training.asynchronous.AsyncRunner`:
   the step uses as its variable's read, and nothing of the concatenation and split: gradients reach the variables as
   they do unpacked (on the worker, then packed per ps by `transferred`), and a table read whole (a lookup from its
   value) keeps its sparse gradient. The step's tables, the variables it gathers rows from (`gathered`), are never
-  part of a pack. A whole read after an op that may write the variable (one made
-  since the packed read, in the same graph) reads the variable itself, as it would unpacked. Variables, checkpoints
-  and everything outside the traced step are unchanged.
+  part of a pack. A whole read after an op that may write the variable (one made since the packed read, in the same
+  graph) reads the variable itself, as it would unpacked. Variables, checkpoints and everything outside the traced
+  step are unchanged.
 """
 
 import contextlib
