@@ -14,10 +14,12 @@ samples each task's peak RSS), or alone with `--single`. Experiments (`--experim
   tf-keras's experimental `DynamicEmbedding` tried on the same cluster (its error is recorded) and, since it cannot
   run there, all three alone in one process at `--single_capacity` rows (also CPU seconds per step, steadier than
   wall time on a loaded machine).
+* `bf16_rows`: a dynamic table (generated Criteo-schema rows, 2 ps + 2 workers) with and without `--bf16_rows`,
+  alternating: bytes over the ps's sockets per example and examples/s of each.
 
 Runs of the two sides alternate. Writes `--json_out` with every run and a summary per experiment.
 
-  .venv/bin/python bench/dynamic_embedding_measured.py      # all four: about an hour on 2 cores at load ~30
+  .venv/bin/python bench/dynamic_embedding_measured.py      # all five: over an hour on 2 cores at load ~30
   .venv/bin/python bench/dynamic_embedding_measured.py --experiments=movielens --seeds=0
   (the commands behind bench/results/dynamic_embedding_measured_*.json: docs/dynamic_embeddings_measured.md)
 """
@@ -36,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from bench import runner  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 SCRIPT = os.path.join(runner.ROOT, "bench", "dynamic_embedding_run.py")
-EXPERIMENTS = ("movielens", "criteo", "spread", "step_time")
+EXPERIMENTS = ("movielens", "criteo", "spread", "step_time", "bf16_rows")
 _EXPERIMENTS = flags.DEFINE_list("experiments", list(EXPERIMENTS), f"Any of {', '.join(EXPERIMENTS)}.")
 _DATA_DIR = flags.DEFINE_string("data_dir", os.path.join(os.path.dirname(runner.ROOT), "shared", "data", "ml-100k"),
                                 "The MovieLens 100K folder (read in place, never copied).")
@@ -59,9 +61,14 @@ _STEP_ROWS = flags.DEFINE_integer("step_time_rows", 400_000, "step_time: trainin
                                   lower_bound=1)
 _STEP_SIDES = flags.DEFINE_list("step_time_sides", ["cluster", "single"], "step_time: cluster (tfps.fit, 2 ps + 2 "
                                   "workers) and/or single (one process).")
+_STEP_REPEATS = flags.DEFINE_integer("step_time_repeats", 1, "step_time: cluster runs of hashed and dynamic each, "
+                                     "alternating (medians).", lower_bound=1)
 _SINGLE_CAPACITY = flags.DEFINE_integer("single_capacity", 20_000, "step_time: rows of the tables in the "
                                         "single-process comparison with tf-keras's layer.", lower_bound=1)
 _SINGLE_STEPS = flags.DEFINE_integer("single_steps", 40, "step_time: steps per epoch in one process.", lower_bound=1)
+_BF16_ROWS = flags.DEFINE_integer("bf16_rows_rows", 200_000, "bf16_rows: training rows.", lower_bound=1)
+_BF16_REPEATS = flags.DEFINE_integer("bf16_rows_repeats", 2, "bf16_rows: runs of each side, alternating.",
+                                     lower_bound=1)
 _BATCH = flags.DEFINE_integer("batch_size", 256, "Examples per step (per worker).", lower_bound=1)
 _SINGLE_PROCESS = flags.DEFINE_boolean("single_process", False, "Run every cluster run alone in one process instead "
                                        "(no ps memory, no keras_dynamic-on-cluster error): a smoke test of this "
@@ -152,10 +159,14 @@ def step_time() -> dict:
   if "cluster" in _STEP_SIDES.value:
     cluster = ["--data=criteo", f"--rows={_STEP_ROWS.value}", "--eval_rows=20000",
                f"--vocab_per_column={_VOCAB.value}", "--dim=8", "--capacity_fraction=1.0"]
-    runs += [_run(f"step_time_{table}", cluster + [f"--table={table}"])
-             for table in ("hashed", "dynamic", "keras_dynamic")]
-    secs = {run["table"]: run.get("step_secs") for run in runs}
-    summary.update(cluster_step_secs=secs, cluster_dynamic_vs_hashed=secs["dynamic"] / secs["hashed"],
+    runs += [_run(f"step_time_{table}_{repeat}", cluster + [f"--table={table}"])
+             for repeat in range(_STEP_REPEATS.value) for table in ("hashed", "dynamic")]
+    runs.append(_run("step_time_keras_dynamic", cluster + ["--table=keras_dynamic"]))
+    measured = {table: [run["step_secs"] for run in runs if run["table"] == table] for table in ("hashed", "dynamic")}
+    secs = {table: statistics.median(values) for table, values in measured.items()}
+    secs["keras_dynamic"] = runs[-1].get("step_secs")
+    summary.update(cluster_step_secs=secs, cluster_step_secs_runs=measured,
+                   cluster_dynamic_vs_hashed=secs["dynamic"] / secs["hashed"],
                    keras_dynamic_on_cluster=runs[-1].get("error", "ran"),
                    keras_dynamic_error_where=runs[-1].get("error_where"), cluster_table_rows=runs[0]["table_rows"])
   if "single" in _STEP_SIDES.value:
@@ -174,12 +185,39 @@ def step_time() -> dict:
   return {"summary": summary, "runs": runs}
 
 
+def bf16_rows() -> dict:
+  """Bytes over the ps's sockets per example and examples/s of a dynamic table's runs with and without `--bf16_rows`
+  (rows and their gradients as bfloat16), alternating; medians."""
+  common = ["--data=criteo", "--table=dynamic", f"--rows={_BF16_ROWS.value}", "--eval_rows=5000",
+            f"--vocab_per_column={_VOCAB.value}", "--dim=16", "--capacity_fraction=1.0"]
+  runs, sides = [], {"float32": [], "bf16_rows": []}
+  for repeat in range(_BF16_REPEATS.value):
+    for side, extra in (("float32", []), ("bf16_rows", ["--bf16_rows"])):
+      result = _run(f"bf16_rows_{side}_{repeat}", common + extra)
+      ps = [summary for task, summary in result["tasks"].items() if task.startswith("ps:")]
+      examples = result["examples_per_sec"] * ps[0]["network_secs"]  # over the span the traffic was counted in
+      sides[side].append({"examples_per_sec": result["examples_per_sec"],
+                          "ps_bytes_per_example": sum(task["network_bytes"] for task in ps) / examples})
+      runs.append(result)
+  summary = {side: {key: statistics.median(run[key] for run in measured) for key in measured[0]}
+             for side, measured in sides.items()}
+  summary["bytes_bf16_vs_float32"] = (summary["bf16_rows"]["ps_bytes_per_example"]
+                                      / summary["float32"]["ps_bytes_per_example"])
+  summary["speed_bf16_vs_float32"] = (summary["bf16_rows"]["examples_per_sec"]
+                                      / summary["float32"]["examples_per_sec"])
+  summary["runs"] = sides
+  return {"summary": summary, "runs": runs}
+
+
 def main(argv):
   del argv
   unknown = [name for name in _EXPERIMENTS.value if name not in EXPERIMENTS]
   if unknown:
     raise app.UsageError(f"--experiments names {unknown[0]!r}; allowed: {', '.join(EXPERIMENTS)}")
-  functions = {"movielens": movielens, "criteo": criteo, "spread": spread, "step_time": step_time}
+  if _SINGLE_PROCESS.value and "bf16_rows" in _EXPERIMENTS.value:
+    raise app.UsageError("--experiments=bf16_rows measures the ps's traffic: it needs a cluster, not --single_process")
+  functions = {"movielens": movielens, "criteo": criteo, "spread": spread, "step_time": step_time,
+               "bf16_rows": bf16_rows}
   results = {}
   for name in _EXPERIMENTS.value:
     results[name] = functions[name]()

@@ -36,6 +36,7 @@ from bench import dynamic_embedding_data as data_lib  # pylint: disable=g-import
 from bench import epoch_timer  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 tfps.define_flags()
+tfps.define_mode_flags()  # e.g. --bf16_rows on the cluster
 _DATA = flags.DEFINE_enum("data", "movielens", ["movielens", "criteo"], "What to train on.")
 _TABLE = flags.DEFINE_enum("table", "dynamic", ["dynamic", "hashed", "keras_dynamic"], "The embedding table.")
 _SINGLE = flags.DEFINE_boolean("single", False, "Train in this process with tf-keras `fit`, no strategy.")
@@ -167,7 +168,7 @@ def train_and_evaluate(config) -> dict:
     logs = evaluate_alone(model, test_fn(None))
   else:
     model = tfps.fit(build, train_fn, epochs=_EPOCHS.value, steps_per_epoch=steps, callbacks=[timer.callback],
-                     batch_size=_BATCH.value, cluster=config, log_every_secs=30,
+                     batch_size=_BATCH.value, cluster=config, log_every_secs=30, sync_mode=tfps.mode_from_flags(),
                      **tfps.strategy_options_from_flags()).model
     logs = tfps.evaluate(model, test_fn, exact=True)
   train_secs = time.monotonic() - start

@@ -187,7 +187,7 @@ def test_a_step_cancelled_after_its_admissions_counts_its_fallbacks_once(strateg
 
   shard = layer.shards[0]
   ids = tf.constant([1, 2, 3, 4, 5], tf.int64)
-  with shard._placed():  # the cancelled first run: its admission's writes landed, its last writes did not
+  with shard.placed():  # the cancelled first run: its admission's writes landed, its last writes did not
     shard._admit(ids, layer._row_shards[0], layer._fresh_rows, layer._slots(0), remove_counts=False)
   assert layer.table_metrics() == {"occupancy": 2, "admitted": 2, "evicted": 0, "fallbacks": 0}
   for _ in range(2):  # the step run again to its end, then once more (as if its result was lost): mark 1 both times

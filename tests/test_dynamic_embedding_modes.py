@@ -1,11 +1,15 @@
 """tfps.layers.DynamicEmbedding in sync and geo mode, and on the Estimator path (in-process cluster)."""
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
 
 import tfps
+from test_exactly_once import async_runner
+from test_packing import _loop_body
 
 NUM_IDS, CAPACITY, DIM, BATCH = 300, 8192, 8, 64  # 8192 x 8 floats: sharded over both ps
 RAW = 10**12 + 7919 * np.arange(NUM_IDS, dtype=np.int64)  # raw ids, far beyond the capacity
@@ -157,3 +161,26 @@ def test_pipelined_updates_refuse_a_table_layer_in_one_line(cluster):
   with pytest.raises(tfps.UsageError, match=r"^`pipelined_updates` \(True\) cannot train table layers \(ids_table\)"):
     tfps.fit(build_model, dataset_fn, epochs=1, steps_per_epoch=5, cluster=cluster,
              sync_mode=tfps.TrainingMode(pipelined_updates=True))
+
+
+def test_bf16_rows_send_the_table_rows_as_bfloat16(cluster):
+  """Each row shard's gathered rows are cast to bfloat16 on its ps (the gradients are cast on the worker)."""
+  strategy, coordinator = tfps.build_strategy(cluster)
+  with strategy.scope():
+    model = build_model()
+    model.get_layer("ids_table").bind_optimizer(model.optimizer)
+    runner = async_runner(model, coordinator, mode=tfps.TrainingMode(bf16_rows=True))
+  iterator = iter(dataset_fn())
+  body = _loop_body(runner.function.get_concrete_function(iterator, tf.constant(5, tf.int64), tf.constant(0, tf.int64)))
+  shards = model.get_layer("ids_table").embeddings.variables
+  narrowed = [node for node in body.node_def if node.op == "Cast" and re.search(r"tfps_bf16_out(_\d+)?$", node.name)]
+  assert sorted(node.device for node in narrowed if "/job:ps/" in node.device) == sorted(
+      shard.device for shard in shards)
+
+
+def test_bf16_rows_learn_each_raw_ids_label(cluster):
+  history = tfps.fit(build_model, dataset_fn, epochs=2, steps_per_epoch=60, cluster=cluster,
+                     sync_mode=tfps.TrainingMode(bf16_rows=True))
+  assert history.history["ids_table/occupancy"][-1] == NUM_IDS, history.history
+  predictions = history.model.predict(RAW[:, None], verbose=0)[:, 0]
+  assert np.mean((predictions > 0.5) == LABELS) >= 0.95

@@ -27,6 +27,7 @@ import tf_keras
 
 from tfps import _tf_private
 from tfps.models.dynamic_rows import RowShard
+from tfps.training import distinct_rows
 from tfps.training import tables
 
 _KEY_DTYPES = {tf.int64: tf.int64, tf.int32: tf.int64, tf.string: tf.string}
@@ -187,24 +188,40 @@ class DynamicEmbedding(tf_keras.layers.Layer):
     text = keys if self.key_dtype == tf.string else tf.strings.as_string(keys)
     return tf.cast(tf.strings.to_hash_bucket_fast(text, len(self.shards)), tf.int32)
 
-  def rows_of(self, ids, training=False):
-    """Global rows of `ids` (any shape), -1 where an id reads the default; in training, admits and evicts."""
-    keys = self._keys(ids)
-    unique, positions = tf.unique(tf.reshape(keys, [-1]), out_idx=tf.int64)
-    shard_of = self._shard_of(unique)
-    indices, rows = [], []
+  def _by_shard(self, keys, training: bool, each):
+    """`each(index, local rows)` of the keys (distinct, a vector) of every shard, stitched back in the keys' order:
+    the shard's rows of its keys, -1 where a key reads the default; in training, admitting and evicting."""
+    shard_of = self._shard_of(keys)
+    indices, parts = [], []
     for index, shard in enumerate(self.shards):
       where = tf.reshape(tf.where(tf.equal(shard_of, index)), [-1])
-      shard_keys = tf.gather(unique, where)
+      shard_keys = tf.gather(keys, where)
       if training:
         local = shard.lookup_or_admit(shard_keys, self._row_shards[index], self._fresh_rows, self._slots(index),
                                       self.min_count, self.steps_to_live)
       else:
         local = shard.lookup(shard_keys)
-      indices.append(where)
-      rows.append(tf.where(local >= 0, local + self._offsets[index], local))
-    unique_rows = tf.dynamic_stitch([tf.cast(i, tf.int32) for i in indices], rows)
+      indices.append(tf.cast(where, tf.int32))
+      parts.append(each(index, local))
+    return tf.dynamic_stitch(indices, parts)
+
+  def rows_of(self, ids, training=False):
+    """Global rows of `ids` (any shape), -1 where an id reads the default; in training, admits and evicts."""
+    keys = self._keys(ids)
+    unique, positions = tf.unique(tf.reshape(keys, [-1]), out_idx=tf.int64)
+    unique_rows = self._by_shard(unique, training,
+                                 lambda index, local: tf.where(local >= 0, local + self._offsets[index], local))
     return tf.reshape(tf.gather(unique_rows, positions), tf.shape(keys))
+
+  def _shard_vectors(self, index, local):
+    """Vectors of a shard's `local` rows, zeros where a row is -1: the rows found are picked and gathered on the
+    shard's ps, right after its bookkeeping there, and only they cross to the caller (the ids gathered stay there)."""
+    shard = self.shards[index]
+    with shard.placed():
+      found = tf.where(local >= 0)
+      rows = tf.gather_nd(local, found) + shard.base
+    vectors = distinct_rows.gather(self._row_shards[index], rows, ids_on=shard.device or None)
+    return tf.scatter_nd(found, vectors, [tf.size(local, out_type=tf.int64), self.dim])
 
   def call(self, ids, training=None):
     answer = tables.current_answer() if training else None
@@ -212,7 +229,7 @@ class DynamicEmbedding(tf_keras.layers.Layer):
       return answer(self, ids)
     keys = self._keys(ids)
     unique, positions = tf.unique(tf.reshape(keys, [-1]), out_idx=tf.int64)
-    unique_vectors = self.lookup_rows(self.rows_of(unique, training=bool(training)))
+    unique_vectors = self._by_shard(unique, bool(training), self._shard_vectors)
     shape = tf.concat([tf.shape(keys), [self.dim]], axis=0)
     return tf.reshape(tf.gather(unique_vectors, positions), shape)
 

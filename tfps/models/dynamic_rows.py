@@ -50,7 +50,7 @@ class RowShard(tf.Module):
     self.base = base  # where the shard's rows start in the variable holding them
     self.device = device
     empty_key = "" if key_dtype == tf.string else 0
-    with tf.init_scope(), self._placed():  # resources, not function-local, when a model_fn builds the layer in a trace
+    with tf.init_scope(), self.placed():  # resources, not function-local, when a model_fn builds the layer in a trace
       self.map = tf.lookup.experimental.MutableHashTable(key_dtype, tf.int64, default_value=-1, name=f"map_{index}")
       self.counts = tf.lookup.experimental.MutableHashTable(key_dtype, tf.int64, default_value=0,
                                                             name=f"counts_{index}")
@@ -73,12 +73,12 @@ class RowShard(tf.Module):
       self.evicted = variable("evicted", lambda: 0)
       self.fallbacks = variable("fallbacks", lambda: 0)
 
-  def _placed(self):
+  def placed(self):
     """On the shard's ps; unplaced outside a strategy (a serving copy must not name the devices it was saved on)."""
     return tf.device(self.device) if self.device else contextlib.nullcontext()
 
   def lookup(self, keys):
-    with self._placed():
+    with self.placed():
       return shaped_lookup(self.map, keys)
 
   def lookup_or_admit(self, keys, rows_variable, initializer, slots, min_count: int, steps_to_live: Optional[int]):
@@ -118,7 +118,7 @@ class RowShard(tf.Module):
         return tf.identity(rows)
 
     step = tables.current_step()
-    with self._placed():
+    with self.placed():
       # Everything the bookkeeping reads is on this ps before the lock is taken, so nothing inside waits for the
       # worker. A worker's tensor read inside would come through a `tf.cond` switch placed on the worker: a worker
       # dying after the clock's tick and before that tensor came left the tick without the step's mark (seen in geo

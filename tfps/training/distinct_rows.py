@@ -18,7 +18,7 @@ were not marked (another layer's, or rows summed elsewhere) are summed as before
 """
 
 import contextlib
-from typing import List
+from typing import List, Optional
 import weakref
 
 import numpy as np
@@ -66,22 +66,25 @@ def lookup(embeddings, ids: tf.Tensor, distinct: bool = True) -> tf.Tensor:
   where `distinct`); as `tf.nn.embedding_lookup` gives them."""
   shards = strategy_lib.shards_of(embeddings)
   if len(shards) == 1:
-    return _gathered(shards[0], ids, distinct)
+    return gather(shards[0], ids, distinct)
   sizes = [int(shard.shape[0]) for shard in shards]
   ends = np.cumsum(sizes)
   shard_of = tf.searchsorted(tf.constant(ends, ids.dtype), ids, side="right", out_type=tf.int32)
   local = ids - tf.gather(tf.constant(ends - sizes, ids.dtype), shard_of)
   parts = tf.dynamic_partition(local, shard_of, len(shards))
   positions = tf.dynamic_partition(tf.range(tf.size(ids)), shard_of, len(shards))
-  rows: List[tf.Tensor] = [_gathered(shard, part, distinct) for shard, part in zip(shards, parts)]
+  rows: List[tf.Tensor] = [gather(shard, part, distinct) for shard, part in zip(shards, parts)]
   return tf.dynamic_stitch(positions, rows)
 
 
-def _gathered(shard, ids: tf.Tensor, distinct: bool) -> tf.Tensor:
-  """The rows of `ids` in `shard`, gathered on its ps and returned by an op placed apart from it, as
+def gather(shard, ids: tf.Tensor, distinct: bool = True, ids_on: Optional[str] = None) -> tf.Tensor:
+  """The rows of `ids` in `shard` (a variable), gathered on its ps and returned by an op placed apart from it, as
   `tf.nn.embedding_lookup` does (its identity), so that ops on the rows' metadata (the gradient's `Shape`) run where
-  the rows are used, not on the ps (a transfer per table and step); as bfloat16 on the way with `bf16_rows`."""
-  rows = tf.gather(shard, _marked(ids) if distinct else ids)
+  the rows are used, not on the ps (a transfer per table and step); as bfloat16 on the way with `bf16_rows`.
+  `ids_on`: the device where `ids` are (made on the shard's ps, they are marked there, not sent to the caller and
+  back); None: the caller's."""
+  with strategy_lib.on_device(ids_on):
+    rows = tf.gather(shard, _marked(ids) if distinct else ids)
   if _active.get(tf.compat.v1.get_default_graph()):  # tracing a step with bf16_rows
     return wire.crossed(rows, destination=None, source=shard.device)
   return tf.identity(rows)
