@@ -195,9 +195,10 @@ def bf16_rows() -> dict:
     for side, extra in (("float32", []), ("bf16_rows", ["--bf16_rows"])):
       result = _run(f"bf16_rows_{side}_{repeat}", common + extra)
       ps = [summary for task, summary in result["tasks"].items() if task.startswith("ps:")]
-      examples = result["examples_per_sec"] * ps[0]["network_secs"]  # over the span the traffic was counted in
+      # The examples of the measured epochs, and the ps's bytes over the same span.
+      examples = result["steps_per_epoch"] * _BATCH.value * len(result["window_examples_per_sec"])
       sides[side].append({"examples_per_sec": result["examples_per_sec"],
-                          "ps_bytes_per_example": sum(task["network_bytes"] for task in ps) / examples})
+                          "ps_bytes_per_example": sum(task["span_network_bytes"] for task in ps) / examples})
       runs.append(result)
   summary = {side: {key: statistics.median(run[key] for run in measured) for key in measured[0]}
              for side, measured in sides.items()}

@@ -4,7 +4,8 @@ While a cluster runs, every task process (found by its TF_CONFIG) is sampled eve
 (`VmHWM` of /proc/<pid>/status, through psutil), and the bytes its TCP sockets sent and received (`ss -tinp`: the
 kernel's per-connection `bytes_sent`/`bytes_received`; gRPC keeps its connections open, so nothing is lost between
 samples). The result is the chief's JSON plus, per task, `peak_rss_bytes`, and over the chief's measured span `cores`
-(CPU seconds per second) and `network_bytes`. One process run alone reports its own `process_cores` over its windows,
+(CPU seconds per second) and `network_bytes` (between the first and last samples inside the span), and
+`span_network_bytes` (over the whole span, interpolated between the samples around its ends). One process run alone reports its own `process_cores` over its windows,
 which is taken as its `cores`: its short windows can fall between two samples. Imports no TensorFlow.
 """
 
@@ -184,4 +185,19 @@ def _task_summary(series: List[tuple], span: Optional[Sequence[float]]) -> dict:
       summary["cores"] = (last[1] - first[1]) / (last[0] - first[0])
       summary["network_bytes"] = last[3] - first[3]
       summary["network_secs"] = last[0] - first[0]
+    span_bytes = [_at(series, moment, 3) for moment in span]
+    if None not in span_bytes:
+      summary["span_network_bytes"] = span_bytes[1] - span_bytes[0]
   return summary
+
+
+def _at(series: List[tuple], moment: float, field: int) -> Optional[float]:
+  """Sample `field` at time `moment`, interpolated between the samples around it (None: none on one side)."""
+  before = [sample for sample in series if sample[0] <= moment]
+  after = [sample for sample in series if sample[0] >= moment]
+  if not before or not after:
+    return None
+  low, high = before[-1], after[0]
+  if high[0] == low[0]:
+    return float(low[field])
+  return low[field] + (high[field] - low[field]) * (moment - low[0]) / (high[0] - low[0])

@@ -9,8 +9,9 @@ the sum. Anywhere else (geo, sync, pipelined updates, one process, serving), `ac
 up as tf-keras does.
 
 With `bf16_rows` (`tfps.training.wire`) every table lookup of the step sends its rows to the worker as bfloat16: a
-distinct-ids table's through `lookup`, and each tf-keras `Embedding` layer's through `lookup` too, with its ids as
-they are (duplicates included, so not marked: its gradient is summed per row on the ps as before).
+distinct-ids table's through `lookup` (a `DynamicEmbedding` shard's through `gather`, its ids made and marked on its
+ps), and each tf-keras `Embedding` layer's through `lookup` too, with its ids as they are (duplicates included, so
+not marked: its gradient is summed per row on the ps as before).
 
 Marks live per graph and name the exact tensors a gather reads: a gradient's ids are recognised through the ops that
 keep a tensor's elements (`Identity`, `Reshape`, ...) from a marked tensor, and through nothing else, so ids that
