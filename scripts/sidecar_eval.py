@@ -11,7 +11,7 @@ from absl import flags
 from absl import logging
 
 import tfps
-from tfps.models import flags as model_flags
+from tfps.cli import model_flags
 
 model_flags.define_model_flags()
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "The training run's model_dir.", required=True)

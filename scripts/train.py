@@ -10,7 +10,7 @@ from absl import flags
 from absl import logging
 
 import tfps
-from tfps.models import flags as model_flags
+from tfps.cli import model_flags
 from tfps import run_records
 
 tfps.define_flags()

@@ -13,7 +13,7 @@ _env.prepare()
 from tfps.cluster.config import ClusterConfig  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tfps.errors import (ArgumentTypeError, CheckpointMismatchError, ClusterConfigError, KerasVersionError, TfpsError,  # pylint: disable=g-import-not-at-top,wrong-import-position
                          UnreachableTaskError, UsageError)
-from tfps.flags import (config_from_flags, define_flags, define_mode_flags, mode_from_flags,  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tfps.cli.flags import (config_from_flags, define_flags, define_mode_flags, mode_from_flags,  # pylint: disable=g-import-not-at-top,wrong-import-position
                         server_options_from_flags, strategy_options_from_flags)
 from tfps.training.modes import TrainingMode  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -23,7 +23,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "build_strategy": "tfps.training.strategy",
     "run_task": "tfps.cluster.roles",
-    "run_main": "tfps.flags",
+    "run_main": "tfps.cli.flags",
     "resolve_cluster": "tfps.cluster.roles",
     "fit": "tfps.keras.fitting",
     "evaluate": "tfps.keras.fitting",

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 from absl import flags
 
-from tfps import flags as flags_lib
+from tfps.cli import flags as flags_lib
 from tfps.cluster import isolation
 from tfps.errors import ClusterConfigError
 

@@ -19,7 +19,7 @@ from absl import flags
 
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import k8s
-from tfps import flags as flags_lib
+from tfps.cli import flags as flags_lib
 from tfps.errors import TfpsError
 from tfps.errors import UsageError
 

@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 from absl import app
 from absl import flags
 
-from tfps import flags as flags_lib
+from tfps.cli import flags as flags_lib
 from tfps.errors import UsageError
 from tfps.report import plot
 from tfps.report import series as series_lib

@@ -21,7 +21,7 @@ from absl import logging
 import portpicker
 
 from tfps.cluster import config as cluster_lib
-from tfps import flags as flags_lib
+from tfps.cli import flags as flags_lib
 from tfps.cluster import isolation
 from tfps.cluster import summary
 from tfps.cluster import supervise
@@ -151,7 +151,7 @@ def launch(config: LaunchConfig) -> int:
 def _inner_command(command_line: Sequence[str]) -> List[str]:
   """This launch again, for inside the namespace; it imports this very tfps (not one the working directory holds)."""
   package_parent = str(pathlib.Path(__file__).resolve().parents[2])
-  code = f"import sys; sys.path.insert(0, {package_parent!r}); from tfps.cluster import launch; launch.run()"
+  code = f"import sys; sys.path.insert(0, {package_parent!r}); from tfps.cli import launch; launch.run()"
   return [sys.executable, "-c", code, *command_line[1:]]
 
 

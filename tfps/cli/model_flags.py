@@ -20,7 +20,7 @@ from typing import Callable, Dict, Optional
 
 from absl import flags
 
-from tfps import flags as flags_lib
+from tfps.cli import flags as flags_lib
 
 MODELS = ("wide_deep", "dcn", "retrieval")
 DATA = ("synthetic", "criteo", "movielens", "csv")
