@@ -2,7 +2,7 @@
 
 * no module imports a higher layer, and the two training paths (and data, models) do not import each other;
 * private TensorFlow and tf-keras names are imported only in the shim, `tfps/_tf_private.py`;
-* only the flags layer defines or reads absl flags.
+* only the command-line layer (`tfps/cli/`) defines or reads absl flags.
 """
 
 import ast
@@ -16,17 +16,15 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "tfps"
 # Layer of each module (longest prefix wins), lowest first. A module may import its own layer and lower ranks only.
 LAYERS = {
     "tfps.errors": ("base", 0), "tfps.run_records": ("base", 0), "tfps.checks": ("base", 0), "tfps.formatting": ("base", 0), "tfps._env": ("base", 0),
-    "tfps._tf_private": ("base", 0),
+    "tfps._tf_private": ("base", 0), "tfps._aliases": ("base", 0),
     "tfps.cluster": ("cluster", 1),
     "tfps.training": ("training", 2),
-    "tfps.data": ("data", 3), "tfps.keras": ("keras", 3), "tfps.estimator": ("estimator", 3),
+    "tfps.data": ("data", 3), "tfps.keras": ("keras", 3), "tfps.estimator": ("estimator", 3), "tfps.report": ("report", 3),
     "tfps.models": ("models", 4),  # recommender models for both paths: `model_fns` builds Estimator model_fns
     "tfps.testing": ("testing", 4),
-    # The flags layer: reads absl flags and builds the settings the layers below take. The console scripts of
-    # setup.cfg (tfps-launch, tfps-config, tfps-k8s) are command lines, so they belong here too.
-    "tfps.flags": ("flags", 5), "tfps.models.flags": ("flags", 5), "tfps.cluster.launch": ("flags", 5),
-    "tfps.cluster.config_cli": ("flags", 5), "tfps.cluster.k8s_cli": ("flags", 5),
-    "tfps.report": ("flags", 5),  # tfps-report, a console script
+    # The command-line layer: reads absl flags and builds the settings the layers below take; the console scripts of
+    # setup.cfg (tfps-launch, tfps-config, tfps-k8s, tfps-report).
+    "tfps.cli": ("cli", 5),
     "tfps": ("facade", 6),  # tfps/__init__.py: the public names, imported lazily
     "tfps.layers": ("facade", 6),  # public re-export of tfps.models.dynamic_embedding
 }
@@ -113,7 +111,7 @@ def test_private_tensorflow_names_only_in_the_shim():
 def test_only_the_flags_layer_reads_flags():
   broken = []
   for name, (path, tree, text) in SOURCES.items():
-    if layer_of(name)[0] == "flags":
+    if layer_of(name)[0] == "cli":
       continue
     uses = [node.lineno for node in ast.walk(tree)
             if isinstance(node, ast.Attribute) and node.attr == "FLAGS" or isinstance(node, ast.Name) and
@@ -130,7 +128,7 @@ def test_only_the_flags_layer_reads_flags():
 
 @pytest.mark.parametrize("source,error", [
     ("from tfps.keras import fitting\n", "imports tfps.keras.fitting (keras)"),
-    ("from tfps import flags as flags_lib\n", "imports tfps.flags (flags)"),
+    ("from tfps.cli import flags as flags_lib\n", "imports tfps.cli.flags (cli)"),
 ])
 def test_the_import_rule_catches_an_upward_import(source, error):
   """The check itself: a training-layer module importing the Keras path or the flags layer is reported."""

@@ -17,8 +17,9 @@ pytestmark = pytest.mark.slow
 
 # tfps modules the peer may load: the workload's model (tfps.models) and what importing the tfps package brings
 # (its layer packages, whose __init__ holds only a docstring, its cluster description and its mode names).
-_PEER_PACKAGES = ("tfps", "tfps.cluster", "tfps.training")
-_PEER_ALLOWED = ("tfps.models", "tfps.data", "tfps.checks", "tfps.errors", "tfps._env", "tfps.flags",
+_PEER_PACKAGES = ("tfps", "tfps.cluster", "tfps.training", "tfps.cli")
+_PEER_ALLOWED = ("tfps.models", "tfps.data", "tfps.checks", "tfps.errors", "tfps._env", "tfps._aliases",
+                 "tfps.cli.flags",
                  "tfps.cluster.config", "tfps.training.modes")
 
 

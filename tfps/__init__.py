@@ -6,9 +6,11 @@ imported only when a name that needs it is first used, so the launcher and `tfps
 
 import importlib
 
+from tfps import _aliases
 from tfps import _env
 
 _env.prepare()
+_aliases.install()  # moved modules' old paths (tfps.flags, tfps.cluster.launch, ...) for one release
 
 from tfps.cluster.config import ClusterConfig  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tfps.errors import (ArgumentTypeError, CheckpointMismatchError, ClusterConfigError, KerasVersionError, TfpsError,  # pylint: disable=g-import-not-at-top,wrong-import-position
