@@ -35,7 +35,7 @@ class DistributedModel:
     self.model = ModelFnModel(model_fn, params, config)
     with self.strategy.scope():
       self.global_step = loop.build_global_step()
-    self._manager: Optional[tf.train.CheckpointManager] = None
+    self._checkpoints: Optional[checkpoints_lib.CheckpointWriter] = None
     self._evaluations: Dict[tuple, ShardedEvaluation] = {}
     self.runner: Optional[steps_lib.Runner] = None
 
@@ -64,13 +64,13 @@ class DistributedModel:
     with self.strategy.scope():
       for table in self.model.variables.tables:  # admissions reset the slot rows of the rows they give out
         table.bind_optimizer(self.model.optimizer)
-    checkpoint = self.model.checkpoint(**{checkpoints_lib.STEP_KEY: self.global_step})
-    self._manager = tf.train.CheckpointManager(checkpoint, checkpoints_lib.checkpoint_dir(self._config.model_dir),
-                                               max_to_keep=self._config.keep_checkpoint_max)
-    restored = self._manager.latest_checkpoint
+    self._checkpoints = checkpoints_lib.CheckpointWriter(self._config.model_dir, self.global_step,
+                                                         self._config.keep_checkpoint_max,
+                                                         **self.model.checkpoint_objects())
+    restored = self._checkpoints.latest_checkpoint
     if restored:  # checked against the model first; any number of ps and shards on either side
       with self.strategy.scope():
-        resharding.restore(restored, checkpoint)
+        resharding.restore(restored, self._checkpoints.checkpoint)
       logging.info("Restored %s; resuming at step %d", restored, int(self.global_step.numpy()))
     self.runner = runners.build_runner(
         self._config.training_mode, self.model.step(self.global_step), strategy=self.strategy,
@@ -84,10 +84,10 @@ class DistributedModel:
     `after_checkpoint(step)` runs after each checkpoint (inline evaluation); reaching `max_steps` (or the end of the
     input) writes the final marker (`tfps.training.checkpoints`), a sidecar evaluator's cue that training ended.
     """
-    checkpoints_lib.clear_final_marker(self._config.model_dir)
     iterator = self._per_worker_iterator(input_fn)
-    if self._manager is None:
+    if self._checkpoints is None:
       self._build(iterator)
+    self._checkpoints.begin()
     step = int(self.global_step.numpy())
     if steps is not None:
       max_steps = step + steps
@@ -99,12 +99,12 @@ class DistributedModel:
                  self._config.training_mode.describe(self._num_workers))
     loop_config = loop.LoopConfig(log_every_steps=self._config.log_step_count_steps,
                                   checkpoint_every_steps=self._config.save_checkpoints_steps)
-    train_loop = loop.TrainLoop(runner=self.runner, iterator=iterator, checkpoint_manager=self._manager,
+    train_loop = loop.TrainLoop(runner=self.runner, iterator=iterator, checkpoint_manager=self._checkpoints,
                                 config=loop_config, model_dir=self._config.model_dir,
                                 metrics=lambda: tables.table_metrics(self.model.variables.tables))
     final_step = train_loop.run(max_steps, after_checkpoint)
     if max_steps is None or final_step >= max_steps:
-      checkpoints_lib.write_final_marker(self._config.model_dir, self._manager.latest_checkpoint, step=final_step)
+      self._checkpoints.finish()
     return final_step
 
   def evaluate(self, input_fn: Callable, steps: Optional[int], num_shards: Optional[int] = None) -> Dict[str, object]:
@@ -112,7 +112,7 @@ class DistributedModel:
 
     `num_shards` defaults to `RunConfig.eval_shards`, else 2 per worker.
     """
-    if self._manager is None:
+    if self._checkpoints is None:
       raise RuntimeError("inline evaluation needs the variables a first train() call creates")
     num_shards = num_shards or self._config.eval_shards or 2 * self._num_workers
     key = (input_fn, steps, num_shards)

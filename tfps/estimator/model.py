@@ -59,8 +59,6 @@ class ModelFnModel:
                           trainable_variables=self.variables.trainable_variables_flat, counter=global_step,
                           counts_itself=False, tables=lambda: list(self.variables.tables))
 
-  def checkpoint(self, **extra) -> tf.train.Checkpoint:
-    """A checkpoint of the model variables (and the optimizer, once a TRAIN call made one) plus `extra`."""
-    if self.optimizer is not None:
-      extra["optimizer"] = self.optimizer
-    return tf.train.Checkpoint(model=self.variables, **extra)
+  def checkpoint_objects(self) -> dict:
+    """What a checkpoint of this model holds: the model variables (and the optimizer, once a TRAIN call made one)."""
+    return {"model": self.variables, **({"optimizer": self.optimizer} if self.optimizer is not None else {})}

@@ -153,26 +153,20 @@ class EpochCheckpoint(tf_keras.callbacks.Callback):
     super().__init__()
     self.model_dir = model_dir
     self.max_to_keep = max_to_keep
-    self._manager = None
+    self._writer: Optional[checkpoints_lib.CheckpointWriter] = None
 
   def on_train_begin(self, logs=None):
-    checkpoints_lib.clear_final_marker(self.model_dir)
-    checkpoint = tf.train.Checkpoint(model=self.model, **{checkpoints_lib.STEP_KEY: self.model.optimizer.iterations})
-    self._manager = tf.train.CheckpointManager(checkpoint, checkpoints_lib.checkpoint_dir(self.model_dir),
-                                               max_to_keep=self.max_to_keep, checkpoint_name="ckpt")
+    self._writer = checkpoints_lib.CheckpointWriter(self.model_dir, self.model.optimizer.iterations,
+                                                    self.max_to_keep, model=self.model)
+    self._writer.begin()
 
   def on_epoch_end(self, epoch, logs=None):
-    path = self._manager.save(checkpoint_number=epoch + 1)
-    logging.info("Saved checkpoint %s", path)
+    self._writer.save(checkpoint_number=epoch + 1)
     if epoch + 1 == self.params.get("epochs"):
       # At the last epoch's end, before BackupAndRestore deletes its backup (in on_train_end): a chief or ps that
       # dies at any moment of the end leaves a backup to resume from or a finished run.
-      self._write_final_marker()
+      self._writer.finish()
 
   def on_train_end(self, logs=None):
-    if checkpoints_lib.read_final_marker(self.model_dir) is None:  # training stopped before its last epoch
-      self._write_final_marker()
-
-  def _write_final_marker(self):
-    checkpoints_lib.write_final_marker(self.model_dir, self._manager.latest_checkpoint,
-                                       step=int(self.model.optimizer.iterations.numpy()))
+    if not self._writer.finished():  # training stopped before its last epoch
+      self._writer.finish()

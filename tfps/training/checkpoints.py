@@ -7,12 +7,15 @@
   optimizer's `iterations` on the Keras path, the global step on the Estimator path); `checkpoint_step` reads it.
 * `model_dir/checkpoints/FINAL`: a JSON marker `{"last_checkpoint": path, "step": step}` the chief writes when
   training ends; the sidecar evaluator exits after `last_checkpoint`.
+
+`CheckpointWriter` is the chief's side of it on both paths: clear the marker when training begins, save, write FINAL.
 """
 
 import json
 import os
 from typing import List, Optional
 
+from absl import logging
 import tensorflow as tf
 
 CHECKPOINT_SUBDIR = "checkpoints"
@@ -67,3 +70,53 @@ def clear_final_marker(model_dir: str) -> None:
   path = final_marker_path(model_dir)
   if tf.io.gfile.exists(path):
     tf.io.gfile.remove(path)
+
+
+class CheckpointWriter:
+  """The chief's checkpoints of a run in `model_dir`, the same on both paths (`tfps.fit`'s `EpochCheckpoint`, the
+  Estimator path's `TrainLoop`).
+
+  `begin()` clears the FINAL marker of an earlier run, `save(checkpoint_number=N)` writes `ckpt-N` (the model's
+  objects and, under `STEP_KEY`, `step`), `finish()` writes FINAL naming the newest checkpoint and the step.
+
+  Args:
+    model_dir: the run's folder; checkpoints go to `model_dir/checkpoints`.
+    step: the variable counting the optimizer steps applied (the Keras optimizer's `iterations`, the global step).
+    max_to_keep: checkpoints kept (None keeps all).
+    **objects: what else each checkpoint holds (`model=...`, `optimizer=...`).
+  """
+
+  def __init__(self, model_dir: str, step: tf.Variable, max_to_keep: Optional[int] = 5, **objects):
+    self.model_dir = model_dir
+    self.step = step
+    self.checkpoint = tf.train.Checkpoint(**objects, **{STEP_KEY: step})
+    self._manager = tf.train.CheckpointManager(self.checkpoint, checkpoint_dir(model_dir), max_to_keep=max_to_keep,
+                                               checkpoint_name="ckpt")
+
+  @property
+  def latest_checkpoint(self) -> Optional[str]:
+    """The newest checkpoint of `model_dir` (an earlier run's too), or None."""
+    return self._manager.latest_checkpoint
+
+  @property
+  def checkpoints(self) -> List[str]:
+    """The checkpoints kept, oldest first."""
+    return list(self._manager.checkpoints)
+
+  def begin(self) -> None:
+    """Training begins: the FINAL marker of an earlier run is removed (a sidecar would stop at it)."""
+    clear_final_marker(self.model_dir)
+
+  def save(self, checkpoint_number: int) -> str:
+    """Writes `ckpt-<checkpoint_number>` and returns its path."""
+    path = self._manager.save(checkpoint_number=checkpoint_number)
+    logging.info("Saved checkpoint %s", path)
+    return path
+
+  def finish(self) -> None:
+    """Training ended: FINAL names the newest checkpoint and the step (the sidecar evaluator exits after it)."""
+    write_final_marker(self.model_dir, self.latest_checkpoint, step=int(self.step.numpy()))
+
+  def finished(self) -> bool:
+    """Whether FINAL is written (training ended)."""
+    return read_final_marker(self.model_dir) is not None

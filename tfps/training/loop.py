@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from tfps import checks
 from tfps import run_records
+from tfps.training import checkpoints
 from tfps.training import steps as steps_lib
 from tfps.formatting import format_duration, format_rate
 
@@ -57,7 +58,7 @@ class TrainLoop:
   variables of exactly the step it is named after.
   """
 
-  def __init__(self, *, runner: steps_lib.Runner, iterator, checkpoint_manager: tf.train.CheckpointManager,
+  def __init__(self, *, runner: steps_lib.Runner, iterator, checkpoint_manager: checkpoints.CheckpointWriter,
                config: LoopConfig, model_dir: str, metrics: Optional[Callable[[], Dict[str, float]]] = None):
     self._runner = runner
     self._metrics = metrics  # read at each step-log line, after its steps
@@ -151,8 +152,7 @@ class TrainLoop:
     return now, step
 
   def _save(self, step: int, after_checkpoint: Optional[Callable[[int], None]]) -> None:
-    path = self._manager.save(checkpoint_number=step)
-    logging.info("Saved checkpoint %s", path)
+    self._manager.save(checkpoint_number=step)
     if after_checkpoint is not None:
       after_checkpoint(step)
 
