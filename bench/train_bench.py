@@ -14,7 +14,6 @@ Examples/s are measured after a warm-up (the first epoch or `--steps` steps: tra
 `--measure` further windows of `--steps` steps each; the JSON holds each window's rate and their median.
 """
 
-import dataclasses
 import os
 import statistics
 import sys
@@ -145,7 +144,7 @@ def run_estimator(config) -> dict:
   with tempfile.TemporaryDirectory(prefix="tfps_bench_estimator_") as model_dir:
     mode = tfps.mode_from_flags()
     run_config = tfps.RunConfig(save_checkpoints_steps=10 * total, log_step_count_steps=_STEPS.value,
-                                steps_per_execution=spe, **dataclasses.asdict(mode))
+                                steps_per_execution=spe, mode=mode)
     estimator = tfps.Estimator(workload_lib.build_model_fn(workload), model_dir=model_dir, config=run_config,
                                cluster=config, strategy_options=tfps.strategy_options_from_flags())
 

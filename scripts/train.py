@@ -36,7 +36,7 @@ def main(argv):
     history = tfps.fit(build_model, data.train_dataset_fn, epochs=_EPOCHS.value, steps_per_epoch=_STEPS.value,
                        validation_dataset_fn=data.eval_dataset_fn, exact_evaluation=True, model_dir=_MODEL_DIR.value,
                        batch_size=data.batch_size, cluster=cluster,
-                       sync_mode=mode, **strategy_options)
+                       sync_mode=mode, strategy_options=strategy_options)
     final = {name: values[-1] for name, values in history.history.items()}
     logging.info("Final: %s", " | ".join(f"{name} {float(value):.4f}" for name, value in sorted(final.items())))
     if _EXPORT_DIR.value:

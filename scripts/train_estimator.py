@@ -11,7 +11,6 @@ Per role, on each host (TF_CONFIG works too):
 The model and data: `tfps.estimator.synthetic` (an embedding + MLP click model on generated data).
 """
 
-import dataclasses
 
 from absl import flags
 
@@ -41,7 +40,7 @@ def build_estimator(cluster=None) -> tfps.Estimator:
   params = {"batch_size": _BATCH.value, "learning_rate": _LEARNING_RATE.value, "eval_examples": _EVAL_EXAMPLES.value}
   mode = tfps.mode_from_flags()
   config = tfps.RunConfig(save_checkpoints_steps=_CHECKPOINT_STEPS.value, log_step_count_steps=_LOG_STEPS.value,
-                          steps_per_execution=_STEPS_PER_EXECUTION.value, **dataclasses.asdict(mode))
+                          steps_per_execution=_STEPS_PER_EXECUTION.value, mode=mode)
   return tfps.Estimator(synthetic.model_fn, model_dir=_MODEL_DIR.value, params=params, config=config,
                         cluster=cluster, strategy_options=tfps.strategy_options_from_flags())
 

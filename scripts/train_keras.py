@@ -71,7 +71,7 @@ def main(argv):
     return tfps.fit(build_model, train_dataset_fn, epochs=_EPOCHS.value, steps_per_epoch=_STEPS.value,
                     validation_dataset_fn=eval_dataset_fn, validation_steps=None if _EXACT.value else 4,
                     exact_evaluation=_EXACT.value, model_dir=_MODEL_DIR.value, cluster=cluster, sync_mode=mode,
-                    **strategy_options)
+                    strategy_options=strategy_options)
 
   def evaluate(cluster):
     del cluster  # the sidecar reads checkpoints; it never connects to the cluster

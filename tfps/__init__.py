@@ -24,6 +24,7 @@ __version__ = "0.1.0"
 # name -> module that defines it; imported (with TensorFlow) on first use.
 _LAZY = {
     "build_strategy": "tfps.training.strategy",
+    "StrategyOptions": "tfps.cluster.options",
     "run_task": "tfps.cluster.roles",
     "run_main": "tfps.cli.flags",
     "resolve_cluster": "tfps.cluster.roles",

@@ -45,6 +45,12 @@ def steps_per_execution(model) -> int:
   return 1 if variable is None else int(tf.keras.backend.get_value(variable))
 
 
+def is_compiled(model) -> bool:
+  """Whether `model.compile` ran: a model compiled without a loss has no `compiled_loss`, and tf-keras then notes the
+  compile in `_is_compiled` only."""
+  return bool(model.compiled_loss) or bool(getattr(model, "_is_compiled", False))
+
+
 def set_exact_evaluation_shards(model, shards: int) -> None:
   """Turns on tf-keras's exactly-once evaluation under ParameterServerStrategy (`pss_evaluation_shards` in compile).
 

@@ -6,11 +6,10 @@ never as a side effect of importing tfps. Library functions never read flags: a 
 passes them on, e.g.
 
   tfps.run_task(chief, evaluator, cluster=tfps.config_from_flags(), **tfps.server_options_from_flags())
-  tfps.fit(..., cluster=cluster, sync_mode=tfps.mode_from_flags(), **tfps.strategy_options_from_flags())
+  tfps.fit(..., cluster=cluster, sync_mode=tfps.mode_from_flags(), strategy_options=tfps.strategy_options_from_flags())
 
 A flag's way: absl parses it, `config_from_flags` builds a `ClusterConfig` (`tfps.cluster.config` checks the
-cross-field rules), `mode_from_flags` a `TrainingMode`, `strategy_options_from_flags` the keyword arguments of
-`build_strategy`.
+cross-field rules), `mode_from_flags` a `TrainingMode`, `strategy_options_from_flags` a `StrategyOptions`.
 """
 
 import dataclasses
@@ -121,15 +120,16 @@ def _check_agrees(name: str, flag_value, from_env: cluster_lib.ClusterConfig) ->
                              "them agree")
 
 
-def strategy_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> dict:
-  """`num_shards`, `min_shard_bytes`, `connect_timeout_secs` and `lost_task_timeout_secs` from the strategy flags
-  (empty where undefined), for `tfps.fit(**options)`, `tfps.Estimator(strategy_options=options)` or
-  `build_strategy(config, **options)`."""
+def strategy_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> "options_lib.StrategyOptions":
+  """The `tfps.StrategyOptions` of the strategy flags (`--num_shards`, `--min_shard_bytes`, `--connect_timeout_secs`,
+  `--lost_task_timeout_secs`, `--thread_spinning`; the defaults where they are not defined), for
+  `tfps.fit(strategy_options=options)`, `tfps.Estimator(strategy_options=options)` or `build_strategy(config, options)`.
+  """
+  from tfps.cluster import options as options_lib  # pylint: disable=g-import-not-at-top  (scripts that read no
+  # strategy flags, such as the plain-PSS peer of bench/, load no more of tfps)
   if "num_shards" not in flag_values:
-    return {}
-  return {"num_shards": flag_values["num_shards"].value, "min_shard_bytes": flag_values["min_shard_bytes"].value,
-          "connect_timeout_secs": flag_values["connect_timeout_secs"].value,
-          "lost_task_timeout_secs": flag_values["lost_task_timeout_secs"].value}
+    return options_lib.StrategyOptions()
+  return options_lib.StrategyOptions(**{name: flag_values[name].value for name in options_lib.FIELDS})
 
 
 def server_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> dict:

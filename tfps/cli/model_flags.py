@@ -214,9 +214,7 @@ def model_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS, num_ps
   if fv.embedding == "dynamic":
     from tfps.models.layers import DynamicTables  # pylint: disable=g-import-not-at-top  (TensorFlow)
     strategy = flags_lib.strategy_options_from_flags(fv)
-    sharding = {"num_shards": strategy.get("num_shards") or num_ps}
-    if strategy.get("min_shard_bytes") is not None:
-      sharding["min_shard_bytes"] = strategy["min_shard_bytes"]
+    sharding = {"num_shards": strategy.num_shards or num_ps, "min_shard_bytes": strategy.min_shard_bytes}
     options["dynamic"] = DynamicTables(fv.dynamic_capacity, min_count=fv.dynamic_min_count,
                                        steps_to_live=fv.dynamic_steps_to_live or None, **sharding)
   if fv.model == "dcn":

@@ -8,11 +8,10 @@ import tensorflow as tf
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.training import dataset_fns
 from tfps.cluster import config as cluster_lib
+from tfps.cluster import options as options_lib
+from tfps.training import chief as chief_lib
 from tfps.training import loop
-from tfps.training import runners
 from tfps.training import steps as steps_lib
-from tfps.training import resharding
-from tfps.training import strategy as strategy_lib
 from tfps.training import tables
 from tfps.estimator import calls
 from tfps.estimator.evaluation import ShardedEvaluation
@@ -21,17 +20,17 @@ from tfps.estimator.spec import ModeKeys, RunConfig
 
 
 class DistributedModel:
-  """Builds the strategy once; creates the variables (sharded over the ps) on the first `train`, restoring the newest
-  checkpoint of `model_dir` into them, so a chief restarted from scratch, or on another number of ps, resumes at the
-  checkpointed step (`tfps.training.resharding`)."""
+  """Builds the strategy once (`tfps.training.chief`); creates the variables (sharded over the ps) on the first `train`,
+  restoring the newest checkpoint of `model_dir` into them, so a chief restarted from scratch, or on another number of
+  ps, resumes at the checkpointed step (`tfps.training.resharding`)."""
 
   def __init__(self, model_fn: Callable, params: dict, config: RunConfig, cluster: cluster_lib.ClusterConfig,
-               strategy_options: dict):
+               strategy_options: options_lib.StrategyOptions):
     self._config = config
     self.cluster = cluster
     self._num_workers = cluster.num_workers
-    config.training_mode.replicas(cluster.num_workers)  # fails early on more replicas than workers
-    self.strategy, self.coordinator = strategy_lib.build_strategy(cluster, **strategy_options)
+    self.chief = chief_lib.connect(cluster, config.mode, strategy_options)
+    self.strategy, self.coordinator = self.chief.strategy, self.chief.coordinator
     self.model = ModelFnModel(model_fn, params, config)
     with self.strategy.scope():
       self.global_step = loop.build_global_step()
@@ -59,23 +58,19 @@ class DistributedModel:
           return index + 1
       return tf.while_loop(lambda index: index < 0, body, [tf.constant(0)])
 
-    self.coordinator.schedule(no_step, args=(iterator,))
-    self.coordinator.join()
-    with self.strategy.scope():
-      for table in self.model.variables.tables:  # admissions reset the slot rows of the rows they give out
-        table.bind_optimizer(self.model.optimizer)
+    def create():
+      self.coordinator.schedule(no_step, args=(iterator,))
+      self.coordinator.join()
+      return self.model.optimizer, self.model.variables.tables
+
+    self.chief.create_variables(create)
     self._checkpoints = checkpoints_lib.CheckpointWriter(self._config.model_dir, self.global_step,
                                                          self._config.keep_checkpoint_max,
                                                          **self.model.checkpoint_objects())
-    restored = self._checkpoints.latest_checkpoint
+    restored = self.chief.resume(self._config.model_dir, self._checkpoints.checkpoint)
     if restored:  # checked against the model first; any number of ps and shards on either side
-      with self.strategy.scope():
-        resharding.restore(restored, self._checkpoints.checkpoint)
       logging.info("Restored %s; resuming at step %d", restored, int(self.global_step.numpy()))
-    self.runner = runners.build_runner(
-        self._config.training_mode, self.model.step(self.global_step), strategy=self.strategy,
-        coordinator=self.coordinator, num_workers=self._num_workers,
-        steps_per_execution=self._config.steps_per_execution)
+    self.runner = self.chief.build_runner(self.model.step(self.global_step), self._config.steps_per_execution)
 
   def train(self, input_fn: Callable, max_steps: Optional[int] = None, steps: Optional[int] = None,
             after_checkpoint: Optional[Callable[[int], None]] = None) -> int:
@@ -96,7 +91,7 @@ class DistributedModel:
       return step
     logging.info("Training from step %d to %s (%s)", step,
                  max_steps if max_steps is not None else "the end of the input",
-                 self._config.training_mode.describe(self._num_workers))
+                 self._config.mode.describe(self._num_workers))
     loop_config = loop.LoopConfig(log_every_steps=self._config.log_step_count_steps,
                                   checkpoint_every_steps=self._config.save_checkpoints_steps)
     train_loop = loop.TrainLoop(runner=self.runner, iterator=iterator, checkpoint_manager=self._checkpoints,

@@ -1,10 +1,11 @@
 """`Estimator`: a `tf.estimator.Estimator`-style front end for a model_fn on ParameterServerStrategy."""
 
 import os
-from typing import Callable, Iterator, Mapping, Optional
+from typing import Callable, Iterator, Mapping, Optional, Union
 
 from tfps import checks
 from tfps.cluster import config as cluster_lib
+from tfps.cluster import options as options_lib
 from tfps.cluster import roles
 from tfps.estimator import calls, evaluation, local, spec
 from tfps.estimator.distributed import DistributedModel
@@ -27,13 +28,13 @@ class Estimator:
     params: passed to `model_fn` and `input_fn`s that take `params`.
     cluster: the cluster to train on (e.g. `tfps.testing.local_cluster()`, or in a script the cluster
       `tfps.run_task` gives); default: TF_CONFIG.
-    strategy_options: keyword arguments for `tfps.training.strategy.build_strategy` (`num_shards`,
-      `min_shard_bytes`, `connect_timeout_secs`; a script passes `tfps.strategy_options_from_flags()`).
+    strategy_options: a `tfps.StrategyOptions` (or a dict of its fields), checked here; a script passes
+      `tfps.strategy_options_from_flags()`.
   """
 
   def __init__(self, model_fn: Callable, model_dir: Optional[str] = None, config: Optional[RunConfig] = None,
                params: Optional[Mapping] = None, *, cluster: Optional[cluster_lib.ClusterConfig] = None,
-               strategy_options: Optional[Mapping] = None):
+               strategy_options: Union[None, options_lib.StrategyOptions, Mapping] = None):
     calls.check_model_fn(model_fn)
     config = config or RunConfig()
     if not isinstance(config, RunConfig):
@@ -45,7 +46,7 @@ class Estimator:
     self._config = config.replace(model_dir=os.fspath(model_dir))
     self._params = dict(params or {})
     self._cluster = cluster
-    self._strategy_options = strategy_options
+    self._strategy_options = options_lib.as_strategy_options(strategy_options)
     self._distributed = None
 
   @property
@@ -72,9 +73,9 @@ class Estimator:
     """The model on the cluster (built on first use: connects to the ps and workers)."""
     if self._distributed is None:
       cluster = roles.resolve_cluster(self._cluster)
-      options = self._strategy_options or {}
       os.makedirs(self.model_dir, exist_ok=True)
-      self._distributed = DistributedModel(self._model_fn, self._params, self._config, cluster, dict(options))
+      self._distributed = DistributedModel(self._model_fn, self._params, self._config, cluster,
+                                           self._strategy_options)
     return self._distributed
 
   def local_model(self):

@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from tfps import checks
 from tfps.training import modes
-from tfps.errors import TfpsError
+from tfps.errors import TfpsError, UsageError
 
 
 class ModelFnError(TfpsError, ValueError):
@@ -111,7 +111,10 @@ def validate_spec(spec: Any, mode: str) -> EstimatorSpec:
   return spec
 
 
-@dataclasses.dataclass(frozen=True)
+_MODE_FIELDS = tuple(field.name for field in dataclasses.fields(modes.TrainingMode))
+
+
+@dataclasses.dataclass(frozen=True, init=False)
 class RunConfig:
   """How training runs: checkpoints, logging, and the tfps loop settings.
 
@@ -127,19 +130,9 @@ class RunConfig:
       default: 2 per worker).
     save_summary_steps: accepted for compatibility; summaries are written at each step-log line.
     tf_random_seed: passed to `tf.random.set_seed` before variables are created.
-    sync_mode: "async" (default), "sync" or "geo" (`tfps.training.modes`; tfps).
-    geo_steps: geo: local steps between two pushes of a worker's difference (default 10).
-    replicas_to_aggregate: sync: worker batches averaged per step (default: one per worker).
-    packed_reads: async: read the small dense variables of each ps in one transfer per step (default: on with
-      async, `tfps.TrainingMode`; False reads each one on its own; tfps).
-    lockfree_row_updates: async: a legacy Adagrad's table rows, updated all at once, without the lock held by
-      default (default False: under a lock of each table shard; `tfps.TrainingMode`; tfps).
-    pipelined_updates: async: each ps applies a step's updates while the worker computes the next step (default
-      False; `tfps.TrainingMode`; tfps).
-    unrolled_steps: async without pipelined updates: steps traced one after another in each iteration of a
-      scheduled function's loop (default 1; `tfps.TrainingMode`; tfps).
-    bf16_rows: async: table rows and their gradients cross the network as bfloat16 (default False;
-      `tfps.TrainingMode`; tfps).
+    mode: the `tfps.TrainingMode` (tfps; default async; a script passes `tfps.mode_from_flags()`). Its fields
+      (`sync_mode`, `geo_steps`, ...: see `tfps.TrainingMode`) may be given one by one instead, `RunConfig(
+      sync_mode="geo")`, and read as attributes.
   """
 
   model_dir: Optional[str] = None
@@ -150,22 +143,18 @@ class RunConfig:
   eval_shards: Optional[int] = None
   save_summary_steps: Optional[int] = None
   tf_random_seed: Optional[int] = None
-  sync_mode: str = "async"
-  geo_steps: Optional[int] = None
-  replicas_to_aggregate: Optional[int] = None
-  packed_reads: Optional[bool] = None
-  lockfree_row_updates: bool = False
-  pipelined_updates: bool = False
-  unrolled_steps: Optional[int] = None
-  bf16_rows: bool = False
+  mode: modes.TrainingMode = modes.TrainingMode()
 
-  @property
-  def training_mode(self) -> modes.TrainingMode:
-    return modes.TrainingMode(**{field.name: getattr(self, field.name) for field in dataclasses.fields(
-        modes.TrainingMode)})
-
-  def __post_init__(self):
-    _ = self.training_mode  # raises on a mode that makes no sense
+  def __init__(self, model_dir: Optional[str] = None, save_checkpoints_steps: Optional[int] = None,
+               keep_checkpoint_max: int = 5, log_step_count_steps: int = 100,
+               steps_per_execution: int = modes.DEFAULT_STEPS_PER_EXECUTION, eval_shards: Optional[int] = None,
+               save_summary_steps: Optional[int] = None, tf_random_seed: Optional[int] = None,
+               mode: Optional[modes.TrainingMode] = None, **mode_fields):
+    settings = dict(locals())
+    del settings["self"], settings["mode_fields"], settings["mode"]
+    for name, value in settings.items():
+      object.__setattr__(self, name, value)
+    object.__setattr__(self, "mode", _mode_of(mode, mode_fields))
     checks.positive_int("save_checkpoints_steps", self.save_checkpoints_steps, allow_none=True)
     checks.positive_int("keep_checkpoint_max", self.keep_checkpoint_max)
     checks.positive_int("log_step_count_steps", self.log_step_count_steps)
@@ -174,9 +163,34 @@ class RunConfig:
     if self.save_checkpoints_steps is None:
       object.__setattr__(self, "save_checkpoints_steps", 1000)
 
+  @property
+  def training_mode(self) -> modes.TrainingMode:
+    """`mode` (its name before `mode` was a field)."""
+    return self.mode
+
+  def __getattr__(self, name):
+    if name in _MODE_FIELDS:  # RunConfig(sync_mode="geo").sync_mode, as when they were fields of their own
+      return getattr(self.mode, name)
+    raise AttributeError(f"'RunConfig' object has no attribute {name!r}")
+
   def replace(self, **changes) -> "RunConfig":
-    """A copy with `changes` applied (like `tf.estimator.RunConfig.replace`)."""
+    """A copy with `changes` applied (like `tf.estimator.RunConfig.replace`); a mode field changes `mode`."""
+    mode_changes = {name: changes.pop(name) for name in list(changes) if name in _MODE_FIELDS}
+    if mode_changes:
+      changes["mode"] = dataclasses.replace(changes.get("mode", self.mode), **mode_changes)
     return dataclasses.replace(self, **changes)
+
+
+def _mode_of(mode: Optional[modes.TrainingMode], mode_fields: dict) -> modes.TrainingMode:
+  unknown = sorted(set(mode_fields) - set(_MODE_FIELDS))
+  if unknown:
+    raise TypeError(f"RunConfig got an unexpected argument {unknown[0]!r}")
+  if mode is not None and mode_fields:
+    raise UsageError(f"RunConfig got `mode` and {', '.join(sorted(mode_fields))}: give the mode whole or its "
+                     "fields, not both")
+  if mode is not None and not isinstance(mode, modes.TrainingMode):
+    raise TypeError(f"RunConfig `mode` must be a tfps.TrainingMode, got {type(mode).__name__}")
+  return mode if mode is not None else modes.TrainingMode(**mode_fields)
 
 
 @dataclasses.dataclass(frozen=True)

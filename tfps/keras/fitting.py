@@ -5,9 +5,10 @@ ps and workers serve there, the chief's `chief_fn` calls `tfps.fit`, the evaluat
 `tfps.run_sidecar_evaluator`. Every setting is an argument; nothing is read from flags.
 """
 
+import dataclasses
 import logging as logging_lib
 import os
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from absl import logging
 import tensorflow as tf
@@ -19,6 +20,8 @@ from tfps import checks
 from tfps.keras import callbacks as callbacks_lib
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.cluster import config as cluster_lib
+from tfps.cluster import options as options_lib
+from tfps.training import chief as chief_lib
 from tfps.training import dataset_fns
 from tfps.keras import evaluation
 from tfps.training import exactly_once
@@ -27,23 +30,49 @@ from tfps.training import modes
 from tfps import run_records
 from tfps.training import resharding
 from tfps.cluster import roles
-from tfps.cluster import watchdog
 from tfps.training import runners
 from tfps.training import strategy as strategy_lib
 from tfps.training import tables
 from tfps.errors import ArgumentTypeError, UsageError
 
-BACKUP_SUBDIR = "backup"
+BACKUP_SUBDIR = chief_lib.BACKUP_SUBDIR
+
+
+@dataclasses.dataclass(frozen=True)
+class FitOptions:
+  """How `tfps.fit` runs, besides what it trains: its keyword options (see `fit`), checked."""
+
+  exact_evaluation: bool = False
+  steps_per_execution: Optional[int] = None
+  log_every_secs: float = 10.0
+  batch_size: Optional[int] = None
+  keep_checkpoint_max: Optional[int] = 5
+  verbose: int = 0
+
+  def __post_init__(self):
+    checks.positive_int("steps_per_execution", self.steps_per_execution, allow_none=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+  """What `fit` was asked to train, checked (`_check_run`)."""
+
+  build_model: Callable[[], tf_keras.Model]
+  train_dataset_fn: Callable
+  epochs: int
+  steps_per_epoch: int
+  validation_dataset_fn: Optional[Callable]
+  validation_steps: Optional[int]
+  model_dir: Optional[str]
+  callbacks: Tuple[tf_keras.callbacks.Callback, ...]
+  options: FitOptions
 
 
 def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *, epochs: int, steps_per_epoch: int,
         validation_dataset_fn: Optional[Callable] = None, validation_steps: Optional[int] = None,
-        exact_evaluation: bool = False, model_dir: Optional[str] = None,
-        callbacks: Sequence[tf_keras.callbacks.Callback] = (), steps_per_execution: Optional[int] = None,
-        log_every_secs: float = 10.0, batch_size: Optional[int] = None, keep_checkpoint_max: Optional[int] = 5,
-        sync_mode=None, cluster: Optional[cluster_lib.ClusterConfig] = None, num_shards: Optional[int] = None,
-        min_shard_bytes: int = strategy_lib.DEFAULT_MIN_SHARD_BYTES, connect_timeout_secs: float = 60.0,
-        lost_task_timeout_secs: float = watchdog.DEFAULT_TIMEOUT_SECS, verbose: int = 0) -> tf_keras.callbacks.History:
+        model_dir: Optional[str] = None, callbacks: Sequence[tf_keras.callbacks.Callback] = (), sync_mode=None,
+        cluster: Optional[cluster_lib.ClusterConfig] = None,
+        strategy_options: Optional[options_lib.StrategyOptions] = None, **options) -> tf_keras.callbacks.History:
   """Trains `build_model()` on the parameter-server cluster from its chief; returns the `History`.
 
   Call it on the chief only: on a ps, worker or evaluator task it raises a `UsageError` saying to dispatch the roles
@@ -57,67 +86,69 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
     steps_per_epoch: steps per epoch (required: a parameter-server dataset has no end).
     validation_dataset_fn: like `train_dataset_fn`, for evaluation after every epoch (and by the sidecar).
     validation_steps: evaluation steps; not needed with `exact_evaluation`.
-    exact_evaluation: evaluate a finite validation set so that every example counts exactly once.
     model_dir: where checkpoints, the restart backup and TensorBoard logs go; None keeps nothing.
     callbacks: user callbacks, run after tfps's own (epoch-level only, or with `_supports_tf_logs`).
-    steps_per_execution: steps packed into one scheduled function; default: the model's if it set one, else 20.
-    log_every_secs: seconds between progress lines.
-    batch_size: examples per step, for the examples/s of the progress line (default: the dataset's static batch
-      size; without either the line shows steps/s).
-    keep_checkpoint_max: checkpoints kept in `model_dir/checkpoints` (None keeps all).
     sync_mode: "async" (default), "sync" or "geo", or a `tfps.TrainingMode` (to set `geo_steps` or
       `replicas_to_aggregate`); a script passes `tfps.mode_from_flags()`.
     cluster: the cluster, seen from the chief; default: TF_CONFIG. A script passes the `cluster` `tfps.run_task`
       gives its `chief_fn`.
-    num_shards: shards of each large variable (default: the number of ps).
-    min_shard_bytes: variables smaller than this are not sharded (0 shards every variable with >= 2 rows).
-    connect_timeout_secs: seconds to wait for every ps and worker to answer.
-    lost_task_timeout_secs: seconds a ps may stay silent mid-run before training stops with an error naming it.
-    verbose: tf-keras's verbosity (0: only tfps's progress lines).
+    strategy_options: a `tfps.StrategyOptions` (`num_shards`, `min_shard_bytes`, `connect_timeout_secs`,
+      `lost_task_timeout_secs`); a script passes `tfps.strategy_options_from_flags()`. Its fields may also be given
+      one by one (`num_shards=1`).
+    **options: the `FitOptions`, each optional:
+      exact_evaluation: evaluate a finite validation set so that every example counts exactly once.
+      steps_per_execution: steps packed into one scheduled function; default: the model's if it set one, else 20.
+      log_every_secs: seconds between progress lines (10).
+      batch_size: examples per step, for the examples/s of the progress line (default: the dataset's static batch
+        size; without either the line shows steps/s).
+      keep_checkpoint_max: checkpoints kept in `model_dir/checkpoints` (5; None keeps all).
+      verbose: tf-keras's verbosity (0: only tfps's progress lines).
   """
-  _check_fit_args(build_model, train_dataset_fn, epochs, steps_per_epoch, validation_dataset_fn, validation_steps,
-                  exact_evaluation, steps_per_execution)
+  unknown = sorted(set(options) - set(_FIT_OPTIONS) - set(options_lib.FIELDS))
+  if unknown:
+    raise TypeError(f"fit() got an unexpected keyword argument {unknown[0]!r}")
+  fit_options = {name: options.pop(name) for name in list(options) if name in _FIT_OPTIONS}
+  run = _Run(build_model, train_dataset_fn, epochs, steps_per_epoch, validation_dataset_fn, validation_steps,
+             model_dir, tuple(callbacks), FitOptions(**fit_options))
+  _check_run(run)
   mode = modes.as_mode(sync_mode)
-  strategy_options = {"num_shards": checks.positive_int("num_shards", num_shards, allow_none=True),
-                      "min_shard_bytes": checks.non_negative_int("min_shard_bytes", min_shard_bytes),
-                      "connect_timeout_secs": checks.non_negative_number("connect_timeout_secs", connect_timeout_secs,
-                                                                         "number of seconds"),
-                      "lost_task_timeout_secs": checks.non_negative_number(
-                          "lost_task_timeout_secs", lost_task_timeout_secs, "number of seconds")}
+  strategy_options = options_lib.as_strategy_options(strategy_options, **options)
+  config = _chief_cluster(cluster)
+  runners.check_settings(mode, run.options.steps_per_execution)
+  if not _env.command_line_parsed() and logging.get_verbosity() < logging.INFO:
+    logging.set_verbosity(logging.INFO)  # outside absl.app (a notebook), absl would hide the progress lines
+  return _train(chief_lib.connect(config, mode, strategy_options), run)
+
+
+_FIT_OPTIONS = tuple(field.name for field in dataclasses.fields(FitOptions))
+
+
+def _chief_cluster(cluster: Optional[cluster_lib.ClusterConfig]) -> cluster_lib.ClusterConfig:
   config = roles.resolve_cluster(cluster)
   if config.task_type != "chief":
     raise UsageError(f"tfps.fit trains on the chief, and this task is {config.task_type}:{config.task_index}; "
                      "dispatch the roles with tfps.run_task(chief_fn, evaluator_fn=..., cluster=...): ps and workers "
                      "serve there, chief_fn calls tfps.fit, evaluator_fn calls tfps.run_sidecar_evaluator")
-  mode.replicas(config.num_workers)  # fails early on more replicas than workers
-  runners.check_settings(mode, steps_per_execution)
-  if not _env.command_line_parsed() and logging.get_verbosity() < logging.INFO:
-    logging.set_verbosity(logging.INFO)  # outside absl.app (a notebook), absl would hide the progress lines
-  return _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, validation_dataset_fn,
-                validation_steps, exact_evaluation, model_dir, list(callbacks), steps_per_execution, log_every_secs,
-                batch_size, keep_checkpoint_max, verbose, mode, strategy_options)
+  return config
 
 
-def _check_fit_args(build_model, train_dataset_fn, epochs, steps_per_epoch, validation_dataset_fn, validation_steps,
-                    exact_evaluation, steps_per_execution):
-  if not callable(build_model):
+def _check_run(run: _Run) -> None:
+  if not callable(run.build_model):
     raise ArgumentTypeError(f"`build_model` must be a function returning a compiled tf-keras model, got "
-                            f"{build_model!r}")
-  dataset_fns.check_dataset_fn(train_dataset_fn, "train_dataset_fn")
-  if validation_dataset_fn is not None:
-    dataset_fns.check_dataset_fn(validation_dataset_fn, "validation_dataset_fn")
-  checks.positive_int("epochs", epochs)
-  if steps_per_epoch is None:
+                            f"{run.build_model!r}")
+  dataset_fns.check_dataset_fn(run.train_dataset_fn, "train_dataset_fn")
+  if run.validation_dataset_fn is not None:
+    dataset_fns.check_dataset_fn(run.validation_dataset_fn, "validation_dataset_fn")
+  checks.positive_int("epochs", run.epochs)
+  if run.steps_per_epoch is None:
     raise UsageError("`steps_per_epoch` is required: under ParameterServerStrategy a training dataset repeats "
                      "forever, so tfps cannot tell where an epoch ends")
-  checks.positive_int("steps_per_epoch", steps_per_epoch)
-  if steps_per_execution is not None:
-    checks.positive_int("steps_per_execution", steps_per_execution)
-  if validation_dataset_fn is not None and not exact_evaluation:
-    if validation_steps is None:
+  checks.positive_int("steps_per_epoch", run.steps_per_epoch)
+  if run.validation_dataset_fn is not None and not run.options.exact_evaluation:
+    if run.validation_steps is None:
       raise UsageError("`validation_steps` is required with `validation_dataset_fn` unless exact_evaluation=True "
                        "(which evaluates a finite dataset exactly once)")
-    checks.positive_int("validation_steps", validation_steps)
+    checks.positive_int("validation_steps", run.validation_steps)
 
 
 def build_model_in_scope(build_model: Callable, strategy) -> tf_keras.Model:
@@ -130,77 +161,102 @@ def build_model_in_scope(build_model: Callable, strategy) -> tf_keras.Model:
             if module.startswith("keras") else "")
     raise ArgumentTypeError(f"`build_model` must return a tf-keras Model, got {type(model).__name__} from "
                             f"{module}.{hint}")
-  if not model.compiled_loss and not getattr(model, "_is_compiled", False):
+  if not _tf_private.is_compiled(model):
     raise ValueError("`build_model` returned a model that is not compiled; call model.compile(...) in build_model")
   return model
 
 
-def _default_callbacks(model_dir, steps_per_epoch, epochs, batch_size, log_every_secs, keep_checkpoint_max):
+def _default_callbacks(run: _Run, batch_size: Optional[int]) -> List[tf_keras.callbacks.Callback]:
+  model_dir, options = run.model_dir, run.options
   recorder = run_records.RunRecorder(model_dir, batch_size=batch_size) if model_dir else None
   result: List[tf_keras.callbacks.Callback] = [
       callbacks_lib.DynamicTableMetrics(),
-      callbacks_lib.ProgressLogger(steps_per_epoch, epochs, batch_size, log_every_secs, recorder)]
+      callbacks_lib.ProgressLogger(run.steps_per_epoch, run.epochs, batch_size, options.log_every_secs, recorder)]
   if model_dir:
     result += [
         tf_keras.callbacks.BackupAndRestore(os.path.join(model_dir, BACKUP_SUBDIR)),
-        callbacks_lib.EpochCheckpoint(model_dir, keep_checkpoint_max),
+        callbacks_lib.EpochCheckpoint(model_dir, options.keep_checkpoint_max),
         tf_keras.callbacks.TensorBoard(os.path.join(model_dir, "logs"), profile_batch=0),
     ]
   return result
 
 
-def _train(config, build_model, train_dataset_fn, epochs, steps_per_epoch, validation_dataset_fn, validation_steps,
-           exact_evaluation, model_dir, user_callbacks, steps_per_execution, log_every_secs, batch_size,
-           keep_checkpoint_max, verbose, mode, strategy_options):
-  strategy, coordinator = strategy_lib.build_strategy(config, **strategy_options)
-  model = build_model_in_scope(build_model, strategy)
-  sample = dataset_fns.make_dataset(train_dataset_fn, "train_dataset_fn")  # on the chief: its spec, maybe a batch
-  with strategy.scope():  # restoring needs every variable: the model's and the optimizer's
-    evaluation.ensure_built(model, sample)
-    variables = resharding.variables_so_far(model)
-    if variables:  # else the first step makes them (a checkpoint restores them as they are made)
-      resharding.create_optimizer_variables(model.optimizer, variables)
-    tables.bind_optimizers(model)  # admissions reset the slot rows of the rows they give out
-  finished = _finished_run(model_dir, epochs * steps_per_epoch)
+def _build(chief: chief_lib.Chief, run: _Run):
+  """The model with every variable made (its optimizer's too, so a checkpoint restores whole) and its tables bound;
+  and the chief's sample of the training input (its spec, maybe a batch)."""
+  model = build_model_in_scope(run.build_model, chief.strategy)
+  sample = dataset_fns.make_dataset(run.train_dataset_fn, "train_dataset_fn")
+
+  def create():
+    with chief.strategy.scope():
+      evaluation.ensure_built(model, sample)
+      variables = resharding.variables_so_far(model)
+      if variables:  # else the first step makes them (a checkpoint restores them as they are made)
+        resharding.create_optimizer_variables(model.optimizer, variables)
+    return model.optimizer, tables.tables_of(model)
+
+  chief.create_variables(create)
+  return model, sample
+
+
+def _train(chief: chief_lib.Chief, run: _Run) -> tf_keras.callbacks.History:
+  model, sample = _build(chief, run)
+  finished = chief_lib.finished_run(run.model_dir, run.epochs * run.steps_per_epoch)
   if finished is not None:
-    return _restore_finished(model, finished, strategy, model_dir)
-  initial_epoch = _resume(model, strategy, model_dir, steps_per_epoch)
-  dataset_fns.check_lasts(sample, "train_dataset_fn", (epochs - initial_epoch) * steps_per_epoch)
+    return _restore_finished(chief, model, finished, run.model_dir)
+  initial_epoch = _resume(chief, model, run)
+  dataset_fns.check_lasts(sample, "train_dataset_fn", (run.epochs - initial_epoch) * run.steps_per_epoch)
+  runner = _build_runner(chief, model, run)
+  iterator = dataset_fns.per_worker_iterator(chief.strategy, chief.coordinator, run.train_dataset_fn,
+                                             "train_dataset_fn")
+  batch_size = run.options.batch_size or dataset_fns.batch_size_of(sample)
+  all_callbacks = ([keras_steps.drive_fit(model, runner, iterator)] + _default_callbacks(run, batch_size) +
+                   list(run.callbacks))
+  logging.info("Training on %s (%s): %d epochs x %d steps, %d steps per execution", chief.cluster.sizes(),
+               chief.mode.describe(chief.num_workers), run.epochs, run.steps_per_epoch,
+               _tf_private.steps_per_execution(model))
+  return _fit(model, run, initial_epoch, _validation(chief, model, run), all_callbacks)
+
+
+def _build_runner(chief: chief_lib.Chief, model: tf_keras.Model, run: _Run):
+  steps_per_execution = run.options.steps_per_execution
   if steps_per_execution is None:
     model_steps = _tf_private.steps_per_execution(model)
-    steps_per_execution = model_steps if model_steps > 1 else min(modes.DEFAULT_STEPS_PER_EXECUTION, steps_per_epoch)
-  with strategy.scope():
-    runner = runners.build_runner(mode, keras_steps.keras_step(model), strategy=strategy, coordinator=coordinator,
-                                  num_workers=config.num_workers, steps_per_execution=steps_per_execution)
+    steps_per_execution = (model_steps if model_steps > 1 else
+                           min(modes.DEFAULT_STEPS_PER_EXECUTION, run.steps_per_epoch))
+  runner = chief.build_runner(keras_steps.keras_step(model), steps_per_execution)
   # Outside the strategy's scope its variable stays on the chief, where every use of it is: tf-keras (and tfps's train
   # function) read it before each scheduled function and pass the step count as an argument; on a ps each read would be
   # a round trip.
-  _tf_private.set_steps_per_execution(model, min(runner.steps_per_execution, steps_per_epoch))
-  exactly_once.check_functions_per_join(steps_per_epoch, _tf_private.steps_per_execution(model))
-  iterator = dataset_fns.per_worker_iterator(strategy, coordinator, train_dataset_fn, "train_dataset_fn")
-  runner_callback = keras_steps.drive_fit(model, runner, iterator)
-  validation = None
-  if validation_dataset_fn is not None:
-    if exact_evaluation:
-      # Its metrics are copied to the workers before any step: a model whose own train_step never updates the
-      # compiled metrics (the retrieval model's) would have them unbuilt at the first evaluation.
-      evaluation.ensure_metrics_built(model, validation_dataset_fn)
-      validation_dataset_fn, shards = evaluation.plan_exact_evaluation(validation_dataset_fn, "validation_dataset_fn",
-                                                                       config.num_workers)
-      _tf_private.set_exact_evaluation_shards(model, shards)
-    validation = tf_keras.utils.experimental.DatasetCreator(validation_dataset_fn)
-  batch_size = batch_size or dataset_fns.batch_size_of(sample)
-  all_callbacks = [runner_callback] + _default_callbacks(
-      model_dir, steps_per_epoch, epochs, batch_size, log_every_secs, keep_checkpoint_max) + user_callbacks
-  logging.info("Training on %s (%s): %d epochs x %d steps, %d steps per execution", config.sizes(),
-               mode.describe(config.num_workers), epochs, steps_per_epoch, _tf_private.steps_per_execution(model))
+  _tf_private.set_steps_per_execution(model, min(runner.steps_per_execution, run.steps_per_epoch))
+  exactly_once.check_functions_per_join(run.steps_per_epoch, _tf_private.steps_per_execution(model))
+  return runner
+
+
+def _validation(chief: chief_lib.Chief, model: tf_keras.Model, run: _Run):
+  """What `Model.fit` evaluates after each epoch (None: nothing)."""
+  validation_dataset_fn = run.validation_dataset_fn
+  if validation_dataset_fn is None:
+    return None
+  if run.options.exact_evaluation:
+    # Its metrics are copied to the workers before any step: a model whose own train_step never updates the
+    # compiled metrics (the retrieval model's) would have them unbuilt at the first evaluation.
+    evaluation.ensure_metrics_built(model, validation_dataset_fn)
+    validation_dataset_fn, shards = evaluation.plan_exact_evaluation(validation_dataset_fn, "validation_dataset_fn",
+                                                                     chief.num_workers)
+    _tf_private.set_exact_evaluation_shards(model, shards)
+  return tf_keras.utils.experimental.DatasetCreator(validation_dataset_fn)
+
+
+def _fit(model: tf_keras.Model, run: _Run, initial_epoch: int, validation, all_callbacks) -> tf_keras.callbacks.History:
+  """tf-keras's `Model.fit`, its errors under ParameterServerStrategy said in one line."""
   ran_out = _InputRanOut()
   logging_lib.getLogger("tensorflow").addHandler(ran_out)
   try:
-    return model.fit(keras_steps.UNUSED_BY_FIT, epochs=epochs,
-                     steps_per_epoch=steps_per_epoch, initial_epoch=initial_epoch, validation_data=validation,
-                     validation_steps=None if exact_evaluation else validation_steps, callbacks=all_callbacks,
-                     verbose=verbose)
+    return model.fit(keras_steps.UNUSED_BY_FIT, epochs=run.epochs, steps_per_epoch=run.steps_per_epoch,
+                     initial_epoch=initial_epoch, validation_data=validation,
+                     validation_steps=None if run.options.exact_evaluation else run.validation_steps,
+                     callbacks=all_callbacks, verbose=run.options.verbose)
   except (tf.errors.OutOfRangeError, tf.errors.CancelledError) as e:
     # A dataset whose length was not known (`check_lasts`) ended: tf-keras then stops the epoch, and the functions
     # still pending (cancelled) or the next one raise.
@@ -228,61 +284,26 @@ class _InputRanOut(logging_lib.Handler):
     self.seen = self.seen or record.getMessage().startswith(_tf_private.INPUT_RAN_OUT)
 
 
-def _finished_run(model_dir: Optional[str], total_steps: int) -> Optional[dict]:
-  """The FINAL marker of a run in `model_dir` that already trained `total_steps` steps (None: train).
-
-  This is what a chief restarted after training ended (its ps died while it was exiting) finds: training is not
-  repeated, as an Estimator does not train past `max_steps` again.
-  """
-  if not model_dir:
-    return None
-  marker = checkpoints_lib.read_final_marker(model_dir)
-  if marker is None or marker.get("step", -1) < total_steps or not marker.get("last_checkpoint"):
-    return None
-  return marker
-
-
-def _restore_finished(model, marker: dict, strategy, model_dir: str) -> tf_keras.callbacks.History:
+def _restore_finished(chief: chief_lib.Chief, model, marker: dict, model_dir: str) -> tf_keras.callbacks.History:
   logging.info("Training already finished in %s (%d steps, %s): restored, not trained again. To train anew, use "
                "another model_dir or delete %s", model_dir, marker["step"], marker["last_checkpoint"],
                checkpoints_lib.final_marker_path(model_dir))
-  with strategy.scope():
-    resharding.restore(marker["last_checkpoint"], tf.train.Checkpoint(model=model))
+  chief.restore(marker["last_checkpoint"], tf.train.Checkpoint(model=model))
   history = tf_keras.callbacks.History()
   history.set_model(model)
   history.on_train_begin()
   return history
 
 
-def _resume(model, strategy, model_dir: Optional[str], steps_per_epoch: int) -> int:
-  """Where a run in `model_dir` goes on from, on whatever number of ps and shards: the epoch to start at.
-
-  A restart backup (a chief that died) is checked against the model here and restored by `BackupAndRestore`; without
-  one, the newest checkpoint (a finished run given more epochs, a run moved to another cluster) is checked and
-  restored here. A checkpoint that does not fit raises `CheckpointMismatchError` before any step.
-  """
-  if not model_dir:
+def _resume(chief: chief_lib.Chief, model, run: _Run) -> int:
+  """The epoch a run in `model_dir` goes on from, on whatever number of ps and shards (`Chief.resume`); with a restart
+  backup, 0: `BackupAndRestore` sets the epoch."""
+  restored = chief.resume(run.model_dir, tf.train.Checkpoint(model=model))
+  if restored is None:
     return 0
-  backup = _newest_backup(model_dir)
-  if backup is not None:
-    resharding.check_compatible(backup, tf.train.Checkpoint(model=model))
-    return 0  # BackupAndRestore sets the epoch
-  saved = checkpoints_lib.list_checkpoints(model_dir)
-  if not saved:
-    return 0
-  with strategy.scope():
-    resharding.restore(saved[-1], tf.train.Checkpoint(model=model))
   step = int(model.optimizer.iterations.numpy())
-  logging.info("Resumed from %s at step %d (epoch %d)", saved[-1], step, step // steps_per_epoch + 1)
-  return step // steps_per_epoch
-
-
-def _newest_backup(model_dir: str) -> Optional[str]:
-  """The checkpoint `BackupAndRestore` would restore from `model_dir/backup` (the chief's own folder), or None."""
-  for folder in (os.path.join(model_dir, BACKUP_SUBDIR, "chief"), os.path.join(model_dir, BACKUP_SUBDIR)):
-    if tf.io.gfile.isdir(folder) and tf.train.latest_checkpoint(folder):
-      return tf.train.latest_checkpoint(folder)
-  return None
+  logging.info("Resumed from %s at step %d (epoch %d)", restored, step, step // run.steps_per_epoch + 1)
+  return step // run.steps_per_epoch
 
 
 def evaluate(model: tf_keras.Model, dataset_fn: Callable, steps: Optional[int] = None, exact: bool = False) -> dict:

@@ -2,23 +2,20 @@
 
 import contextlib
 import logging as py_logging
-import socket
-import time
 import weakref
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
 from absl import logging
 import tensorflow as tf
 
 from tfps import checks
 from tfps.cluster import config as cluster_lib
-from tfps.cluster import isolation
-from tfps.cluster import ports
-from tfps.cluster import watchdog
+from tfps.cluster import options as options_lib
+from tfps.cluster import reach
+from tfps.cluster.reach import wait_for_tasks  # pylint: disable=unused-import  (its home before tfps.cluster.reach)
 from tfps.training import initialization
-from tfps.errors import UnreachableTaskError
 
-DEFAULT_MIN_SHARD_BYTES = 256 << 10
+DEFAULT_MIN_SHARD_BYTES = options_lib.DEFAULT_MIN_SHARD_BYTES
 _CLUSTERS = weakref.WeakKeyDictionary()  # strategy -> the ClusterConfig it was built for
 
 
@@ -60,65 +57,31 @@ def build_cluster_resolver(config: cluster_lib.ClusterConfig) -> tf.distribute.c
   return tf.distribute.cluster_resolver.SimpleClusterResolver(spec, task_type="chief", task_id=0, rpc_layer="grpc")
 
 
-def wait_for_tasks(config: cluster_lib.ClusterConfig, timeout_secs: float = 60.0,
-                   jobs: Sequence[str] = ("ps", "worker")) -> None:
-  """Waits until every task of `jobs` answers as a TensorFlow (gRPC) server, or raises naming the first one that did
-  not. Another program on a task's port would otherwise make the chief hang inside TensorFlow.
-
-  A name that does not resolve yet is retried too (in Kubernetes a pod's name appears once the pod runs).
-
-  Raises:
-    UnreachableTaskError: a task did not answer within `timeout_secs`; the message says why and what to check.
-  """
-  deadline = time.monotonic() + timeout_secs
-  for job in jobs:
-    for index, address in enumerate(config.hosts(job)):
-      host, port = address.rsplit(":", 1)
-      while True:
-        try:
-          attempt_secs = min(1.0, max(deadline - time.monotonic(), 0.05))
-          with socket.create_connection((host.strip("[]"), int(port)), timeout=attempt_secs) as connection:
-            ports.check_speaks_grpc(connection, attempt_secs)
-          break
-        except OSError as e:
-          if time.monotonic() >= deadline:
-            raise UnreachableTaskError(f"task {job}:{index} at {address} did not answer within {timeout_secs:g}s: "
-                                       f"{ports.explain_connect_error(e, host, port)}") from None
-          time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
-
-
-def build_strategy(config: cluster_lib.ClusterConfig, num_shards: Optional[int] = None,
-                   min_shard_bytes: int = DEFAULT_MIN_SHARD_BYTES, connect_timeout_secs: float = 60.0,
-                   lost_task_timeout_secs: float = watchdog.DEFAULT_TIMEOUT_SECS
-                   ) -> Tuple[tf.distribute.experimental.ParameterServerStrategy,
-                              tf.distribute.experimental.coordinator.ClusterCoordinator]:
+def build_strategy(config: cluster_lib.ClusterConfig, options: Optional[options_lib.StrategyOptions] = None,
+                   **settings) -> Tuple[tf.distribute.experimental.ParameterServerStrategy,
+                                        tf.distribute.experimental.coordinator.ClusterCoordinator]:
   """Connects to the cluster and returns `(strategy, coordinator)`.
 
   Args:
     config: the cluster; its task must be the chief.
-    num_shards: shards of each large variable; defaults to the number of ps.
-    min_shard_bytes: variables smaller than this are not sharded (see `ShardLargeVariables`).
-    connect_timeout_secs: how long to wait for every ps and worker to answer before raising.
-    lost_task_timeout_secs: a ps silent this long mid-run ends the chief (one line, exit status 3; see
-      `tfps.cluster.watchdog`).
+    options: a `tfps.StrategyOptions` (or a dict of its fields): `num_shards` (default: the number of ps),
+      `min_shard_bytes` (see `ShardLargeVariables`), `connect_timeout_secs` (how long to wait for every ps and worker
+      to answer), `lost_task_timeout_secs` (a ps silent this long mid-run ends the chief: `tfps.cluster.watchdog`).
+    **settings: those fields one by one (`build_strategy(config, num_shards=2)`).
   """
+  options = options_lib.as_strategy_options(options, **settings)
   if config.task_type != "chief":
     raise ValueError(f"the strategy is built on the chief, not on task {config.task_type}:{config.task_index}")
-  num_shards = config.num_ps if num_shards is None else num_shards
+  num_shards = config.num_ps if options.num_shards is None else options.num_shards
   if tf.get_logger().level == py_logging.NOTSET:  # TensorFlow's per-closure INFO lines drown tfps's progress
     tf.get_logger().setLevel(py_logging.WARNING)
-  ports.check_can_listen(config)
-  wait_for_tasks(config, connect_timeout_secs)
+  reach.before_connecting(config, options.connect_timeout_secs)
   strategy = ParameterServerStrategy(
-      build_cluster_resolver(config), variable_partitioner=ShardLargeVariables(num_shards, min_shard_bytes))
+      build_cluster_resolver(config), variable_partitioner=ShardLargeVariables(num_shards, options.min_shard_bytes))
   coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
   _CLUSTERS[strategy] = config
-  if config.chief_hosts:  # a chief of its own process (not an in-process test cluster): a silent ps must end it
-    watchdog.start_watchdog(config, timeout_secs=lost_task_timeout_secs)
   logging.info("Connected to %s; large variables sharded %d-way", config.describe(), num_shards)
-  warning = config.address and isolation.exposure_warning(f"chief:{config.task_index}", config.address)
-  if warning:  # connecting made the chief listen on its port too, like every server
-    logging.warning(warning)
+  reach.after_connecting(config, options.lost_task_timeout_secs)
   return strategy, coordinator
 
 
