@@ -1,7 +1,9 @@
 """The import rules of docs/architecture.md, checked on the source (no TensorFlow imported; well under a second).
 
 * no module imports a higher layer, and the two training paths (and data, models) do not import each other;
-* private TensorFlow and tf-keras names are imported only in the shim, `tfps/_tf_private.py`;
+* private TensorFlow and tf-keras names are imported only in the shim, `tfps/_tf_private.py`, and so are
+  `tf.__internal__` and private attributes of other objects (`x._name`, `getattr(x, "_name")`);
+* no function in tfps/ is longer than 50 lines;
 * only the command-line layer (`tfps/cli/`) defines or reads absl flags.
 """
 
@@ -105,6 +107,44 @@ def test_private_tensorflow_names_only_in_the_shim():
                for line, imported in imports_of(tree, name) if imported.startswith(PRIVATE_PREFIXES)]
     broken += [f"{path.relative_to(PACKAGE.parent)} names {prefix}" for prefix in PRIVATE_PREFIXES
                if f"{prefix}." in text or f'"{prefix}"' in text]
+  assert not broken, "\n".join(broken)
+
+
+def private_reads(tree: ast.AST, text: str) -> List[Tuple[int, str]]:
+  """(line, what) of each use of a private name of an object that is not the module's own: `tf.__internal__`,
+  `x._name` (but `self._name`, `cls._name`, `os._exit`), `getattr` / `hasattr` / `setattr` of a literal `"_name"`."""
+  found = [(number, "tf.__internal__") for number, line in enumerate(text.splitlines(), 1) if "__internal__" in line]
+  for node in ast.walk(tree):
+    if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") and
+        not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls", "os"))):
+      found.append((node.lineno, f"{ast.unparse(node.value)}.{node.attr}"))
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in
+        ("getattr", "hasattr", "setattr") and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and
+        str(node.args[1].value).startswith("_") and not str(node.args[1].value).startswith("__")):
+      found.append((node.lineno, f"{node.func.id}(..., {node.args[1].value!r})"))
+  return found
+
+
+def test_private_attributes_and_tf_internal_only_in_the_shim():
+  broken = [f"{path.relative_to(PACKAGE.parent)}:{line} reads {what}" for name, (path, tree, text) in SOURCES.items()
+            if name != SHIM for line, what in private_reads(tree, text)]
+  assert not broken, "\n".join(broken)
+
+
+@pytest.mark.parametrize("source", ["tf.__internal__.distribute.ShardedVariable\n", "model._is_compiled\n",
+                                    "getattr(optimizer, '_initial_accumulator_value', 0.0)\n"])
+def test_the_private_read_rule_catches_each_kind(source):
+  assert private_reads(ast.parse(source), source) and not private_reads(ast.parse("self._x\n"), "self._x\n")
+
+
+MAX_FUNCTION_LINES = 50
+
+
+def test_no_function_is_longer_than_50_lines():
+  broken = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines"
+            for path, tree, _ in SOURCES.values() for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and
+            node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
   assert not broken, "\n".join(broken)
 
 

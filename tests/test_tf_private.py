@@ -225,3 +225,15 @@ def test_a_legacy_optimizer_sums_a_sparse_gradient_per_row_in_one_method_before_
                              lambda grad, handle, indices, **kwargs: seen.append(indices.numpy().tolist())):
       optimizer.apply_gradients([(tf.IndexedSlices(tf.ones([3, 2]), tf.constant([4, 1, 4])), variable)])
     assert seen == [[4, 1, 4]]
+
+
+def test_sharded_variables_compiled_models_and_adagrads_initial_accumulator_are_recognised():
+  """`tf.__internal__.distribute.ShardedVariable`, tf-keras's `_is_compiled` and `_initial_accumulator_value`."""
+  sharded = tf.__internal__.distribute.ShardedVariable([tf.Variable([1.0]), tf.Variable([2.0])])
+  assert _tf_private.is_sharded_variable(sharded) and not _tf_private.is_sharded_variable(tf.Variable([1.0]))
+  model = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(1)])
+  assert not _tf_private.is_compiled(model)
+  model.compile(tf_keras.optimizers.legacy.SGD(0.1))  # no loss
+  assert model._is_compiled and _tf_private.is_compiled(model)  # pylint: disable=protected-access
+  assert _tf_private.initial_accumulator_value(tf_keras.optimizers.legacy.Adagrad(0.1, 0.25)) == 0.25
+  assert _tf_private.initial_accumulator_value(tf_keras.optimizers.legacy.SGD(0.1)) == 0.0

@@ -45,6 +45,18 @@ def steps_per_execution(model) -> int:
   return 1 if variable is None else int(tf.keras.backend.get_value(variable))
 
 
+def is_sharded_variable(value) -> bool:
+  """Whether `value` is a `ShardedVariable` (a variable ParameterServerStrategy's partitioner split): TensorFlow
+  exports the class only as `tf.__internal__.distribute.ShardedVariable`."""
+  return isinstance(value, tf.__internal__.distribute.ShardedVariable)
+
+
+def initial_accumulator_value(optimizer, default: float = 0.0) -> float:
+  """A legacy Adagrad's initial accumulator value (the value its `accumulator` slots start at); `default` for an
+  optimizer without one. tf-keras keeps it in the private `_initial_accumulator_value` only."""
+  return getattr(optimizer, "_initial_accumulator_value", default)
+
+
 def is_compiled(model) -> bool:
   """Whether `model.compile` ran: a model compiled without a loss has no `compiled_loss`, and tf-keras then notes the
   compile in `_is_compiled` only."""

@@ -32,9 +32,21 @@ def define_model_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """Defines the model and data flags in `flag_values`; calling it again is harmless."""
   if "model" in flag_values:
     return
+  _define_data_flags(flag_values)
+  _define_model_flags(flag_values)
+  for name in ("num_buckets", "deep_layers", "tower_layers"):
+    flags.register_validator(name, _positive_ints, message=f"--{name} must be comma-separated positive integers",
+                             flag_values=flag_values)
+  flags.register_validator("feature_spec", _check_feature_spec, flag_values=flag_values)
+  flags.register_multi_flags_validator(["model", "data", "data_dir", "train_files", "eval_files", "num_buckets",
+                                        "feature_spec", "embedding", "stack_tables"], _check_data,
+                                       flag_values=flag_values)
+  flags_lib.declare_program_flags(flag_values, __name__)
+
+
+def _define_data_flags(flag_values: flags.FlagValues) -> None:
   fv = {"flag_values": flag_values}
-  flags.DEFINE_enum("model", "wide_deep", MODELS, "Model to train.", **fv)
-  flags.DEFINE_enum("data", "synthetic", DATA, "Data source (see tfps.models.flags).", **fv)
+  flags.DEFINE_enum("data", "synthetic", DATA, "Data source (see tfps.cli.model_flags).", **fv)
   flags.DEFINE_string("data_dir", None, "MovieLens 100K folder, or where synthetic data is generated.", **fv)
   flags.DEFINE_list("train_files", [], "Criteo or --data=csv training files (paths or globs).", **fv)
   flags.DEFINE_list("eval_files", [], "Criteo or --data=csv evaluation files (paths or globs).", **fv)
@@ -54,6 +66,11 @@ def define_model_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_integer("synthetic_vocab_size", 100_000, "Distinct ids per generated categorical column.",
                        lower_bound=1, **fv)
   flags.DEFINE_integer("synthetic_seed", 0, "Seed of the generated data.", lower_bound=0, **fv)
+
+
+def _define_model_flags(flag_values: flags.FlagValues) -> None:
+  fv = {"flag_values": flag_values}
+  flags.DEFINE_enum("model", "wide_deep", MODELS, "Model to train.", **fv)
   flags.DEFINE_integer("embedding_dim", 16, "Width of every embedding table.", lower_bound=1, **fv)
   flags.DEFINE_list("deep_layers", ["256", "128", "64"], "MLP widths of Wide&Deep and DCN.", **fv)
   flags.DEFINE_bool("stack_tables", False, "Wide&Deep and DCN: one table for all categorical features instead of one "
@@ -72,14 +89,6 @@ def define_model_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_list("tower_layers", ["64", "32"], "Retrieval tower MLP widths; the last is the output width.", **fv)
   flags.DEFINE_enum("optimizer", "adagrad", ("adagrad", "adam", "sgd"), "Optimizer (tf-keras legacy).", **fv)
   flags.DEFINE_float("learning_rate", 0.05, "Learning rate.", lower_bound=0.0, **fv)
-  for name in ("num_buckets", "deep_layers", "tower_layers"):
-    flags.register_validator(name, _positive_ints, message=f"--{name} must be comma-separated positive integers",
-                             flag_values=flag_values)
-  flags.register_validator("feature_spec", _check_feature_spec, flag_values=flag_values)
-  flags.register_multi_flags_validator(["model", "data", "data_dir", "train_files", "eval_files", "num_buckets",
-                                        "feature_spec", "embedding", "stack_tables"], _check_data,
-                                       flag_values=flag_values)
-  flags_lib.declare_program_flags(flag_values, __name__)
 
 
 def _check_data(values: dict) -> bool:

@@ -72,7 +72,7 @@ class _Table(tf.Module):
     optimizer = self.__dict__["_optimizer"]
     if optimizer is None:
       return []
-    initial_accumulator = getattr(optimizer, "_initial_accumulator_value", 0.0)
+    initial_accumulator = _tf_private.initial_accumulator_value(optimizer)
     return [(optimizer.get_slot(self.row_shards[index], name), initial_accumulator if name == "accumulator" else 0.)
             for name in optimizer.get_slot_names()]
 
@@ -135,7 +135,7 @@ class DynamicEmbedding(tf_keras.layers.Layer):
                                  initializer=tf_keras.initializers.RandomUniform(-self.init_scale, self.init_scale),
                                  trainable=True)
     strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
-    sharded = isinstance(embeddings, tf.__internal__.distribute.ShardedVariable)
+    sharded = _tf_private.is_sharded_variable(embeddings)
     if sharded:
       variables = list(embeddings.variables)
       sizes = [variable.shape[0] for variable in variables]

@@ -10,7 +10,7 @@ so concurrent steps of several workers never hand one row to two ids.
 import contextlib
 import uuid
 import weakref
-from typing import Optional
+from typing import Callable, Optional
 
 import tensorflow as tf
 
@@ -88,34 +88,7 @@ class RowShard(tf.Module):
     again after a worker failure, whose first run got here, only looks up (it neither counts, admits, evicts nor
     ticks the clock), as its updates are skipped on a ps that applied them."""
     def bookkeeping(last=lambda: []):
-      # The writes a step run again must not repeat (the clock's tick, the sightings, the fallbacks counted, and
-      # `last()`: the step's mark) come last and together, each waiting only for the rest: a step cancelled in the
-      # middle of its bookkeeping (its worker died) leaves them all undone, and what ran before them (admission,
-      # eviction, `last_seen`) comes out the same when the step runs again.
-      clock = self.clock.read_value() + 1
-      evicted = tf.no_op()
-      if steps_to_live is not None:  # a scan of the shard's rows every `steps_to_live // 10` calls, not every call
-        every = max(1, steps_to_live // EVICTION_SCANS_PER_LIFETIME)
-        evicted = tf.cond(tf.equal(clock % every, 0), lambda: self._evict(clock - steps_to_live),
-                          lambda: tf.constant(0, tf.int64))
-      with tf.control_dependencies([evicted]):
-        rows = shaped_lookup(self.map, keys)
-      missing = tf.boolean_mask(keys, rows < 0)
-      ready, sightings = missing, None
-      if min_count > 1:
-        seen = shaped_lookup(self.counts, missing) + 1
-        ready = tf.boolean_mask(missing, seen >= min_count)
-        sightings = (tf.boolean_mask(missing, seen < min_count), tf.boolean_mask(seen, seen < min_count))
-      admitted, fallbacks = self._admit(ready, rows_variable, initializer, slots, remove_counts=min_count > 1)
-      with tf.control_dependencies([admitted]):
-        rows = shaped_lookup(self.map, keys)
-      live = tf.boolean_mask(rows, rows >= 0)
-      seen_now = self.last_seen.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(live), clock), live))
-      with tf.control_dependencies([seen_now, rows]):
-        final = ([self.clock.assign_add(1), self.fallbacks.assign_add(fallbacks)] +
-                 ([self.counts.insert(*sightings)] if sightings else []) + last())
-      with tf.control_dependencies(final):
-        return tf.identity(rows)
+      return self._bookkeeping(keys, rows_variable, initializer, slots, min_count, steps_to_live, last)
 
     step = tables.current_step()
     with self.placed():
@@ -141,6 +114,39 @@ class RowShard(tf.Module):
       if self.lock is None:
         return body()
       return _hold_in_turn(self.lock, inputs, body)
+
+  def _bookkeeping(self, keys, rows_variable, initializer, slots, min_count: int, steps_to_live: Optional[int],
+                   last: Callable[[], list] = lambda: []):
+    """`lookup_or_admit` on this shard, under its lock: evicts stale rows (every `steps_to_live // 10` calls), admits
+    the ids seen `min_count` times, and returns the rows of `keys`; `last()`: the step's mark, written last."""
+    # The writes a step run again must not repeat (the clock's tick, the sightings, the fallbacks counted, and
+    # `last()`: the step's mark) come last and together, each waiting only for the rest: a step cancelled in the
+    # middle of its bookkeeping (its worker died) leaves them all undone, and what ran before them (admission,
+    # eviction, `last_seen`) comes out the same when the step runs again.
+    clock = self.clock.read_value() + 1
+    evicted = tf.no_op()
+    if steps_to_live is not None:  # a scan of the shard's rows every `steps_to_live // 10` calls, not every call
+      every = max(1, steps_to_live // EVICTION_SCANS_PER_LIFETIME)
+      evicted = tf.cond(tf.equal(clock % every, 0), lambda: self._evict(clock - steps_to_live),
+                        lambda: tf.constant(0, tf.int64))
+    with tf.control_dependencies([evicted]):
+      rows = shaped_lookup(self.map, keys)
+    missing = tf.boolean_mask(keys, rows < 0)
+    ready, sightings = missing, None
+    if min_count > 1:
+      seen = shaped_lookup(self.counts, missing) + 1
+      ready = tf.boolean_mask(missing, seen >= min_count)
+      sightings = (tf.boolean_mask(missing, seen < min_count), tf.boolean_mask(seen, seen < min_count))
+    admitted, fallbacks = self._admit(ready, rows_variable, initializer, slots, remove_counts=min_count > 1)
+    with tf.control_dependencies([admitted]):
+      rows = shaped_lookup(self.map, keys)
+    live = tf.boolean_mask(rows, rows >= 0)
+    seen_now = self.last_seen.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(live), clock), live))
+    with tf.control_dependencies([seen_now, rows]):
+      final = ([self.clock.assign_add(1), self.fallbacks.assign_add(fallbacks)] +
+               ([self.counts.insert(*sightings)] if sightings else []) + last())
+    with tf.control_dependencies(final):
+      return tf.identity(rows)
 
   def _admit(self, ready, rows_variable, initializer, slots, remove_counts: bool):
     """Gives free rows to `ready` ids: fresh row values, optimizer slot rows back to their initial values.

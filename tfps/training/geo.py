@@ -283,55 +283,14 @@ class GeoRunner(steps_lib.Runner):
         swaps.enter_context(_tf_private.swapped_handle(copy.variable, copy.handle))
       # 2. Discover the ids of every table (on the local dense copies); cache their rows. A table layer with an id
       # map on the ps finds (admits, evicts) the rows of its ids there, once per batch and shard (`table_marks`).
-      seen: Dict[tuple, list] = {}
-      owners: Dict[tuple, Callable] = {}
-      table_rows: Dict[tuple, list] = {}  # the rows of each call of a table layer, in the order of the calls
-
-      def record(layer, ids):
-        seen.setdefault(_key(layer.embeddings), [layer.embeddings]).append(tf.reshape(ids, [-1]))
-
-      def rows_of(layer, ids):
-        rows = layer.rows_of(ids, training=True)
-        owners[_key(layer.embeddings)] = layer.row_owners
-        table_rows.setdefault(_key(layer.embeddings), []).append(rows)
-        flat = tf.reshape(rows, [-1])
-        return tf.boolean_mask(flat, flat >= 0)
-
-      def forward(batch, mark):  # the contexts entered in the replica's thread, where the layers read them
-        with _recording(record, rows_of), self.table_marks.marking(slot, mark):
-          self.step.forward(batch)
-
-      with tf.control_dependencies([copy.pull for copy in dense]):
-        for index, batch in enumerate(batches):
-          self.strategy.run(forward, args=(batch, seq * MARK_STRIDE + index + 1))
-      tables = {key: _Table(entry[0], tf.concat(entry[1:], 0), self._slots, self._names, owners.get(key))
-                for key, entry in seen.items()}
+      tables, table_rows = self._discover(dense, batches, slot, seq)
       fills = [copy.pull for copy in dense] + [cache[4] for table in tables.values() for cache in table.caches]
       for table in tables.values():
         for variable, handle, *_ in table.caches:
           swaps.enter_context(_tf_private.swapped_handle(variable, handle))
 
       # 3. Train on the local copies.
-      def lookup(layer, ids, original):
-        return original(layer, tables[_key(layer.embeddings)].virtual_ids(ids))
-
-      def lookup_rows(layer, ids):  # the rows its call of the same batch found in step 2
-        key = _key(layer.embeddings)
-        rows = tf.reshape(table_rows[key].pop(0), [-1])
-        local = tf.where(rows >= 0, tables[key].virtual_ids(tf.maximum(rows, 0)), -1)
-        return tf.reshape(layer.lookup_rows(local), tf.concat([tf.shape(ids), [layer.dim]], 0))
-
-      def train(batch):
-        with tables_lib.answering(lookup_rows):
-          return self.step.run(batch)
-
-      losses, examples = [], []
-      with _tf_private.embedding_calls(lookup), _tf_private.identity_gradient_aggregation(optimizer):
-        for batch in batches:
-          with tf.control_dependencies(fills + losses[-1:]):
-            loss, count = self.strategy.run(train, args=(batch,))
-          losses.append(tf.cast(loss, tf.float32))
-          examples.append(tf.cast(count, tf.int64))
+      losses, examples = self._train_locally(optimizer, batches, tables, table_rows, fills)
     # 4. Push the differences (the variables answer from the ps again), once per ps: each ps adds them once all of its
     # differences are there, and a round run again after its worker died in the middle of its push skips the ps that
     # took it (the round's mark is `seq + 1`).
@@ -344,3 +303,56 @@ class GeoRunner(steps_lib.Runner):
         pushes.append(once.run(self.step.counter, lambda: self.step.count(num_steps)))
     with tf.control_dependencies(pushes + once.records()):
       return tf.add_n(losses), tf.add_n(examples), self.step.counter.read_value()
+
+  def _discover(self, dense, batches, slot, seq):
+    """Step 2 of a round: runs the forward pass of every batch on the local dense copies, recording the ids (and
+    rows) each table layer is called with; returns `(tables, table_rows)`: a `_Table` per table, and the rows of each
+    call of a table layer, in the order of the calls."""
+    seen: Dict[tuple, list] = {}
+    owners: Dict[tuple, Callable] = {}
+    table_rows: Dict[tuple, list] = {}  # the rows of each call of a table layer, in the order of the calls
+
+    def record(layer, ids):
+      seen.setdefault(_key(layer.embeddings), [layer.embeddings]).append(tf.reshape(ids, [-1]))
+
+    def rows_of(layer, ids):
+      rows = layer.rows_of(ids, training=True)
+      owners[_key(layer.embeddings)] = layer.row_owners
+      table_rows.setdefault(_key(layer.embeddings), []).append(rows)
+      flat = tf.reshape(rows, [-1])
+      return tf.boolean_mask(flat, flat >= 0)
+
+    def forward(batch, mark):  # the contexts entered in the replica's thread, where the layers read them
+      with _recording(record, rows_of), self.table_marks.marking(slot, mark):
+        self.step.forward(batch)
+
+    with tf.control_dependencies([copy.pull for copy in dense]):
+      for index, batch in enumerate(batches):
+        self.strategy.run(forward, args=(batch, seq * MARK_STRIDE + index + 1))
+    tables = {key: _Table(entry[0], tf.concat(entry[1:], 0), self._slots, self._names, owners.get(key))
+              for key, entry in seen.items()}
+    return tables, table_rows
+
+  def _train_locally(self, optimizer, batches, tables, table_rows, fills):
+    """Step 3 of a round: trains on every batch against the local copies; returns `(losses, examples)`."""
+    def lookup(layer, ids, original):
+      return original(layer, tables[_key(layer.embeddings)].virtual_ids(ids))
+
+    def lookup_rows(layer, ids):  # the rows its call of the same batch found in step 2
+      key = _key(layer.embeddings)
+      rows = tf.reshape(table_rows[key].pop(0), [-1])
+      local = tf.where(rows >= 0, tables[key].virtual_ids(tf.maximum(rows, 0)), -1)
+      return tf.reshape(layer.lookup_rows(local), tf.concat([tf.shape(ids), [layer.dim]], 0))
+
+    def train(batch):
+      with tables_lib.answering(lookup_rows):
+        return self.step.run(batch)
+
+    losses, examples = [], []
+    with _tf_private.embedding_calls(lookup), _tf_private.identity_gradient_aggregation(optimizer):
+      for batch in batches:
+        with tf.control_dependencies(fills + losses[-1:]):
+          loss, count = self.strategy.run(train, args=(batch,))
+        losses.append(tf.cast(loss, tf.float32))
+        examples.append(tf.cast(count, tf.int64))
+    return losses, examples

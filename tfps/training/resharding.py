@@ -56,7 +56,7 @@ def variables_so_far(model) -> list:
 
 
 def _is_variable(value) -> bool:
-  return isinstance(value, (tf.Variable, tf.__internal__.distribute.ShardedVariable))
+  return isinstance(value, tf.Variable) or _tf_private.is_sharded_variable(value)
 
 
 def _children(value) -> dict:

@@ -8,6 +8,7 @@ from typing import List, Optional, Tuple
 from absl import logging
 import tensorflow as tf
 
+from tfps import _tf_private
 from tfps import checks
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import options as options_lib
@@ -99,6 +100,6 @@ def on_device(device: Optional[str]):
 
 def shards_of(variable) -> List[tf.Variable]:
   """The variables holding `variable`: its shards if ParameterServerStrategy partitioned it, else itself."""
-  if isinstance(variable, tf.__internal__.distribute.ShardedVariable):
+  if _tf_private.is_sharded_variable(variable):
     return list(variable.variables)
   return [variable]
