@@ -169,7 +169,7 @@ def train_and_evaluate(config) -> dict:
   else:
     model = tfps.fit(build, train_fn, epochs=_EPOCHS.value, steps_per_epoch=steps, callbacks=[timer.callback],
                      batch_size=_BATCH.value, cluster=config, log_every_secs=30, sync_mode=tfps.mode_from_flags(),
-                     **tfps.strategy_options_from_flags()).model
+                     strategy_options=tfps.strategy_options_from_flags()).model
     logs = tfps.evaluate(model, test_fn, exact=True)
   train_secs = time.monotonic() - start
   rates = epoch_timer.rates(timer.seconds, steps * _BATCH.value, steps)

@@ -34,7 +34,7 @@ VARIANTS = {"isolated": [], "expose_ports": ["--expose_ports"]}
 
 
 def one_run(script: str, log_dir: str, extra) -> dict:
-  command = [sys.executable, "-m", "tfps.cluster.launch", "--num_ps=1", "--num_workers=2", "--stop_grace_secs=2",
+  command = [sys.executable, "-m", "tfps.cli.launch", "--num_ps=1", "--num_workers=2", "--stop_grace_secs=2",
              f"--log_dir={log_dir}", *extra, script]
   started = time.monotonic()
   process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

@@ -120,7 +120,7 @@ def train_tfps(build: Callable, tables: movielens.MovieLensTables, seed: int, st
   """`tfps.fit` on this task's cluster (this process is the chief)."""
   history = tfps.fit(build, train_dataset_fn(tables, seed), epochs=epochs, steps_per_epoch=steps,
                      batch_size=_BATCH_SIZE.value, cluster=tfps.config_from_flags(),
-                     sync_mode=tfps.mode_from_flags(), **tfps.strategy_options_from_flags())
+                     sync_mode=tfps.mode_from_flags(), strategy_options=tfps.strategy_options_from_flags())
   return history.model
 
 

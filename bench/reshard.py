@@ -62,7 +62,7 @@ def _resume(cluster) -> dict:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tfps.keras import evaluation, fitting  # pylint: disable=g-import-not-at-top
   from tfps.training import checkpoints, resharding, strategy as strategy_lib  # pylint: disable=g-import-not-at-top
-  strategy, _ = strategy_lib.build_strategy(cluster, **fitting._strategy_options())  # pylint: disable=protected-access
+  strategy, _ = strategy_lib.build_strategy(cluster, tfps.strategy_options_from_flags())
   start = time.monotonic()
   model = fitting.build_model_in_scope(_build_model, strategy)
   with strategy.scope():

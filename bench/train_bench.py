@@ -104,7 +104,7 @@ def run_fit(config) -> dict:
   tfps.fit(lambda: workload_lib.build_model(workload), workload_lib.dataset_fn(workload), epochs=1 + _MEASURE.value,
            steps_per_epoch=_STEPS.value, callbacks=[timer.callback], steps_per_execution=_SPE.value,
            batch_size=workload.batch_size, cluster=config, sync_mode=tfps.mode_from_flags(),
-           **tfps.strategy_options_from_flags())
+           strategy_options=tfps.strategy_options_from_flags())
   wall = sum(timer.seconds)
   mode = tfps.mode_from_flags()
   batches_per_step = mode.replicas(config.num_workers) if mode.sync_mode == "sync" else 1  # a sync step averages

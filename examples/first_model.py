@@ -1,6 +1,6 @@
 """A first model of one's own: a click model trained on a parameter-server cluster over generated click logs.
 
-  python -m tfps.cluster.launch --num_ps=1 --num_workers=2 examples/first_model.py
+  python -m tfps.cli.launch --num_ps=1 --num_workers=2 examples/first_model.py
 """
 import os, tempfile
 import tfps                                      # first: selects tf-keras (Keras 2) for TensorFlow

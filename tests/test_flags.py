@@ -155,3 +155,13 @@ def test_a_training_script_given_a_bad_flag_ends_with_one_line_and_status_2(flag
   assert result.returncode == 2, result.stderr
   assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr
   assert "Traceback" not in result.stderr and "Pass --helpshort" not in result.stderr
+
+
+def test_moved_modules_keep_their_old_paths():
+  """`tfps.flags`, `tfps.cluster.launch`, ... (moved to tfps/cli/) import the module of the new path, for one release."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  from tfps import _aliases  # pylint: disable=g-import-not-at-top
+  for old, new in _aliases.MOVED.items():
+    assert importlib.import_module(old) is importlib.import_module(new), old
+  from tfps import flags as old_flags  # pylint: disable=g-import-not-at-top
+  assert old_flags.config_from_flags is flags_lib.config_from_flags and old_flags.__spec__.name == "tfps.cli.flags"
