@@ -21,7 +21,8 @@ LAYERS = {
     "tfps._tf_private": ("base", 0), "tfps._aliases": ("base", 0),
     "tfps.cluster": ("cluster", 1),
     "tfps.training": ("training", 2),
-    "tfps.data": ("data", 3), "tfps.keras": ("keras", 3), "tfps.estimator": ("estimator", 3), "tfps.report": ("report", 3),
+    "tfps.data": ("data", 3), "tfps.keras": ("keras", 3), "tfps.estimator": ("estimator", 3),
+    "tfps.report": ("report", 3),  # a run's curves from its run records (`tfps-report` itself is tfps/cli/report.py)
     "tfps.models": ("models", 4),  # recommender models for both paths: `model_fns` builds Estimator model_fns
     "tfps.testing": ("testing", 4),
     # The command-line layer: reads absl flags and builds the settings the layers below take; the console scripts of

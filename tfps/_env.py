@@ -55,7 +55,7 @@ def prepare() -> None:
 def command_line_parsed() -> bool:
   """Whether absl parsed a command line in this process (a script under `absl.app`, not a notebook).
 
-  Only whether, never a flag's value: library code takes its settings as arguments (`tfps.flags` reads flags).
+  Only whether, never a flag's value: library code takes its settings as arguments (`tfps.cli` reads flags).
   """
   from absl import flags  # pylint: disable=g-import-not-at-top
   return flags.FLAGS.is_parsed()

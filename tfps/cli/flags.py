@@ -1,5 +1,5 @@
-"""The flags layer: the only tfps module that defines or reads absl flags (the models' own flags are in
-`tfps.models.flags`, the models' flags layer).
+"""The cluster, strategy and mode flags (the models' and data's are in `tfps.cli.model_flags`); with the rest of
+`tfps/cli/`, the only modules that define or read absl flags.
 
 Flags are defined by calling `define_flags()` / `define_mode_flags()` (a user's script does it once at module level),
 never as a side effect of importing tfps. Library functions never read flags: a script builds its settings here and

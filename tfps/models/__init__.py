@@ -5,7 +5,7 @@ strategy), compile it with `compile_model`, and train it with Keras `fit` (`tfps
 labels, training)` in a loop of your own, or through `tfps.models.model_fns.build_model_fn` on the Estimator-style
 path. `categorical` maps each categorical feature to its vocabulary size and `dense` each dense feature to its width:
 the readers' `feature_spec` gives both. `embedding_tables(model)` lists the tables (sharded under the strategy);
-`evaluate_top_k` measures a retrieval model against every candidate. Flags and flagfiles: `tfps.models.flags`.
+`evaluate_top_k` measures a retrieval model against every candidate. Flags and flagfiles: `tfps.cli.model_flags`.
 """
 
 from typing import Callable, Dict, Mapping, Optional, Sequence, Union

@@ -135,7 +135,7 @@ class TrainingMode:
 
 
 def as_mode(mode) -> TrainingMode:
-  """A TrainingMode from a TrainingMode, a mode name, or None (async); flags are read by `tfps.flags` only."""
+  """A TrainingMode from a TrainingMode, a mode name, or None (async); flags are read by `tfps.cli` only."""
   if isinstance(mode, TrainingMode):
     return mode
   if mode is None:
