@@ -1,1 +1,3 @@
-"""The cluster and launching layer: cluster description and TF_CONFIG, per-role servers and dispatch, the local launcher and its supervisor. Imports no TensorFlow except in `server` and `roles`."""
+"""The cluster layer: cluster description and TF_CONFIG, `StrategyOptions`, per-role servers and dispatch, the chief
+reaching its tasks, the local launcher's processes and their supervisor (its command line: `tfps/cli/launch.py`).
+Imports no TensorFlow except in `server` and `roles`."""
