@@ -6,8 +6,10 @@
 Variants, each on Wide&Deep over in-memory Criteo-schema batches (`bench/workload.py`) with legacy Adagrad: `single`
 (tf-keras fit, no strategy; with stacked and with per-feature tables, the faster is the ceiling), `fit` and
 `estimator` with 1 ps + 1 worker and 2 ps + 2 workers (real processes under `tfps-launch`), `keras_pss` (the peer:
-plain tf-keras `Model.fit` under ParameterServerStrategy as TensorFlow's tutorial writes it, no tfps code,
-`bench/plain_pss_train.py`; each fit/estimator row gets its ratio to the peer of the same cluster shape and batch),
+plain tf-keras `Model.fit` under ParameterServerStrategy as TensorFlow's tutorial writes it, variables split by
+`MinSizePartitioner(256 KiB, max_shards=#ps)`, no tfps code, `bench/plain_pss_train.py`; each fit/estimator row gets
+its ratio to the peer of the same cluster shape and batch, `vs_keras_pss`), `keras_pss_fixed` (the same peer with
+every variable split by `FixedShardsPartitioner(#ps)`, the peer of the tables measured before; `vs_keras_pss_fixed`),
 `tutorial` (one step per `schedule`, loss fetched every step; 1 ps + 1 worker), and a trivial scheduled function.
 Variants run in a shuffled order within each repetition; each run measures `--measure` windows after a warm-up;
 the table shows the median over repetitions of each run's median window. Every process is sampled for CPU time
@@ -42,7 +44,9 @@ _STACK = flags.DEFINE_boolean("stack_tables", True, "One deep and one wide table
 _VARIANTS = flags.DEFINE_list(
     "variants", ["single", "single+per_feature", "fit_1x1", "fit_2x2", "estimator_1x1", "estimator_2x2",
                  "keras_pss_1x1", "keras_pss_2x2", "tutorial_1x1"],
-    "Variants to run: PATH or PATH_<ps>x<workers> (keras_pss_<ps>x<workers>: the plain-PSS peer), then options, "
+    "Variants to run: PATH or PATH_<ps>x<workers> (keras_pss_<ps>x<workers>: the plain-PSS peer as TensorFlow's "
+    "tutorial writes it, MinSizePartitioner; keras_pss_fixed_<ps>x<workers>: the same with FixedShardsPartitioner, "
+    "every variable split), then options, "
     "each after a `+` (e.g. fit_1x1+pipelined+spin): `+per_feature` for one table per feature instead of "
     "stacked, `+spe<N>` for N steps per scheduled function instead of the path's default, `+unroll<N>` for "
     "--unrolled_steps=N (N steps traced one after another per loop iteration; default 1), `+packed` for "
@@ -91,6 +95,8 @@ def _option_args(variant: str) -> list:
                          "option is packed")
   if path == "ps_floor":
     return ["--packed_dense"] if options else []
+  if path in PEERS and set(options) - {"per_feature"}:
+    raise app.UsageError(f"--variants: {variant!r}: the plain peer's one option is per_feature")
   args = []
   for option in options:
     if option in _FLAG_OPTIONS:
@@ -105,6 +111,17 @@ def _option_args(variant: str) -> list:
   return args
 
 
+# Paths run by plain_pss_train.py (no tfps code) -> its flags for them.
+_PLAIN_PATHS = {"keras_pss": [], "keras_pss_fixed": ["--partitioner=fixed"], "ps_floor": ["--path=ps_floor"]}
+# The peers each fit/estimator row is compared with: path -> the row's ratio field.
+PEERS = {"keras_pss": "vs_keras_pss", "keras_pss_fixed": "vs_keras_pss_fixed"}
+
+
+def _path_args(path: str) -> list:
+  """The flags that select `path` in its script (plain_pss_train.py for the peers and the floor)."""
+  return _PLAIN_PATHS.get(path, [f"--path={path}"])
+
+
 def _peer_has(option: str) -> bool:
   """Whether the plain peer has `option` too (else a variant with it is compared with the peer without it)."""
   return not (option.startswith(("spe", "unroll")) or option in _FLAG_OPTIONS)
@@ -112,8 +129,8 @@ def _peer_has(option: str) -> bool:
 
 def _run(variant: str, batch_size: int, repeat: int) -> dict:
   path, num_ps, num_workers, options = _shape(variant)
-  plain = path in ("keras_pss", "ps_floor")  # plain_pss_train.py: no tfps code
-  args = ([] if path == "keras_pss" else [f"--path={path}"]) + [
+  plain = path in _PLAIN_PATHS  # plain_pss_train.py: no tfps code
+  args = _path_args(path) + [
       f"--batch_size={batch_size}", f"--steps={_steps(batch_size)}",
       f"--measure={1 if _QUICK.value else _MEASURE.value}", f"--vocab_size={_VOCAB.value}",
       f"--stack_tables={_STACK.value and 'per_feature' not in options}"]
@@ -184,14 +201,21 @@ def summarize(runs: dict) -> dict:
 
 
 def _add_peer_ratios(rows) -> None:
-  """`vs_keras_pss` of every fit/estimator row: its rate over the plain-PSS peer's of the same shape and batch."""
-  peer = {(_shape(row["variant"])[1:], row["batch_size"]): row["examples_per_sec"] for row in rows
-          if row["variant"].startswith("keras_pss")}
+  """`vs_keras_pss` (`vs_keras_pss_fixed`) of every fit/estimator row: its rate over the tutorial's peer's (the
+  FixedShards peer's) of the same shape and batch."""
+  peers = {}  # (peer path, (num_ps, num_workers, options), batch) -> examples/s
+  for row in rows:
+    path, *shape = _shape(row["variant"])
+    if path in PEERS:
+      peers[(path, tuple(shape), row["batch_size"])] = row["examples_per_sec"]
   for row in rows:
     path, num_ps, num_workers, options = _shape(row["variant"])
-    key = ((num_ps, num_workers, tuple(filter(_peer_has, options))), row["batch_size"])
-    if path in ("fit", "estimator") and key in peer:
-      row["vs_keras_pss"] = row["examples_per_sec"] / peer[key]
+    if path not in ("fit", "estimator"):
+      continue
+    for peer, field in PEERS.items():
+      key = (peer, (num_ps, num_workers, tuple(filter(_peer_has, options))), row["batch_size"])
+      if key in peers:
+        row[field] = row["examples_per_sec"] / peers[key]
 
 
 def _add_floor_ratios(rows) -> None:

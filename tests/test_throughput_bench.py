@@ -1,7 +1,8 @@
 """bench/throughput.py with the plain-PSS peer (bench/plain_pss_train.py), the ps's floor and one process in a tiny
 mode: every side trains, each fit and Estimator row gets its ratio to the peer of the same shape, its CPU against the
 one process's and its ps CPU against the floor's, neither the peer nor the floor loads tfps's training code, and no
-process is left behind."""
+process is left behind. The peer is TensorFlow's tutorial code (MinSizePartitioner); the FixedShards peer measured
+before is its own variant, `keras_pss_fixed_*`, with its own ratio."""
 
 import contextlib
 import json
@@ -12,8 +13,9 @@ import sys
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
-pytestmark = pytest.mark.slow
+from bench import throughput  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # tfps modules the peer may load: the workload's model (tfps.models) and what importing the tfps package brings
 # (its layer packages, whose __init__ holds only a docstring, its cluster description and its mode names).
@@ -51,6 +53,7 @@ def _refused(subprocess_env, variants: str) -> str:
   return result.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_throughput_compares_fit_with_the_plain_pss_peer_one_process_and_the_ps_floor(tmp_path, subprocess_env,
                                                                                      processes_naming):
   """One run of every kind of side (each run costs a cluster's start-up): the peer, one process, the floor."""
@@ -84,6 +87,7 @@ def test_throughput_compares_fit_with_the_plain_pss_peer_one_process_and_the_ps_
         round(estimator["cpu_vs_single"], 3), estimator["cpu_vs_single"] <= 1.8]
     peer_run = next(run for run in report["runs"]["results"] if run["variant"] == "keras_pss_1x1")
     assert peer_run["steps_per_execution"] == 20 and peer_run["num_ps"] == 1
+    assert peer_run["partitioner"] == "min_size"  # the tutorial's: MinSizePartitioner(256 KiB, max_shards=#ps)
     loaded = [name for name in peer_run["tfps_modules"]
               if name not in _PEER_PACKAGES and not name.startswith(_PEER_ALLOWED)]
     assert not loaded, f"the plain peer loaded tfps code beyond the workload: {loaded}"
@@ -111,12 +115,36 @@ def test_throughput_compares_fit_with_the_plain_pss_peer_one_process_and_the_ps_
     assert f"fit_1x1 batch 256: ps CPU per step {fit['ps_vs_floor']:.2f}x the ps's floor" in result.stdout
 
 
+@pytest.mark.slow
 def test_an_unknown_variant_option_is_refused_before_any_run(subprocess_env):
   assert _refused(subprocess_env, "fit_1x1,fit_1x1+pipelind") == (
       "--variants: 'fit_1x1+pipelind' has the option 'pipelind'; allowed: per_feature, spe<N>, unroll<N>, packed, "
       "unpacked, spin, nospin, lockfree, pipelined, bf16")
 
 
+@pytest.mark.slow
 def test_a_ps_floor_on_more_than_one_ps_is_refused_before_any_run(subprocess_env):
   assert _refused(subprocess_env, "fit_2x2,ps_floor_2x2") == (
       "--variants: 'ps_floor_2x2': the ps floor runs with 1 ps (ps_floor_1x<workers>), its one option is packed")
+
+
+def test_the_tutorial_peer_and_the_fixed_shards_peer_are_run_and_compared_apart():
+  """keras_pss_* runs plain_pss_train.py as the tutorial writes it, keras_pss_fixed_* with --partitioner=fixed; a
+  fit or Estimator row gets one ratio per peer of its shape and batch, each from its own peer's rate."""
+  assert throughput._path_args("keras_pss") == []
+  assert throughput._path_args("keras_pss_fixed") == ["--partitioner=fixed"]
+  assert throughput._path_args("ps_floor") == ["--path=ps_floor"] and throughput._path_args("fit") == ["--path=fit"]
+  assert throughput._shape("keras_pss_fixed_2x2") == ("keras_pss_fixed", 2, 2, ())
+  rates = {"fit_2x2": 150.0, "fit_2x2+pipelined": 165.0, "estimator_2x2": 120.0, "keras_pss_2x2": 100.0,
+           "keras_pss_fixed_2x2": 125.0, "fit_1x1": 90.0, "keras_pss_fixed_1x1": 60.0}
+  runs = {"results": [{"variant": variant, "batch_size": 256, "examples_per_sec": rate, "step_secs": 0.01,
+                       "chief_schedule_share": 0.01, "chief_cpu_share": 0.02} for variant, rate in rates.items()]}
+  rows = {row["variant"]: row for row in throughput.summarize(runs)["rows"]}
+  assert rows["fit_2x2"]["vs_keras_pss"] == pytest.approx(1.5)
+  assert rows["fit_2x2"]["vs_keras_pss_fixed"] == pytest.approx(1.2)
+  assert rows["fit_2x2+pipelined"]["vs_keras_pss"] == pytest.approx(1.65)  # the peer has no such switch
+  assert rows["estimator_2x2"]["vs_keras_pss"] == pytest.approx(1.2)
+  assert rows["estimator_2x2"]["vs_keras_pss_fixed"] == pytest.approx(0.96)
+  assert "vs_keras_pss" not in rows["fit_1x1"] and rows["fit_1x1"]["vs_keras_pss_fixed"] == pytest.approx(1.5)
+  for peer in ("keras_pss_2x2", "keras_pss_fixed_2x2"):
+    assert "vs_keras_pss" not in rows[peer] and "vs_keras_pss_fixed" not in rows[peer]
