@@ -238,6 +238,25 @@ BOUNDS = (
     Bound("two-tower retrieval", "top-100 above 0.08 after 40 steps", "tests/test_dynamic_embedding_retrieval.py",
           ('assert top_k["top_100"] > 0.08', '"--steps_per_epoch=40"')),
 )
+# Figures in the prose of docs/performance.md (its tables are generated): (quoted text, results file, values).
+PERFORMANCE_PROSE = (
+    ("one process ran {:,.0f} ex/s at batch 256", _PD + "b256_1x1", lambda: (_rate(_PD + "b256_1x1", "single"),)),
+    ("the rows' update arithmetic itself is {:.0f}%", "loop_index/profile/profile.json",
+     lambda: (_json("loop_index/profile/profile.json")["tasks"]["ps:0"]["kinds"]
+              ["optimizer: sparse Adagrad on table rows"],)),
+    ("2 and 5 ms apart: {:.2f}x and {:.2f}x the default", "pipelined/host_delay{,_default}.json",
+     lambda: (_pipelined_delay(2.0), _pipelined_delay(5.0))),
+    ("Wide&Deep {:.4f} AUC, DCN {:.4f}, within the", "pipelined/quality.json",
+     lambda: _quality_diffs("pipelined/quality.json")),
+    ("{:.1f} MB sent per step instead of {:.1f}, {:.2f}x the default's examples/s at 200 Mbit/s, {:.2f}x at 1 Gbit/s, "
+     "{:.2f}x uncapped", "bf16_rows/capped_links.json",
+     lambda: (_capped_megabytes(True), _capped_megabytes(False), _capped(200), _capped(1000), _capped(0))),
+    ("Wide&Deep {:.4f} AUC, DCN {:.4f} against one process in float32", "bf16_rows/quality.json",
+     lambda: _quality_diffs("bf16_rows/quality.json")),
+    ("`geo_steps` ({} here)", "modes.json", lambda: (_json("modes.json")["geo_steps"],)),
+    ("load average {:.1f} before and {:.1f} after", "modes.json",
+     lambda: (_json("modes.json")["load_before"][0], _json("modes.json")["load_after"][0])),
+)
 # Numbers in the table that are not measurements: shapes, settings, dates, what a target is.
 _CONTEXT = re.compile(
     r"\d+ ps\b|\d+ \+ \d+|\d+ workers?\b|batch \d+|\d+ seeds|\d+ alternating runs|\d+ shared cores|\d{4}-\d\d-\d\d|"
@@ -295,6 +314,13 @@ def unsourced_numbers(first: str, row: str) -> list:
     if first.startswith(bound.row):
       measured = measured.replace(bound.quote, "")
   return re.findall(r"\d[\d,.]*", _CONTEXT.sub("", re.sub(r"\([^()]*\.md[^()]*\)|`[^`]*`", "", measured)))
+
+
+@pytest.mark.parametrize("template,source,values", PERFORMANCE_PROSE, ids=lambda x: str(x)[:40])
+def test_each_figure_in_performance_md_prose_is_its_results_value(template, source, values):
+  text = " ".join((REPO / "docs" / "performance.md").read_text(encoding="utf-8").split())
+  quoted = template.format(*values())
+  assert quoted in text, f"docs/performance.md quotes {source}; the results give {quoted!r}"
 
 
 def test_no_number_in_the_what_works_table_is_without_a_source():
