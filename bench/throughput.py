@@ -31,6 +31,7 @@ from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, for `bench`
 
+from bench import aims  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bench import report  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bench import runner  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -260,33 +261,34 @@ def _median_cores(results):
 
 
 def _targets(rows, trivial_rate) -> dict:
+  """Each aim of `bench/aims.py` the rows can tell: `name -> (value, holds)`, the verdict from the unrounded value."""
   get = {(row["variant"], row["batch_size"]): row for row in rows}
   targets = {}
   for (variant, batch), row in get.items():
-    if variant == "fit_1x1" and row["vs_single"] is not None:
-      targets[f"fit_1x1 >= 0.8 x single at batch {batch}"] = (round(row["vs_single"], 3), row["vs_single"] >= 0.8)
-    if variant == "estimator_1x1" and row["vs_single"] is not None:
-      targets[f"estimator_1x1 >= 0.8 x single at batch {batch}"] = (round(row["vs_single"], 3),
-                                                                     row["vs_single"] >= 0.8)
-    if variant in ("fit_1x1", "estimator_1x1") and batch == 256 and ("tutorial_1x1", 256) in get:
+    one_by_one = variant in ("fit_1x1", "estimator_1x1") and batch == 256
+    if one_by_one and row["vs_single"] is not None:
+      targets[f"{variant} >= {aims.VS_SINGLE} x single at batch 256"] = (
+          round(row["vs_single"], 3), row["vs_single"] >= aims.VS_SINGLE)
+    if one_by_one and ("tutorial_1x1", 256) in get:
       ratio = row["examples_per_sec"] / get[("tutorial_1x1", 256)]["examples_per_sec"]
       targets[f"{variant} >= 4 x tutorial at batch 256"] = (round(ratio, 2), ratio >= 4)
-    if batch == 256 and variant in ("fit_1x1", "estimator_1x1") and "cpu_ms_per_step" in row:
-      ps_ms = row["cpu_ms_per_step"]["ps"]
-      targets[f"{variant} ps CPU per step <= 4 ms at batch 256"] = (round(ps_ms, 2), ps_ms <= 4)
+    if row.get("ps_vs_floor") is not None:
+      targets[f"{variant} ps CPU per step <= {aims.PS_VS_FLOOR} x the ps's floor at batch {batch}"] = (
+          round(row["ps_vs_floor"], 3), row["ps_vs_floor"] <= aims.PS_VS_FLOOR)
     if variant.startswith("ps_floor") and "cpu_ms_per_step" in row:
       targets[f"{variant} (the ps's floor) ps CPU per step at batch {batch}"] = (
           round(row["cpu_ms_per_step"]["ps"], 2), None)
-    if batch == 256 and row.get("cpu_vs_single") is not None and variant.startswith(("fit", "estimator")):
-      targets[f"{variant} CPU per example <= 1.8 x single at batch 256"] = (round(row["cpu_vs_single"], 3),
-                                                                             row["cpu_vs_single"] <= 1.8)
+    if one_by_one and row.get("cpu_vs_single") is not None:
+      targets[f"{variant} CPU per example <= {aims.CPU_VS_SINGLE} x single at batch 256"] = (
+          round(row["cpu_vs_single"], 3), row["cpu_vs_single"] <= aims.CPU_VS_SINGLE)
     if row.get("vs_keras_pss") is not None:
-      targets[f"{variant} >= 1.10 x keras_pss at batch {batch}"] = (round(row["vs_keras_pss"], 3),
-                                                                   row["vs_keras_pss"] >= 1.10)
+      targets[f"{variant} >= {aims.VS_TUTORIAL_PEER} x keras_pss (the tutorial's peer) at batch {batch}"] = (
+          round(row["vs_keras_pss"], 3), row["vs_keras_pss"] >= aims.VS_TUTORIAL_PEER)
     if variant.startswith("fit"):
       # The coordinator's share of a step: the chief's time inside schedule (blocking the loop), and its CPU time.
       share = max(row["chief_schedule_share"], row["chief_cpu_share"])
-      targets[f"coordinator < 5% of step time ({variant}, batch {batch})"] = (round(share, 4), share < 0.05)
+      targets[f"coordinator < 5% of step time ({variant}, batch {batch})"] = (
+          round(share, 4), share < aims.COORDINATOR_SHARE)
   if trivial_rate:
     targets["trivial scheduled functions per second"] = (round(trivial_rate), None)
   return targets
