@@ -19,6 +19,7 @@ from absl import flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, for `bench`
 
 from bench import aims  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bench import throughput  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -57,10 +58,15 @@ SWITCHES = (
 
 
 def load(name: str) -> dict:
-  """The results file `name` (a folder of bench/results holding throughput.json, or a .json path under it)."""
+  """The results file `name` (a folder of bench/results holding throughput.json, or a .json path under it); a
+  throughput row sampled for CPU before its summary held CPU per step gets it, as bench/throughput.py computes it."""
   path = os.path.join(RESULTS, name)
   with open(path if name.endswith(".json") else os.path.join(path, "throughput.json"), encoding="utf-8") as f:
-    return json.load(f)
+    result = json.load(f)
+  for row in result.get("summary", {}).get("rows", []):
+    if row.get("cores") and "cpu_ms_per_step" not in row:
+      row["cpu_ms_per_step"] = throughput.cpu_ms_per_step(row)
+  return result
 
 
 def shape(variant: str) -> tuple:

@@ -1,4 +1,4 @@
-"""Throughput of every training path side by side, as ratios to single-process tf-keras (issue 8, items 1-4).
+"""Throughput of every training path side by side, as ratios to single-process tf-keras and to the plain-PSS peer.
 
   .venv/bin/python bench/throughput.py                      # both batch sizes, 2 alternating repetitions (~10 min)
   .venv/bin/python bench/throughput.py --quick              # batch 256 only, 1 repetition (~3 min)
@@ -14,7 +14,8 @@ every variable split by `FixedShardsPartitioner(#ps)`, the peer of the tables me
 Variants run in a shuffled order within each repetition; each run measures `--measure` windows after a warm-up;
 the table shows the median over repetitions of each run's median window. Every process is sampled for CPU time
 (`bench/runner.py`): each row has its CPU milliseconds per step per role and over all tasks, and each cluster row its
-CPU per example as a multiple of the leanest single-process variant's at the same batch (issue 16's CPU targets).
+CPU per example as a multiple of the leanest single-process variant's at the same batch. The targets are
+`bench/aims.py`'s, each verdict computed from the unrounded value.
 Writes `--out/throughput.json` and `--out/throughput.png` (with matplotlib, the `bench` extra).
 """
 
@@ -190,7 +191,7 @@ def summarize(runs: dict) -> dict:
       row["chief_cpu_share"] = statistics.median(r["chief_cpu_share"] for r in results)
     row["cores"] = _median_cores(results)
     if row["cores"]:
-      row["cpu_ms_per_step"] = _cpu_ms_per_step(row)
+      row["cpu_ms_per_step"] = cpu_ms_per_step(row)
     rows.append(row)
   _add_peer_ratios(rows)
   _add_cpu_ratios(rows)
@@ -230,7 +231,7 @@ def _add_floor_ratios(rows) -> None:
       row["ps_vs_floor"] = row["cpu_ms_per_step"]["ps"] / floor[(num_ps, num_workers, row["batch_size"])]
 
 
-def _cpu_ms_per_step(row) -> dict:
+def cpu_ms_per_step(row) -> dict:
   """CPU milliseconds per step of `batch_size` examples, per role (`ps`, `worker`, `chief`, `single`) and `total`:
   each task's cores over the measured windows times the step time."""
   per_role = {}
