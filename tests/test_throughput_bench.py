@@ -140,8 +140,12 @@ def test_the_tutorial_peer_and_the_fixed_shards_peer_are_run_and_compared_apart(
   assert throughput._shape("keras_pss_fixed_2x2") == ("keras_pss_fixed", 2, 2, ())
   rates = {"fit_2x2": 150.0, "fit_2x2+pipelined": 165.0, "estimator_2x2": 120.0, "keras_pss_2x2": 100.0,
            "keras_pss_fixed_2x2": 125.0, "fit_1x1": 90.0, "keras_pss_fixed_1x1": 60.0}
+  cores = {"fit_1x1": 0.77, "ps_floor_1x1": 0.7}  # the ps's cores: 7.7 and 7.0 ms of CPU per 10 ms step
+  rates["ps_floor_1x1"] = 95.0
   runs = {"results": [{"variant": variant, "batch_size": 256, "examples_per_sec": rate, "step_secs": 0.01,
-                       "chief_schedule_share": 0.01, "chief_cpu_share": 0.02} for variant, rate in rates.items()]}
+                       "chief_schedule_share": 0.01, "chief_cpu_share": 0.02,
+                       "tasks": {"ps:0": {"cores": cores[variant]}} if variant in cores else {}}
+                      for variant, rate in rates.items()]}
   summary = throughput.summarize(runs)
   rows = {row["variant"]: row for row in summary["rows"]}
   assert rows["fit_2x2"]["vs_keras_pss"] == pytest.approx(1.5)
@@ -157,3 +161,5 @@ def test_the_tutorial_peer_and_the_fixed_shards_peer_are_run_and_compared_apart(
   assert summary["targets"]["fit_2x2" + aim] == (1.5, True)
   assert summary["targets"]["estimator_2x2" + aim] == (1.2, True)
   assert "fit_1x1" + aim not in summary["targets"]  # its only peer is the FixedShards one
+  assert summary["targets"][f"fit_1x1 ps CPU per step <= {aims.PS_VS_FLOOR} x the ps's floor at batch 256"] == (
+      1.1, False)
