@@ -356,3 +356,23 @@ def test_a_verdict_is_computed_from_the_unrounded_ratio():
          "1.098) | pending |" in targets
   assert tables._verdict(1.098, 1.10, at_most=False) == "no" and tables._verdict(1.10, 1.10, at_most=False) == "yes"
   assert tables._verdict(None, 1.6, at_most=True) == "not measured"
+
+
+def test_a_series_with_both_peers_is_judged_against_the_tutorials(monkeypatch):
+  """What the pending series will give: keras_pss_* recorded as MinSizePartitioner's, keras_pss_fixed_* beside it."""
+  def run(variant, rate, partitioner=None):
+    return dict({"variant": variant, "batch_size": 256, "examples_per_sec": rate},
+                **({"partitioner": partitioner} if partitioner else {}))
+  result = {"runs": {"results": [run("keras_pss_2x2", 100.0, "min_size"), run("keras_pss_fixed_2x2", 90.0, "fixed"),
+                                 run("fit_2x2", 114.9)]},
+            "summary": {"rows": [dict(run("fit_2x2", 114.9), runs=[114.9], vs_single=None),
+                                 dict(run("keras_pss_2x2", 100.0), runs=[100.0], vs_single=None),
+                                 dict(run("keras_pss_fixed_2x2", 90.0), runs=[90.0], vs_single=None)]}}
+  monkeypatch.setattr(tables, "load", lambda name: result)
+  table = tables.series_table(["tutorial_peer/b256_more"], 256)
+  assert "| x the tutorial's peer | x the FixedShards peer |" in table
+  assert "| tfps.fit 2x2 | 115 (115) | 1.15 | 1.28 |" in table
+  assert "| plain PSS `Model.fit`, tutorial (MinSize) 2x2 | 100 (100) |" in table
+  assert "| plain PSS `Model.fit`, FixedShards 2x2 | 90 (90) |" in table
+  targets = tables.targets_table(["tutorial_peer/b256_more"])
+  assert "| tfps.fit 2x2, batch 256 >= 1.15x the tutorial's peer | 1.149 | no |" in targets  # 1.149 shows as 1.15
