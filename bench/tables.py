@@ -70,10 +70,9 @@ def load(name: str) -> dict:
 
 
 def shape(variant: str) -> tuple:
-  """`(path, "<ps>x<workers>" or "", options)` of a throughput variant."""
-  name, *options = variant.split("+")
-  path, _, size = name.rpartition("_") if name[-1:].isdigit() else (name, "", "")
-  return path, size, tuple(options)
+  """`(path, "<ps>x<workers>" or "", options)` of a throughput variant (`bench/throughput.py`'s names)."""
+  path, num_ps, num_workers, options = throughput.variant_shape(variant)
+  return path, f"{num_ps}x{num_workers}" if num_ps else "", options
 
 
 def peer_kind(result: dict) -> str:
@@ -108,6 +107,7 @@ def peer_ratio(row: dict, all_rows: list, kind: str):
 
 
 def label(variant: str, peer=None) -> str:
+  """A reader's name of `variant` (its path, shape and switches); a plain peer's names its partitioner `peer`."""
   path, size, options = shape(variant)
   text = _PATHS.get(path, path)
   if peer == "fixed" and path == "keras_pss":

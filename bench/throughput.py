@@ -80,7 +80,7 @@ def _steps(batch_size: int) -> int:
   return max(20, round(_WINDOW.value / batch_size / 20) * 20)
 
 
-def _shape(variant: str) -> tuple:
+def variant_shape(variant: str) -> tuple:
   """`(path, num_ps, num_workers, options)` of "PATH[_<ps>x<workers>][+option...]" (0, 0 for one process)."""
   name, *options = variant.split("+")
   path, _, shape = name.rpartition("_") if name[-1:].isdigit() else (name, "", "")
@@ -91,7 +91,7 @@ def _shape(variant: str) -> tuple:
 def _option_args(variant: str) -> list:
   """The flags of train_bench.py (plain_pss_train.py for the ps floor) the variant's options set; raises
   `app.UsageError` on an unknown option."""
-  path, num_ps, _, options = _shape(variant)
+  path, num_ps, _, options = variant_shape(variant)
   if path == "ps_floor" and (num_ps != 1 or set(options) - {"packed"}):
     raise app.UsageError(f"--variants: {variant!r}: the ps floor runs with 1 ps (ps_floor_1x<workers>), its one "
                          "option is packed")
@@ -130,7 +130,7 @@ def _peer_has(option: str) -> bool:
 
 
 def _run(variant: str, batch_size: int, repeat: int) -> dict:
-  path, num_ps, num_workers, options = _shape(variant)
+  path, num_ps, num_workers, options = variant_shape(variant)
   plain = path in _PLAIN_PATHS  # plain_pss_train.py: no tfps code
   args = _path_args(path) + [
       f"--batch_size={batch_size}", f"--steps={_steps(batch_size)}",
@@ -207,11 +207,11 @@ def _add_peer_ratios(rows) -> None:
   FixedShards peer's) of the same shape and batch."""
   peers = {}  # (peer path, (num_ps, num_workers, options), batch) -> examples/s
   for row in rows:
-    path, *shape = _shape(row["variant"])
+    path, *shape = variant_shape(row["variant"])
     if path in PEERS:
       peers[(path, tuple(shape), row["batch_size"])] = row["examples_per_sec"]
   for row in rows:
-    path, num_ps, num_workers, options = _shape(row["variant"])
+    path, num_ps, num_workers, options = variant_shape(row["variant"])
     if path not in ("fit", "estimator"):
       continue
     for peer, field in PEERS.items():
@@ -223,7 +223,7 @@ def _add_peer_ratios(rows) -> None:
 def _add_floor_ratios(rows) -> None:
   """`ps_vs_floor` of every fit/estimator row: its ps CPU per step over the ps floor's (`ps_floor`, same shape and
   batch: the workload trained by a loop written directly in TensorFlow, nothing else on the ps)."""
-  measured = [(row, _shape(row["variant"])) for row in rows if "cpu_ms_per_step" in row]
+  measured = [(row, variant_shape(row["variant"])) for row in rows if "cpu_ms_per_step" in row]
   floor = {(num_ps, num_workers, row["batch_size"]): row["cpu_ms_per_step"]["ps"]
            for row, (path, num_ps, num_workers, options) in measured if path == "ps_floor" and not options}
   for row, (path, num_ps, num_workers, _) in measured:

@@ -137,7 +137,7 @@ def test_the_tutorial_peer_and_the_fixed_shards_peer_are_run_and_compared_apart(
   assert throughput._path_args("keras_pss") == []
   assert throughput._path_args("keras_pss_fixed") == ["--partitioner=fixed"]
   assert throughput._path_args("ps_floor") == ["--path=ps_floor"] and throughput._path_args("fit") == ["--path=fit"]
-  assert throughput._shape("keras_pss_fixed_2x2") == ("keras_pss_fixed", 2, 2, ())
+  assert throughput.variant_shape("keras_pss_fixed_2x2") == ("keras_pss_fixed", 2, 2, ())
   rates = {"fit_2x2": 150.0, "fit_2x2+pipelined": 165.0, "estimator_2x2": 120.0, "keras_pss_2x2": 100.0,
            "keras_pss_fixed_2x2": 125.0, "fit_1x1": 90.0, "keras_pss_fixed_1x1": 60.0}
   cores = {"fit_1x1": 0.77, "ps_floor_1x1": 0.7}  # the ps's cores: 7.7 and 7.0 ms of CPU per 10 ms step
