@@ -1,8 +1,10 @@
 """The plain-PSS peer: tf-keras `Model.fit` under ParameterServerStrategy as TensorFlow's tutorial writes it, no tfps.
 
 Nothing of tfps's cluster or training code runs here: the cluster comes from `TF_CONFIG`
-(`TFConfigClusterResolver`), the variables are split by `FixedShardsPartitioner(number of ps)`, the input is a
-`DatasetCreator`, the model is built and compiled (legacy Adagrad, `steps_per_execution=20`) under
+(`TFConfigClusterResolver`), the variables are split by the tutorial's
+`MinSizePartitioner(min_shard_bytes=256 << 10, max_shards=number of ps)` (variables under 256 KiB stay whole;
+`--partitioner=fixed`: `FixedShardsPartitioner(number of ps)`, every variable split, the peer measured before), the
+input is a `DatasetCreator`, the model is built and compiled (legacy Adagrad, `steps_per_execution=20`) under
 `strategy.scope()`, and every process runs with `GRPC_FAIL_FAST=use_caller`. Only the workload (the Wide&Deep model
 and its in-memory batches of `bench/workload.py`) is shared with the tfps variants, so both train the same thing.
 
@@ -38,6 +40,10 @@ _LOG_DIR = flags.DEFINE_string("task_log_dir", None, "Folder of every task's log
 _PATH = flags.DEFINE_enum("path", "keras_pss", ["keras_pss", "ps_floor"], "keras_pss: tf-keras Model.fit (the peer); "
                           "ps_floor: a loop written directly in TensorFlow, nothing on the ps but the work it must do "
                           "(`bench/ps_floor_train.py`).")
+_PARTITIONER = flags.DEFINE_enum(
+    "partitioner", "min_size", ["min_size", "fixed"], "keras_pss: min_size is the tutorial's "
+    "MinSizePartitioner(min_shard_bytes=256 << 10, max_shards=number of ps); fixed is FixedShardsPartitioner(number "
+    "of ps), which splits every variable, small dense kernels and biases too.")
 _PACKED_DENSE = flags.DEFINE_boolean("packed_dense", False, "ps_floor: the dense variables in one variable.")
 _BATCH = flags.DEFINE_integer("batch_size", 256, "Examples per step (per worker).", lower_bound=1)
 _VOCAB = flags.DEFINE_integer("vocab_size", 100_000, "Rows of each categorical feature's table.", lower_bound=1)
@@ -119,8 +125,12 @@ def train() -> dict:
   workload = workload_lib.Workload(batch_size=_BATCH.value, vocab_size=_VOCAB.value, stack_tables=_STACK.value)
   resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
   num_ps = resolver.cluster_spec().num_tasks("ps")
-  strategy = tf.distribute.ParameterServerStrategy(
-      resolver, variable_partitioner=tf.distribute.experimental.partitioners.FixedShardsPartitioner(num_ps))
+  partitioners = tf.distribute.experimental.partitioners
+  if _PARTITIONER.value == "fixed":
+    partitioner = partitioners.FixedShardsPartitioner(num_ps)
+  else:  # TensorFlow's parameter-server tutorial: small variables are not split
+    partitioner = partitioners.MinSizePartitioner(min_shard_bytes=256 << 10, max_shards=num_ps)
+  strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
   with strategy.scope():
     model = workload_lib.build_model(workload)  # Wide&Deep, compiled with legacy Adagrad and no metrics
     model.compile(optimizer=model.optimizer, loss=model.loss, steps_per_execution=_SPE.value)
@@ -130,6 +140,8 @@ def train() -> dict:
   wall = sum(timer.seconds)
   return dict(epoch_timer.rates(timer.seconds, _STEPS.value * _BATCH.value, _STEPS.value),
               steps_per_execution=_SPE.value, num_ps=num_ps, chief_cpu_share=sum(timer.cpu) / wall,
+              partitioner=_PARTITIONER.value,
+              variable_pieces=sum(len(getattr(v, "variables", [v])) for v in model.variables),
               measured_span=timer.span,
               # what of tfps this process loaded: the workload's model and schema only, never its training code
               tfps_modules=sorted(name for name in sys.modules if name.split(".")[0] == "tfps"))

@@ -2,15 +2,17 @@
 
 from typing import Optional
 
+_SHAPES = {"1x1": "1 ps + 1 worker", "2x2": "2 ps + 2 workers", "4x2": "4 ps + 2 workers"}
 _NAMES = {"single": "single process (tf-keras, no strategy)",
           "single+per_feature": "single process, one table per feature", "fit_1x1": "tfps.fit, 1 ps + 1 worker",
           "fit_1x1+per_feature": "tfps.fit, 1 ps + 1 worker, one table per feature",
           "fit_2x2": "tfps.fit, 2 ps + 2 workers", "estimator_1x1": "Estimator path, 1 ps + 1 worker",
           "estimator_2x2": "Estimator path, 2 ps + 2 workers",
           "tutorial_1x1": "tutorial loop (1 step/schedule, fetch loss), 1 ps + 1 worker",
-          "keras_pss_1x1": "plain PSS Model.fit (no tfps), 1 ps + 1 worker",
-          "keras_pss_2x2": "plain PSS Model.fit (no tfps), 2 ps + 2 workers",
-          "keras_pss_4x2": "plain PSS Model.fit (no tfps), 4 ps + 2 workers"}
+          **{f"keras_pss_{shape}": f"plain PSS Model.fit, the tutorial's MinSizePartitioner (no tfps), {name}"
+             for shape, name in _SHAPES.items()},
+          **{f"keras_pss_fixed_{shape}": f"plain PSS Model.fit, FixedShardsPartitioner (no tfps), {name}"
+             for shape, name in _SHAPES.items()}}
 
 
 def _load(runs: dict) -> str:
@@ -19,18 +21,19 @@ def _load(runs: dict) -> str:
 
 
 def throughput_table(summary: dict, runs: dict) -> str:
-  lines = ["| variant | batch | examples/s (median) | x best single | vs keras_pss | step ms | ps CPU ms/step | "
-           "CPU ms/step, all tasks | CPU/example x single |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+  lines = ["| variant | batch | examples/s (median) | x best single | vs keras_pss | vs keras_pss_fixed | step ms | "
+           "ps CPU ms/step | CPU ms/step, all tasks | CPU/example x single |", "|" + " --- |" * 10]
   for row in summary["rows"]:
     ratio = "-" if row["vs_single"] is None else f"{row['vs_single']:.2f}"
-    peer = "-" if row.get("vs_keras_pss") is None else f"{row['vs_keras_pss']:.2f}"
+    peer, fixed = ("-" if row.get(field) is None else f"{row[field]:.2f}"
+                   for field in ("vs_keras_pss", "vs_keras_pss_fixed"))
     cpu = row.get("cpu_ms_per_step", {})
     ps_cpu = f"{cpu['ps']:.1f}" if "ps" in cpu else "-"
     total = f"{cpu['total']:.1f}" if cpu else "-"
     vs_single = "-" if row.get("cpu_vs_single") is None else f"{row['cpu_vs_single']:.2f}"
     lines.append(f"| {_NAMES.get(row['variant'], row['variant'])} | {row['batch_size']} | "
-                 f"{row['examples_per_sec']:,.0f} | {ratio} | {peer} | {1000 * row['step_secs']:.1f} | {ps_cpu} | "
-                 f"{total} | {vs_single} |")
+                 f"{row['examples_per_sec']:,.0f} | {ratio} | {peer} | {fixed} | {1000 * row['step_secs']:.1f} | "
+                 f"{ps_cpu} | {total} | {vs_single} |")
   lines.append("")
   if summary.get("trivial_functions_per_sec"):
     lines.append(f"Trivial scheduled function: {summary['trivial_functions_per_sec']:,.0f} per second.")

@@ -1,4 +1,4 @@
-"""Throughput of every training path side by side, as ratios to single-process tf-keras (issue 8, items 1-4).
+"""Throughput of every training path side by side, as ratios to single-process tf-keras and to the plain-PSS peer.
 
   .venv/bin/python bench/throughput.py                      # both batch sizes, 2 alternating repetitions (~10 min)
   .venv/bin/python bench/throughput.py --quick              # batch 256 only, 1 repetition (~3 min)
@@ -6,13 +6,16 @@
 Variants, each on Wide&Deep over in-memory Criteo-schema batches (`bench/workload.py`) with legacy Adagrad: `single`
 (tf-keras fit, no strategy; with stacked and with per-feature tables, the faster is the ceiling), `fit` and
 `estimator` with 1 ps + 1 worker and 2 ps + 2 workers (real processes under `tfps-launch`), `keras_pss` (the peer:
-plain tf-keras `Model.fit` under ParameterServerStrategy as TensorFlow's tutorial writes it, no tfps code,
-`bench/plain_pss_train.py`; each fit/estimator row gets its ratio to the peer of the same cluster shape and batch),
+plain tf-keras `Model.fit` under ParameterServerStrategy as TensorFlow's tutorial writes it, variables split by
+`MinSizePartitioner(256 KiB, max_shards=#ps)`, no tfps code, `bench/plain_pss_train.py`; each fit/estimator row gets
+its ratio to the peer of the same cluster shape and batch, `vs_keras_pss`), `keras_pss_fixed` (the same peer with
+every variable split by `FixedShardsPartitioner(#ps)`, the peer of the tables measured before; `vs_keras_pss_fixed`),
 `tutorial` (one step per `schedule`, loss fetched every step; 1 ps + 1 worker), and a trivial scheduled function.
 Variants run in a shuffled order within each repetition; each run measures `--measure` windows after a warm-up;
 the table shows the median over repetitions of each run's median window. Every process is sampled for CPU time
 (`bench/runner.py`): each row has its CPU milliseconds per step per role and over all tasks, and each cluster row its
-CPU per example as a multiple of the leanest single-process variant's at the same batch (issue 16's CPU targets).
+CPU per example as a multiple of the leanest single-process variant's at the same batch. The targets are
+`bench/aims.py`'s, each verdict computed from the unrounded value.
 Writes `--out/throughput.json` and `--out/throughput.png` (with matplotlib, the `bench` extra).
 """
 
@@ -29,6 +32,7 @@ from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, for `bench`
 
+from bench import aims  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bench import report  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bench import runner  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -42,7 +46,9 @@ _STACK = flags.DEFINE_boolean("stack_tables", True, "One deep and one wide table
 _VARIANTS = flags.DEFINE_list(
     "variants", ["single", "single+per_feature", "fit_1x1", "fit_2x2", "estimator_1x1", "estimator_2x2",
                  "keras_pss_1x1", "keras_pss_2x2", "tutorial_1x1"],
-    "Variants to run: PATH or PATH_<ps>x<workers> (keras_pss_<ps>x<workers>: the plain-PSS peer), then options, "
+    "Variants to run: PATH or PATH_<ps>x<workers> (keras_pss_<ps>x<workers>: the plain-PSS peer as TensorFlow's "
+    "tutorial writes it, MinSizePartitioner; keras_pss_fixed_<ps>x<workers>: the same with FixedShardsPartitioner, "
+    "every variable split), then options, "
     "each after a `+` (e.g. fit_1x1+pipelined+spin): `+per_feature` for one table per feature instead of "
     "stacked, `+spe<N>` for N steps per scheduled function instead of the path's default, `+unroll<N>` for "
     "--unrolled_steps=N (N steps traced one after another per loop iteration; default 1), `+packed` for "
@@ -74,7 +80,7 @@ def _steps(batch_size: int) -> int:
   return max(20, round(_WINDOW.value / batch_size / 20) * 20)
 
 
-def _shape(variant: str) -> tuple:
+def variant_shape(variant: str) -> tuple:
   """`(path, num_ps, num_workers, options)` of "PATH[_<ps>x<workers>][+option...]" (0, 0 for one process)."""
   name, *options = variant.split("+")
   path, _, shape = name.rpartition("_") if name[-1:].isdigit() else (name, "", "")
@@ -85,12 +91,14 @@ def _shape(variant: str) -> tuple:
 def _option_args(variant: str) -> list:
   """The flags of train_bench.py (plain_pss_train.py for the ps floor) the variant's options set; raises
   `app.UsageError` on an unknown option."""
-  path, num_ps, _, options = _shape(variant)
+  path, num_ps, _, options = variant_shape(variant)
   if path == "ps_floor" and (num_ps != 1 or set(options) - {"packed"}):
     raise app.UsageError(f"--variants: {variant!r}: the ps floor runs with 1 ps (ps_floor_1x<workers>), its one "
                          "option is packed")
   if path == "ps_floor":
     return ["--packed_dense"] if options else []
+  if path in PEERS and set(options) - {"per_feature"}:
+    raise app.UsageError(f"--variants: {variant!r}: the plain peer's one option is per_feature")
   args = []
   for option in options:
     if option in _FLAG_OPTIONS:
@@ -105,15 +113,26 @@ def _option_args(variant: str) -> list:
   return args
 
 
+# Paths run by plain_pss_train.py (no tfps code) -> its flags for them.
+_PLAIN_PATHS = {"keras_pss": [], "keras_pss_fixed": ["--partitioner=fixed"], "ps_floor": ["--path=ps_floor"]}
+# The peers each fit/estimator row is compared with: path -> the row's ratio field.
+PEERS = {"keras_pss": "vs_keras_pss", "keras_pss_fixed": "vs_keras_pss_fixed"}
+
+
+def _path_args(path: str) -> list:
+  """The flags that select `path` in its script (plain_pss_train.py for the peers and the floor)."""
+  return _PLAIN_PATHS.get(path, [f"--path={path}"])
+
+
 def _peer_has(option: str) -> bool:
   """Whether the plain peer has `option` too (else a variant with it is compared with the peer without it)."""
   return not (option.startswith(("spe", "unroll")) or option in _FLAG_OPTIONS)
 
 
 def _run(variant: str, batch_size: int, repeat: int) -> dict:
-  path, num_ps, num_workers, options = _shape(variant)
-  plain = path in ("keras_pss", "ps_floor")  # plain_pss_train.py: no tfps code
-  args = ([] if path == "keras_pss" else [f"--path={path}"]) + [
+  path, num_ps, num_workers, options = variant_shape(variant)
+  plain = path in _PLAIN_PATHS  # plain_pss_train.py: no tfps code
+  args = _path_args(path) + [
       f"--batch_size={batch_size}", f"--steps={_steps(batch_size)}",
       f"--measure={1 if _QUICK.value else _MEASURE.value}", f"--vocab_size={_VOCAB.value}",
       f"--stack_tables={_STACK.value and 'per_feature' not in options}"]
@@ -172,7 +191,7 @@ def summarize(runs: dict) -> dict:
       row["chief_cpu_share"] = statistics.median(r["chief_cpu_share"] for r in results)
     row["cores"] = _median_cores(results)
     if row["cores"]:
-      row["cpu_ms_per_step"] = _cpu_ms_per_step(row)
+      row["cpu_ms_per_step"] = cpu_ms_per_step(row)
     rows.append(row)
   _add_peer_ratios(rows)
   _add_cpu_ratios(rows)
@@ -184,20 +203,27 @@ def summarize(runs: dict) -> dict:
 
 
 def _add_peer_ratios(rows) -> None:
-  """`vs_keras_pss` of every fit/estimator row: its rate over the plain-PSS peer's of the same shape and batch."""
-  peer = {(_shape(row["variant"])[1:], row["batch_size"]): row["examples_per_sec"] for row in rows
-          if row["variant"].startswith("keras_pss")}
+  """`vs_keras_pss` (`vs_keras_pss_fixed`) of every fit/estimator row: its rate over the tutorial's peer's (the
+  FixedShards peer's) of the same shape and batch."""
+  peers = {}  # (peer path, (num_ps, num_workers, options), batch) -> examples/s
   for row in rows:
-    path, num_ps, num_workers, options = _shape(row["variant"])
-    key = ((num_ps, num_workers, tuple(filter(_peer_has, options))), row["batch_size"])
-    if path in ("fit", "estimator") and key in peer:
-      row["vs_keras_pss"] = row["examples_per_sec"] / peer[key]
+    path, *shape = variant_shape(row["variant"])
+    if path in PEERS:
+      peers[(path, tuple(shape), row["batch_size"])] = row["examples_per_sec"]
+  for row in rows:
+    path, num_ps, num_workers, options = variant_shape(row["variant"])
+    if path not in ("fit", "estimator"):
+      continue
+    for peer, field in PEERS.items():
+      key = (peer, (num_ps, num_workers, tuple(filter(_peer_has, options))), row["batch_size"])
+      if key in peers:
+        row[field] = row["examples_per_sec"] / peers[key]
 
 
 def _add_floor_ratios(rows) -> None:
   """`ps_vs_floor` of every fit/estimator row: its ps CPU per step over the ps floor's (`ps_floor`, same shape and
   batch: the workload trained by a loop written directly in TensorFlow, nothing else on the ps)."""
-  measured = [(row, _shape(row["variant"])) for row in rows if "cpu_ms_per_step" in row]
+  measured = [(row, variant_shape(row["variant"])) for row in rows if "cpu_ms_per_step" in row]
   floor = {(num_ps, num_workers, row["batch_size"]): row["cpu_ms_per_step"]["ps"]
            for row, (path, num_ps, num_workers, options) in measured if path == "ps_floor" and not options}
   for row, (path, num_ps, num_workers, _) in measured:
@@ -205,7 +231,7 @@ def _add_floor_ratios(rows) -> None:
       row["ps_vs_floor"] = row["cpu_ms_per_step"]["ps"] / floor[(num_ps, num_workers, row["batch_size"])]
 
 
-def _cpu_ms_per_step(row) -> dict:
+def cpu_ms_per_step(row) -> dict:
   """CPU milliseconds per step of `batch_size` examples, per role (`ps`, `worker`, `chief`, `single`) and `total`:
   each task's cores over the measured windows times the step time."""
   per_role = {}
@@ -236,33 +262,34 @@ def _median_cores(results):
 
 
 def _targets(rows, trivial_rate) -> dict:
+  """Each aim of `bench/aims.py` the rows can tell: `name -> (value, holds)`, the verdict from the unrounded value."""
   get = {(row["variant"], row["batch_size"]): row for row in rows}
   targets = {}
   for (variant, batch), row in get.items():
-    if variant == "fit_1x1" and row["vs_single"] is not None:
-      targets[f"fit_1x1 >= 0.8 x single at batch {batch}"] = (round(row["vs_single"], 3), row["vs_single"] >= 0.8)
-    if variant == "estimator_1x1" and row["vs_single"] is not None:
-      targets[f"estimator_1x1 >= 0.8 x single at batch {batch}"] = (round(row["vs_single"], 3),
-                                                                     row["vs_single"] >= 0.8)
-    if variant in ("fit_1x1", "estimator_1x1") and batch == 256 and ("tutorial_1x1", 256) in get:
+    one_by_one = variant in ("fit_1x1", "estimator_1x1") and batch == 256
+    if one_by_one and row["vs_single"] is not None:
+      targets[f"{variant} >= {aims.VS_SINGLE} x single at batch 256"] = (
+          round(row["vs_single"], 3), row["vs_single"] >= aims.VS_SINGLE)
+    if one_by_one and ("tutorial_1x1", 256) in get:
       ratio = row["examples_per_sec"] / get[("tutorial_1x1", 256)]["examples_per_sec"]
       targets[f"{variant} >= 4 x tutorial at batch 256"] = (round(ratio, 2), ratio >= 4)
-    if batch == 256 and variant in ("fit_1x1", "estimator_1x1") and "cpu_ms_per_step" in row:
-      ps_ms = row["cpu_ms_per_step"]["ps"]
-      targets[f"{variant} ps CPU per step <= 4 ms at batch 256"] = (round(ps_ms, 2), ps_ms <= 4)
+    if row.get("ps_vs_floor") is not None:
+      targets[f"{variant} ps CPU per step <= {aims.PS_VS_FLOOR} x the ps's floor at batch {batch}"] = (
+          round(row["ps_vs_floor"], 3), row["ps_vs_floor"] <= aims.PS_VS_FLOOR)
     if variant.startswith("ps_floor") and "cpu_ms_per_step" in row:
       targets[f"{variant} (the ps's floor) ps CPU per step at batch {batch}"] = (
           round(row["cpu_ms_per_step"]["ps"], 2), None)
-    if batch == 256 and row.get("cpu_vs_single") is not None and variant.startswith(("fit", "estimator")):
-      targets[f"{variant} CPU per example <= 1.8 x single at batch 256"] = (round(row["cpu_vs_single"], 3),
-                                                                             row["cpu_vs_single"] <= 1.8)
+    if one_by_one and row.get("cpu_vs_single") is not None:
+      targets[f"{variant} CPU per example <= {aims.CPU_VS_SINGLE} x single at batch 256"] = (
+          round(row["cpu_vs_single"], 3), row["cpu_vs_single"] <= aims.CPU_VS_SINGLE)
     if row.get("vs_keras_pss") is not None:
-      targets[f"{variant} >= 1.10 x keras_pss at batch {batch}"] = (round(row["vs_keras_pss"], 3),
-                                                                   row["vs_keras_pss"] >= 1.10)
+      targets[f"{variant} >= {aims.VS_TUTORIAL_PEER} x keras_pss (the tutorial's peer) at batch {batch}"] = (
+          round(row["vs_keras_pss"], 3), row["vs_keras_pss"] >= aims.VS_TUTORIAL_PEER)
     if variant.startswith("fit"):
       # The coordinator's share of a step: the chief's time inside schedule (blocking the loop), and its CPU time.
       share = max(row["chief_schedule_share"], row["chief_cpu_share"])
-      targets[f"coordinator < 5% of step time ({variant}, batch {batch})"] = (round(share, 4), share < 0.05)
+      targets[f"coordinator < 5% of step time ({variant}, batch {batch})"] = (
+          round(share, 4), share < aims.COORDINATOR_SHARE)
   if trivial_rate:
     targets["trivial scheduled functions per second"] = (round(trivial_rate), None)
   return targets

@@ -1,5 +1,5 @@
-"""The README and docs/ hold up: links resolve, named flags exist, the README stays short, and its first model runs
-under the local launcher and reaches the AUC the README states."""
+"""The README, docs/ and the results' notes hold up: links and their anchors resolve, named flags exist, the README
+stays short, and its first model runs under the local launcher and reaches the AUC the README states."""
 
 import ast
 import os
@@ -15,6 +15,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 DOCS = sorted((REPO / "docs").glob("*.md"))
+NOTES = sorted((REPO / "bench" / "results").rglob("NOTES.md"))  # what past results measured, beside them
 FIRST_MODEL = REPO / "examples" / "first_model.py"
 PROGRAM_DIRS = ("tfps", "scripts", "bench", "examples")  # where the programs a reader runs define their flags
 ABSL_FLAGS = {"flagfile", "help", "helpfull", "helpshort", "helpxml", "undefok"}  # every absl program has these
@@ -36,6 +37,30 @@ def relative_links(path: pathlib.Path):
     yield target.split("#")[0]
 
 
+def heading_anchors(path: pathlib.Path) -> set:
+  """The anchors GitHub gives the headings of `path`: lowercased, punctuation dropped, spaces as hyphens, a repeated
+  one numbered."""
+  anchors = set()
+  for line in _FENCE.sub("", path.read_text(encoding="utf-8")).splitlines():
+    if re.match(r"#{1,6} ", line):
+      anchor = re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+      numbered, n = anchor, 0
+      while numbered in anchors:
+        n += 1
+        numbered = f"{anchor}-{n}"
+      anchors.add(numbered)
+  return anchors
+
+
+def anchored_links(path: pathlib.Path):
+  """`(markdown file, anchor)` of each link of `path` to a heading, in the same file or another in the repository."""
+  text = _FENCE.sub("", path.read_text(encoding="utf-8"))
+  for target in _LINK.findall(text):
+    file, _, anchor = target.partition("#")
+    if anchor and not re.match(r"[a-z]+:", target) and (not file or file.endswith(".md")):
+      yield (path.parent / file).resolve() if file else path, anchor
+
+
 def defined_flags():
   """Names (or, for names built with an f-string, patterns) of every absl flag the programs define."""
   names, patterns = set(ABSL_FLAGS), []
@@ -49,10 +74,26 @@ def defined_flags():
   return names, patterns
 
 
-@pytest.mark.parametrize("path", [README] + DOCS, ids=lambda p: str(p.relative_to(REPO)))
+@pytest.mark.parametrize("path", [README] + DOCS + NOTES, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_relative_link_resolves_to_a_file(path):
   missing = [target for target in relative_links(path) if not (path.parent / target).exists()]
   assert not missing, f"{path.relative_to(REPO)} links to files that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("path", [README] + DOCS + NOTES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_link_to_a_heading_finds_it(path):
+  missing = [f"{target.relative_to(REPO)}#{anchor}" for target, anchor in anchored_links(path)
+             if not target.exists() or anchor not in heading_anchors(target)]
+  assert not missing, f"{path.relative_to(REPO)} links to headings that do not exist: {missing}"
+
+
+def test_the_anchor_check_knows_githubs_anchors_and_rejects_others(tmp_path):
+  page = tmp_path / "page.md"
+  page.write_text("# The ps's floor: `x` written directly\n## Notes\n## Notes\n```\n# not a heading\n```\n"
+                  "[a](#notes-1) [b](other.md#top) [c](#not-a-heading) [d](https://x.org/#y) [e](p.png#z)\n")
+  assert heading_anchors(page) == {"the-pss-floor-x-written-directly", "notes", "notes-1"}
+  assert [(target.name, anchor) for target, anchor in anchored_links(page)] == [
+      ("page.md", "notes-1"), ("other.md", "top"), ("page.md", "not-a-heading")]
 
 
 def test_the_link_check_sees_links_and_skips_code_blocks(tmp_path):

@@ -1,0 +1,378 @@
+"""Numbers written once: every figure of the README's "What works" table is the value of the results file or the
+bound of the test its row cites (rounded as quoted), no number in that table is left without one, and the generated
+tables of docs/performance.md are what bench/tables.py renders from their results today. JSON and text only: no
+TensorFlow, well under a second."""
+
+import dataclasses
+import json
+import pathlib
+import re
+import statistics
+import sys
+from typing import Callable, Tuple
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+sys.path.insert(0, str(REPO))
+
+from bench import aims  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bench import tables  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _json(name: str) -> dict:
+  return json.loads((RESULTS / name).read_text(encoding="utf-8"))
+
+
+def _rate(name: str, variant: str, batch: int = None) -> float:
+  """Median examples/s of `variant` in the throughput results `name` (at `batch`, if the file has several)."""
+  rows = tables.load(name)["summary"]["rows"]
+  return next(r["examples_per_sec"] for r in rows if r["variant"] == variant and batch in (None, r["batch_size"]))
+
+
+def _row(name: str, variant: str, batch: int = None) -> dict:
+  rows = tables.load(name)["summary"]["rows"]
+  return next(r for r in rows if r["variant"] == variant and batch in (None, r["batch_size"]))
+
+
+def _ratio(name: str, variant: str, other: str, batch: int = None) -> float:
+  return _rate(name, variant, batch) / _rate(name, other, batch)
+
+
+def _quality_diffs(name: str) -> tuple:
+  return tuple(c["diff"] for c in _json(name)["comparison"] if c["model"] in ("wide_deep", "dcn"))
+
+
+def _capped(rate_mbit: float) -> float:
+  """bf16 rows' median examples/s over the default's on links capped at `rate_mbit` (0: no cap)."""
+  runs = [r for r in _json("bf16_rows/capped_links.json")["runs"] if r["rate_mbit"] == rate_mbit]
+  return (statistics.median(r["examples_per_sec"] for r in runs if r["bf16_rows"])
+          / statistics.median(r["examples_per_sec"] for r in runs if not r["bf16_rows"]))
+
+
+def _capped_megabytes(bf16: bool) -> float:
+  runs = _json("bf16_rows/capped_links.json")["runs"]
+  return statistics.median(r["sent_bytes_per_step"] for r in runs if r["bf16_rows"] == bf16) / 1e6
+
+
+def _host_delay(delay_ms: float, key: str = "examples_per_sec") -> float:
+  return next(r[key] for r in _json("host_delay.json")["runs"] if r["delay_ms"] == delay_ms)
+
+
+def _pipelined_delay(delay_ms: float) -> float:
+  rate = lambda name: next(r["examples_per_sec"] for r in _json(name)["runs"] if r["delay_ms"] == delay_ms)
+  return rate("pipelined/host_delay.json") / rate("pipelined/host_delay_default.json")
+
+
+def _coordinator_shares() -> list:
+  return [value for name in ("packed_default/b256_1x1", "packed_default/b256_more")
+          for target, (value, _) in tables.load(name)["summary"]["targets"].items()
+          if target.startswith("coordinator") and "+" not in target]
+
+
+def _worker_cut(key: str):
+  return next(r for r in _json("host_cut_worker.json")["results"] if r["scenario"] == "worker_cut")[key]
+
+
+def _holdback_loss(variant: str) -> float:
+  medians = _json("throughput_holdback.json")["median_examples_per_sec"][variant]
+  return 1 - medians["per-ps records + hold-back (f9f5adf)"]["median"] / medians["before (bd08e09)"]["median"]
+
+
+def _scaling_1e7() -> tuple:
+  return tuple(r["peak_over_baseline_vs_state_per_ps"] for r in _json("scaling.json")["summary"]["rows"]
+               if r["table_rows"] == 10**7)
+
+
+def _applied(name: str) -> tuple:
+  summary = _json(name)["summary"]
+  return sum(1 for run in _json(name)["runs"] if set(run["applied_by_ps"].values()) == {run["asked_steps"]}), \
+      summary["runs"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Figure:
+  """A README row (its first cell starts with `row`) quotes `template` filled with `values()` from `source`."""
+  row: str
+  template: str
+  source: str
+  values: Callable[[], Tuple]
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+  """A README row quotes `quote`, a bound or a setting of the test `source`, which holds each of `literals`."""
+  row: str
+  quote: str
+  source: str
+  literals: Tuple[str, ...]
+
+
+_PD = "packed_default/"
+_THROUGHPUT = "`tfps.fit` against plain tf-keras"
+FIGURES = (
+    Figure("quality equals", "{:.4f} and {:.4f} AUC", _PD + "quality_5seeds.json",
+           lambda: _quality_diffs(_PD + "quality_5seeds.json")),
+    Figure("retrieval quality", "{:+.1%} and {:+.1%} in two runs",
+           "quality.json, quality_retrieval_20_epochs.json",
+           lambda: tuple(next(c["relative_diff"] for c in _json(name)["comparison"] if c["metric"] == "top_100")
+                         for name in ("quality.json", "quality_retrieval_20_epochs.json"))),
+    Figure("3 worker SIGKILLs", "{} of {} runs on 1 ps", "worker_kills.json", lambda: _applied("worker_kills.json")),
+    Figure("3 worker SIGKILLs", "{} of {} on 2 ps", "worker_kills_2ps.json", lambda: _applied("worker_kills_2ps.json")),
+    Figure("geo mode", "{:.2f}-{:.2f}x async ex/s, {:.2f}-{:.2f}x ps bytes, {:+.4f} AUC", "modes.json",
+           lambda: (min(r["speed_vs_async"] for r in _json("modes.json")["rows"] if r["mode"] == "geo"),
+                    max(r["speed_vs_async"] for r in _json("modes.json")["rows"] if r["mode"] == "geo"),
+                    min(r["traffic_vs_async"] for r in _json("modes.json")["rows"] if r["mode"] == "geo"),
+                    max(r["traffic_vs_async"] for r in _json("modes.json")["rows"] if r["mode"] == "geo"),
+                    next(r["auc_vs_async"] for r in _json("modes.json")["rows"] if r["mode"] == "geo"))),
+    Figure("throughput, `tfps.fit`", "{:.2f}x one process measured beside it ({:,.0f} ex/s)", _PD + "b256_1x1",
+           lambda: (_row(_PD + "b256_1x1", "fit_1x1")["vs_single"], _rate(_PD + "b256_1x1", "fit_1x1"))),
+    Figure("throughput, `tfps.fit`", "the Estimator path {:.2f}x", _PD + "b256_1x1",
+           lambda: (_row(_PD + "b256_1x1", "estimator_1x1")["vs_single"],)),
+    Figure(_THROUGHPUT, "batch 256: {:.2f}x at 1 ps + 1 worker, {:.2f}x at 2 + 2, {:.2f}x at 4 + 2",
+           _PD + "b256_1x1, b256_more",
+           lambda: (_ratio(_PD + "b256_1x1", "fit_1x1", "keras_pss_1x1"),
+                    _ratio(_PD + "b256_more", "fit_2x2", "keras_pss_2x2"),
+                    _ratio(_PD + "b256_more", "fit_4x2", "keras_pss_4x2"))),
+    Figure(_THROUGHPUT, "batch 4096: {:.2f}x, {:.3f}x, {:.2f}x", _PD + "b4096",
+           lambda: tuple(_ratio(_PD + "b4096", f"fit_{s}", f"keras_pss_{s}") for s in ("1x1", "2x2", "4x2"))),
+    Figure(_THROUGHPUT, "1 + 1, batch 256: {:.2f}x one process", _PD + "b256_1x1",
+           lambda: (_row(_PD + "b256_1x1", "fit_1x1")["cpu_vs_single"],)),
+    Figure(_THROUGHPUT, "the FixedShards peer {:.2f}x)", _PD + "b256_1x1",
+           lambda: (_row(_PD + "b256_1x1", "keras_pss_1x1")["cpu_vs_single"],)),
+    Figure(_THROUGHPUT, "The ps spends {:.2f} ms per step there, {:.2f}x what the same ps work", _PD + "b256_1x1",
+           lambda: (_row(_PD + "b256_1x1", "fit_1x1")["cpu_ms_per_step"]["ps"],
+                    _row(_PD + "b256_1x1", "fit_1x1")["ps_vs_floor"])),
+    Figure(_THROUGHPUT, "(aimed at: {}x;", "bench/aims.py", lambda: (aims.CPU_VS_SINGLE,)),
+    Figure(_THROUGHPUT, "(aimed at: at most {}x)", "bench/aims.py", lambda: (aims.PS_VS_FLOOR,)),
+    Figure(_THROUGHPUT, "one by one, {:.2f}x at 1 + 1", _PD + "b256_1x1",
+           lambda: (_ratio(_PD + "b256_1x1", "fit_1x1+unpacked", "fit_1x1"),)),
+    Figure("opt-in `--pipelined_updates`", "FixedShards peer: {:.2f}x at 1 ps + 1 worker (Estimator path {:.2f}x), "
+           "{:.2f}x at 2 + 2, {:.2f}x at 4 + 2, {:.2f}x at batch 4096", "sleeping_default{,/more,/b4096}",
+           lambda: (_row("sleeping_default", "fit_1x1+pipelined")["vs_keras_pss"],
+                    _row("sleeping_default", "estimator_1x1+pipelined")["vs_keras_pss"],
+                    _row("sleeping_default/more", "fit_2x2+pipelined")["vs_keras_pss"],
+                    _row("sleeping_default/more", "fit_4x2+pipelined")["vs_keras_pss"],
+                    _row("sleeping_default/b4096", "fit_1x1+pipelined")["vs_keras_pss"])),
+    Figure("opt-in `--pipelined_updates`", "2 / 5 ms of delay per host: {:.2f}x / {:.2f}x the default",
+           "pipelined/host_delay.json, pipelined/host_delay_default.json",
+           lambda: (_pipelined_delay(2.0), _pipelined_delay(5.0))),
+    Figure("opt-in `--pipelined_updates`", "quality {:.4f} (Wide&Deep) and {:.4f} (DCN)", "pipelined/quality.json",
+           lambda: _quality_diffs("pipelined/quality.json")),
+    Figure("opt-in `--unrolled_steps=4`", "{:.2f}x at 1 ps + 1 worker, batch 256, with {:.0%} less CPU per step",
+           "unrolled_steps/ab", lambda: (_ratio("unrolled_steps/ab", "fit_1x1", "fit_1x1+unroll1"),
+                                         1 - _row("unrolled_steps/ab", "fit_1x1")["cpu_ms_per_step"]["total"]
+                                         / _row("unrolled_steps/ab", "fit_1x1+unroll1")["cpu_ms_per_step"]["total"])),
+    Figure("opt-in `--unrolled_steps=4`", "{:.2f}x at 2 ps + 2 workers, batch 4096 (workers spend {:.1f}x the CPU",
+           "unrolled_steps/b4096_2x2",
+           lambda: (_ratio("unrolled_steps/b4096_2x2", "fit_2x2", "fit_2x2+unroll1"),
+                    _row("unrolled_steps/b4096_2x2", "fit_2x2")["cpu_ms_per_step"]["worker"]
+                    / _row("unrolled_steps/b4096_2x2", "fit_2x2+unroll1")["cpu_ms_per_step"]["worker"])),
+    Figure("opt-in `--bf16_rows`", "{:.1f} MB sent per step instead of {:.1f}", "bf16_rows/capped_links.json",
+           lambda: (_capped_megabytes(True), _capped_megabytes(False))),
+    Figure("opt-in `--bf16_rows`", "{:.2f}x the default's examples/s with 200 Mbit/s links, {:.2f}x with 1 Gbit/s, "
+           "{:.2f}x uncapped", "bf16_rows/capped_links.json", lambda: (_capped(200), _capped(1000), _capped(0))),
+    Figure("opt-in `--bf16_rows`", "loopback {:.2f}-{:.2f}x", "bf16_rows/b256, bf16_rows/b4096",
+           lambda: (min(_bf16_loopback()), max(_bf16_loopback()))),
+    Figure("opt-in `--bf16_rows`", "quality {:.4f} (Wide&Deep) and {:.4f} (DCN) AUC against one process with stacked",
+           "bf16_rows/quality.json", lambda: _quality_diffs("bf16_rows/quality.json")),
+    Figure("opt-in `--bf16_rows`", "{:.4f} and {:.4f} with a table per feature", "bf16_rows/quality_per_feature.json",
+           lambda: _quality_diffs("bf16_rows/quality_per_feature.json")),
+    Figure("the Estimator path against", "FixedShards peer {:.2f}x (1 + 1, batch 256), {:.2f}x at 2 + 2, {:.2f}x at "
+           "batch 4096; CPU per example {:.2f}x one process; {:.2f}x the FixedShards peer with",
+           _PD + "b256_1x1, b256_more, b4096; sleeping_default",
+           lambda: (_ratio(_PD + "b256_1x1", "estimator_1x1", "keras_pss_1x1"),
+                    _ratio(_PD + "b256_more", "estimator_2x2", "keras_pss_2x2"),
+                    _ratio(_PD + "b4096", "estimator_1x1", "keras_pss_1x1"),
+                    _row(_PD + "b256_1x1", "estimator_1x1")["cpu_vs_single"],
+                    _row("sleeping_default", "estimator_1x1+pipelined")["vs_keras_pss"])),
+    Figure("the coordinator is not", "{:.1f}-{:.1f}% at batch 256", _PD + "b256_1x1, b256_more",
+           lambda: (100 * min(_coordinator_shares()), 100 * max(_coordinator_shares()))),
+    Figure("step time as tables grow", "{:.2f}-{:.2f} of the median", "scaling.json",
+           lambda: (min(r["step_vs_smallest"] for r in _json("scaling.json")["summary"]["rows"]),
+                    max(r["step_vs_smallest"] for r in _json("scaling.json")["summary"]["rows"]))),
+    Figure("a ps holds its share", "{:.2f}, {:.2f}, {:.2f}x on 1, 2, 4 ps", "scaling.json", _scaling_1e7),
+    Figure("the price of exactly-once", "{:.0f}-{:.0f}% fewer ex/s", "throughput_holdback.json",
+           lambda: (100 * _holdback_loss("fit_1x1"), 100 * _holdback_loss("fit_2x2"))),
+    Figure("7 test hosts (network namespaces)", "exact step count ({} of {})", "host_cut.json",
+           lambda: next((r["steps"], r["asked_steps"]) for r in _json("host_cut.json")["results"]
+                        if r["scenario"] == "loss")),
+    Figure("7 test hosts (network namespaces)", "the chief stops in {:.1f} s", "host_cut.json",
+           lambda: (next(r["secs_to_chief_stop"] for r in _json("host_cut.json")["results"]
+                         if r["scenario"] == "ps_cut"),)),
+    Figure("7 test hosts: a worker cut off", "worker found silent after {:.1f} s, {:,} of {:,} steps during the cut); "
+           "the worker works again {:.1f} s after the restore; exact step count", "host_cut_worker.json",
+           lambda: (_worker_cut("secs_to_worker_failed"), _worker_cut("steps_during_cut"), _worker_cut("asked_steps"),
+                    _worker_cut("secs_restore_to_sending"))),
+    Figure("examples/s against network delay", "{:.2f}x at 1 ms per host, {:.2f}x at 2, {:.2f}x at 5, {:.2f}x at 10",
+           "host_delay.json", lambda: tuple(_host_delay(ms) / _host_delay(0.0) for ms in (1.0, 2.0, 5.0, 10.0))),
+    Figure("examples/s against network delay", "about {:.0f} round trips one after another per step", "host_delay.json",
+           lambda: ((_host_delay(10.0, "step_secs") - _host_delay(2.0, "step_secs")) * 1000 / (2 * 8),)),
+    Figure("resume a run on a different", "({:.2f} GB table saved on 2 ps)", "reshard.json",
+           lambda: (_json("reshard.json")["table_bytes"] / 1e9,)),
+    Figure("resume a run on a different", "resumed on 4 ps in {:.2f} s, on 2 in {:.2f} s ({:.2f}x)", "reshard.json",
+           lambda: (_reshard(4), _reshard(2), _reshard(4) / _reshard(2))),
+    Figure("raw ids without hashing", "step time {:.2f}x a hashed table", "dynamic_embedding_measured_fused.json",
+           lambda: (_json("dynamic_embedding_measured_fused.json")["experiments"]["step_time"]["summary"]
+                    ["cluster_dynamic_vs_hashed"],)),
+    Figure("raw ids without hashing", "with `--bf16_rows` {:.2f}x the bytes", "dynamic_embedding_measured_bf16.json",
+           lambda: (_json("dynamic_embedding_measured_bf16.json")["experiments"]["bf16_rows"]["summary"]
+                    ["bytes_bf16_vs_float32"],)),
+    Figure("raw ids without hashing", "{:+.3f} AUC over hashed tables", "dynamic_embedding_measured_movielens.json",
+           lambda: (_json("dynamic_embedding_measured_movielens.json")["experiments"]["movielens"]["summary"]
+                    ["auc_dynamic_minus_hashed"],)),
+)
+BOUNDS = (
+    Bound("the main job", "validation AUC above 0.6 after 2 epochs of 60 steps", "tests/test_jobs.py",
+          ("assert val_auc > 0.6", '"--epochs=2", "--steps_per_epoch=60"')),
+    Bound("a model of your own", "held-out AUC of at least 0.80", "tests/test_docs.py",
+          ("STATED_VAL_AUC = 0.80", 'assert metrics["val_auc"] >= STATED_VAL_AUC')),
+    Bound("ps or chief SIGKILL", "ends at exactly 400 of 400 steps", "tests/test_chaos.py",
+          ("EPOCHS, STEPS = 4, 100", "assert final[\"step\"] == EPOCHS * STEPS")),
+    Bound("Estimator path: 2 worker and 1 ps SIGKILLs", "resumes at step 1500, ends at exactly 2000",
+          "tests/test_chaos.py", ('endswith("resuming at step 1500")', "ESTIMATOR_STEPS = 2000",
+                                  'assert final["step"] == ESTIMATOR_STEPS')),
+    Bound("sync mode equals", "loss within 1e-4 of one process's", "tests/test_modes.py", ("- expected) < 1e-4",)),
+    Bound("a 400 MB table", "at most 1.2x table and accumulator", "tests/test_initialization.py",
+          ('peak["before_bytes"] <= 1.2 * state',)),
+    Bound("2 ms and 10 ms of delay", "exact step count (20 of 20)", "tests/test_host_delay.py",
+          ("epochs, steps = 2, 10", '["step"] == epochs * steps')),
+    Bound("two-tower retrieval", "top-100 above 0.08 after 40 steps", "tests/test_dynamic_embedding_retrieval.py",
+          ('assert top_k["top_100"] > 0.08', '"--steps_per_epoch=40"')),
+)
+# Figures in the prose of docs/performance.md (its tables are generated): (quoted text, results file, values).
+PERFORMANCE_PROSE = (
+    ("one process ran {:,.0f} ex/s at batch 256", _PD + "b256_1x1", lambda: (_rate(_PD + "b256_1x1", "single"),)),
+    ("the rows' update arithmetic itself is {:.0f}%", "loop_index/profile/profile.json",
+     lambda: (_json("loop_index/profile/profile.json")["tasks"]["ps:0"]["kinds"]
+              ["optimizer: sparse Adagrad on table rows"],)),
+    ("2 and 5 ms apart: {:.2f}x and {:.2f}x the default", "pipelined/host_delay{,_default}.json",
+     lambda: (_pipelined_delay(2.0), _pipelined_delay(5.0))),
+    ("Wide&Deep {:.4f} AUC, DCN {:.4f}, within the", "pipelined/quality.json",
+     lambda: _quality_diffs("pipelined/quality.json")),
+    ("{:.1f} MB sent per step instead of {:.1f}, {:.2f}x the default's examples/s at 200 Mbit/s, {:.2f}x at 1 Gbit/s, "
+     "{:.2f}x uncapped", "bf16_rows/capped_links.json",
+     lambda: (_capped_megabytes(True), _capped_megabytes(False), _capped(200), _capped(1000), _capped(0))),
+    ("Wide&Deep {:.4f} AUC, DCN {:.4f} against one process in float32", "bf16_rows/quality.json",
+     lambda: _quality_diffs("bf16_rows/quality.json")),
+    ("`geo_steps` ({} here)", "modes.json", lambda: (_json("modes.json")["geo_steps"],)),
+    ("load average {:.1f} before and {:.1f} after", "modes.json",
+     lambda: (_json("modes.json")["load_before"][0], _json("modes.json")["load_after"][0])),
+)
+# Numbers in the table that are not measurements: shapes, settings, dates, what a target is.
+_CONTEXT = re.compile(
+    r"\d+ ps\b|\d+ \+ \d+|\d+ workers?\b|batch \d+|\d+ seeds|\d+ alternating runs|\d+ shared cores|\d{4}-\d\d-\d\d|"
+    r"\(target[^)]*\)|target <= [\d.]+x: missed\)|\d+ steps per scheduled function|"
+    r"\(\d+ ms round trip\)|from \d+ to \d+ ms")
+
+
+def _bf16_loopback() -> list:
+  pairs = (("bf16_rows/b256", "fit_1x1"), ("bf16_rows/b256", "estimator_1x1"), ("bf16_rows/b4096", "fit_1x1"),
+           ("bf16_rows/b4096", "fit_2x2"))
+  return [_ratio(name, f"{variant}+bf16", variant) for name, variant in pairs]
+
+
+def _reshard(num_ps: int) -> float:
+  return _json("reshard.json")["medians"][str(num_ps)]["resume_secs"]
+
+
+def what_works_rows() -> dict:
+  """The README's "What works" table: first cell -> the whole row, minus signs as hyphens."""
+  text = (REPO / "README.md").read_text(encoding="utf-8").replace("\u2212", "-")
+  table = text[text.index("## What works"):text.index("Not yet shown")]
+  return {line.split(" | ")[0][2:]: line for line in table.splitlines()
+          if line.startswith("| ") and not line.startswith(("| what |", "| --- |"))}
+
+
+def _row_of(rows: dict, start: str) -> str:
+  found = [row for first, row in rows.items() if first.startswith(start)]
+  assert len(found) == 1, f"README's What works table has {len(found)} rows starting with {start!r}"
+  return found[0]
+
+
+@pytest.mark.parametrize("figure", FIGURES, ids=lambda f: f"{f.row[:24]}: {f.template[:40]}")
+def test_each_readme_figure_is_its_results_value(figure):
+  quoted = figure.template.format(*figure.values())
+  row = _row_of(what_works_rows(), figure.row)
+  assert quoted in row, f"README quotes {figure.row!r} against {figure.source}; the results give {quoted!r}"
+
+
+@pytest.mark.parametrize("bound", BOUNDS, ids=lambda b: b.row[:30])
+def test_each_readme_bound_is_its_tests(bound):
+  assert bound.quote in _row_of(what_works_rows(), bound.row), bound
+  test = (REPO / bound.source).read_text(encoding="utf-8")
+  missing = [literal for literal in bound.literals if literal not in test]
+  assert not missing, f"{bound.source} no longer holds {missing}, which README's {bound.row!r} row quotes"
+
+
+def unsourced_numbers(first: str, row: str) -> list:
+  """The numbers of a What works row's measured cell that no figure or bound of the row covers and that are not
+  context (a shape, a setting, a target; code and links are skipped)."""
+  measured = row.split(" | ")[1]
+  for figure in FIGURES:
+    if first.startswith(figure.row):
+      measured = measured.replace(figure.template.format(*figure.values()), "")
+  for bound in BOUNDS:
+    if first.startswith(bound.row):
+      measured = measured.replace(bound.quote, "")
+  return re.findall(r"\d[\d,.]*", _CONTEXT.sub("", re.sub(r"\([^()]*\.md[^()]*\)|`[^`]*`", "", measured)))
+
+
+@pytest.mark.parametrize("template,source,values", PERFORMANCE_PROSE, ids=lambda x: str(x)[:40])
+def test_each_figure_in_performance_md_prose_is_its_results_value(template, source, values):
+  text = " ".join((REPO / "docs" / "performance.md").read_text(encoding="utf-8").split())
+  quoted = template.format(*values())
+  assert quoted in text, f"docs/performance.md quotes {source}; the results give {quoted!r}"
+
+
+def test_no_number_in_the_what_works_table_is_without_a_source():
+  unsourced = {first: numbers for first, row in what_works_rows().items() if (numbers := unsourced_numbers(first, row))}
+  assert not unsourced, f"README's What works table quotes numbers no results file or test gives: {unsourced}"
+
+
+def test_the_checks_see_a_figure_that_disagrees_with_its_results():
+  rows = what_works_rows()
+  figure = FIGURES[0]
+  assert figure.template.format(*figure.values()) in _row_of(rows, figure.row)
+  assert "{:.4f} and {:.4f} AUC".format(-0.0031, -0.0021) not in _row_of(rows, figure.row)
+  assert "1.098" in _row_of(rows, _THROUGHPUT) and "1.10x, 1.20x" not in _row_of(rows, _THROUGHPUT)
+  # A number nothing covers is found; the covered ones, and shapes, are not.
+  made_up = "| geo mode: x | 1.24-1.31x async ex/s, 0.33-0.61x ps bytes, +0.0018 AUC, 1.37x at 2 + 2 on 2 ps | y |"
+  assert unsourced_numbers("geo mode: x", made_up) == ["1.37"]
+
+
+def test_the_generated_tables_of_performance_md_are_their_results():
+  text = (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
+  blocks = re.findall(r"<!-- tables\.py: (\w+) -->", text)
+  assert set(blocks) == set(tables.BLOCKS), "every table bench/tables.py renders is in docs/performance.md, once"
+  assert len(blocks) == len(set(blocks))
+  assert tables.stale_blocks(text) == [], "run .venv/bin/python bench/tables.py"
+
+
+def test_a_verdict_is_computed_from_the_unrounded_ratio():
+  targets = tables.targets_table(tables.DEFAULTS)
+  assert "| tfps.fit 2x2, batch 4096 >= 1.15x the tutorial's peer | not measured yet (x the FixedShards peer: " \
+         "1.098) | pending |" in targets
+  assert tables._verdict(1.098, 1.10, at_most=False) == "no" and tables._verdict(1.10, 1.10, at_most=False) == "yes"
+  assert tables._verdict(None, 1.6, at_most=True) == "not measured"
+
+
+def test_a_series_with_both_peers_is_judged_against_the_tutorials(monkeypatch):
+  """What the pending series will give: keras_pss_* recorded as MinSizePartitioner's, keras_pss_fixed_* beside it."""
+  def run(variant, rate, partitioner=None):
+    return dict({"variant": variant, "batch_size": 256, "examples_per_sec": rate},
+                **({"partitioner": partitioner} if partitioner else {}))
+  result = {"runs": {"results": [run("keras_pss_2x2", 100.0, "min_size"), run("keras_pss_fixed_2x2", 90.0, "fixed"),
+                                 run("fit_2x2", 114.9)]},
+            "summary": {"rows": [dict(run("fit_2x2", 114.9), runs=[114.9], vs_single=None),
+                                 dict(run("keras_pss_2x2", 100.0), runs=[100.0], vs_single=None),
+                                 dict(run("keras_pss_fixed_2x2", 90.0), runs=[90.0], vs_single=None)]}}
+  monkeypatch.setattr(tables, "load", lambda name: result)
+  table = tables.series_table(["tutorial_peer/b256_more"], 256)
+  assert "| x the tutorial's peer | x the FixedShards peer |" in table
+  assert "| tfps.fit 2x2 | 115 (115) | 1.15 | 1.28 |" in table
+  assert "| plain PSS `Model.fit`, tutorial (MinSize) 2x2 | 100 (100) |" in table
+  assert "| plain PSS `Model.fit`, FixedShards 2x2 | 90 (90) |" in table
+  targets = tables.targets_table(["tutorial_peer/b256_more"])
+  assert "| tfps.fit 2x2, batch 256 >= 1.15x the tutorial's peer | 1.149 | no |" in targets  # 1.149 shows as 1.15
