@@ -23,8 +23,9 @@ from tfps import flags as flags_lib
 from tfps.errors import TfpsError
 from tfps.errors import UsageError
 
-USAGE = ("usage: tfps-k8s --name=N --namespace=NS --image=IMAGE --claim=PVC [--kind=jobset|tfjob|plain] -- python SCRIPT "
-         "--ps_hosts=... --worker_hosts=... [--chief_hosts=...] [--evaluator_hosts=...] --model_dir=MOUNT/...")
+USAGE = ("usage: tfps-k8s --name=N --namespace=NS --image=IMAGE --claim=PVC [--kind=jobset|tfjob|plain] "
+         "[--max_restarts=N] -- python SCRIPT --ps_hosts=... --worker_hosts=... [--chief_hosts=...] "
+         "[--evaluator_hosts=...] --model_dir=MOUNT/...")
 _CLUSTER_FLAGS = tuple(f"{job}_hosts" for job in cluster_lib.JOB_NAMES) + ("job_name", "task_index")
 
 
