@@ -54,7 +54,8 @@ def train_dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Datas
 
 def main(argv):
   del argv
-  tfps.run_task(train)  # the cluster: tfps-launch's TF_CONFIG
+  # The cluster: tfps-launch's TF_CONFIG, or a pod's (tests/test_k8s_runs.py); ps and workers end with the run.
+  tfps.run_task(train, model_dir=_MODEL_DIR.value)
 
 
 def train(cluster):

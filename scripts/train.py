@@ -48,7 +48,8 @@ def main(argv):
     del cluster  # the sidecar reads checkpoints; it never connects to the cluster
     tfps.run_sidecar_evaluator(build_model, data.eval_dataset_fn, _MODEL_DIR.value)
 
-  tfps.run_task(train, evaluate, cluster=cluster_config, **tfps.server_options_from_flags())
+  tfps.run_task(train, evaluate, cluster=cluster_config, model_dir=_MODEL_DIR.value,
+                **tfps.server_options_from_flags())
 
 
 if __name__ == "__main__":

@@ -63,7 +63,8 @@ def run_evaluator(cluster):
 def main(argv):
   del argv
   build_estimator()  # bad settings (mode, RunConfig) fail on any task, before the role is dispatched
-  tfps.run_task(run_chief, run_evaluator, cluster=tfps.config_from_flags(), **tfps.server_options_from_flags())
+  tfps.run_task(run_chief, run_evaluator, cluster=tfps.config_from_flags(), model_dir=_MODEL_DIR.value,
+                **tfps.server_options_from_flags())
 
 
 if __name__ == "__main__":

@@ -78,7 +78,8 @@ def main(argv):
     return tfps.run_sidecar_evaluator(build_model, eval_dataset_fn, _MODEL_DIR.value,
                                       steps=None if _EXACT.value else 4, evaluate_every_checkpoint=_EVERY.value)
 
-  tfps.run_task(train, evaluate, cluster=tfps.config_from_flags(), **tfps.server_options_from_flags())
+  tfps.run_task(train, evaluate, cluster=tfps.config_from_flags(), model_dir=_MODEL_DIR.value,
+                **tfps.server_options_from_flags())
 
 
 if __name__ == "__main__":

@@ -41,12 +41,20 @@ def test_a_missing_role_function_is_named(task, kwargs, message):
     roles.run_task(cluster=CLUSTER.for_task(task), **kwargs)
 
 
-@pytest.mark.parametrize("kwargs,spinning", [({}, False), ({"thread_spinning": True}, True)])
-def test_a_server_task_gets_the_thread_spinning_setting(monkeypatch, kwargs, spinning):
+@pytest.mark.parametrize("kwargs,expected", [
+    ({}, (False, None, 600.0)),
+    ({"thread_spinning": True, "model_dir": "/shared/run", "lost_chief_timeout_secs": 20}, (True, "/shared/run", 20))])
+def test_a_server_task_gets_the_thread_spinning_setting_and_what_ends_it(monkeypatch, kwargs, expected):
   from tfps.cluster import server  # pylint: disable=g-import-not-at-top
   served = []
-  monkeypatch.setattr(server, "run_server", lambda config, thread_spinning: served.append((config, thread_spinning)))
+  monkeypatch.setattr(server, "run_server", lambda config, *args: served.append((config, *args)))
   ps = CLUSTER.for_task("ps")
   roles.run_task(lambda c: "chief", cluster=ps, **kwargs)  # the stand-in returns; a real server never does
-  assert served[0] == (ps, spinning)
+  assert served[0] == (ps, *expected)
+  spinning = expected[0]
   assert server.server_config(spinning).experimental.disable_thread_spinning is not spinning
+
+
+def test_a_negative_lost_chief_timeout_is_refused():
+  with pytest.raises(ValueError, match=r"`lost_chief_timeout_secs` \(-1\) must be a non-negative number of seconds"):
+    roles.run_task(lambda c: "chief", cluster=CLUSTER.for_task("ps"), lost_chief_timeout_secs=-1)

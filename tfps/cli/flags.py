@@ -5,7 +5,8 @@ Flags are defined by calling `define_flags()` / `define_mode_flags()` (a user's 
 never as a side effect of importing tfps. Library functions never read flags: a script builds its settings here and
 passes them on, e.g.
 
-  tfps.run_task(chief, evaluator, cluster=tfps.config_from_flags(), **tfps.server_options_from_flags())
+  tfps.run_task(chief, evaluator, cluster=tfps.config_from_flags(), model_dir=FLAGS.model_dir,
+                **tfps.server_options_from_flags())
   tfps.fit(..., cluster=cluster, sync_mode=tfps.mode_from_flags(), strategy_options=tfps.strategy_options_from_flags())
 
 A flag's way: absl parses it, `config_from_flags` builds a `ClusterConfig` (`tfps.cluster.config` checks the
@@ -51,6 +52,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_float("lost_task_timeout_secs", 30.0, "Seconds a ps may stay silent mid-run before the chief stops "
                      "with an error naming it (to be started again; it resumes from its checkpoint).",
                      lower_bound=1.0, flag_values=flag_values)
+  flags.DEFINE_float("lost_chief_timeout_secs", cluster_lib.DEFAULT_LOST_CHIEF_TIMEOUT_SECS,
+                     "Seconds a ps or worker waits for a silent chief while training has not ended before it exits "
+                     "with status 3 (to be started again with the chief).", lower_bound=1.0, flag_values=flag_values)
   flags.DEFINE_integer("min_shard_bytes", 256 << 10,
                        "Variables smaller than this are not sharded (0 shards every variable with >= 2 rows).",
                        lower_bound=0, flag_values=flag_values)
@@ -133,10 +137,12 @@ def strategy_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> 
 
 
 def server_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> dict:
-  """`thread_spinning` from the flags (empty where undefined), for `tfps.run_task(..., **options)`."""
+  """`thread_spinning` and `lost_chief_timeout_secs` from the flags (empty where undefined), for
+  `tfps.run_task(..., **options)`."""
   if "thread_spinning" not in flag_values:
     return {}
-  return {"thread_spinning": flag_values["thread_spinning"].value}
+  return {"thread_spinning": flag_values["thread_spinning"].value,
+          "lost_chief_timeout_secs": flag_values["lost_chief_timeout_secs"].value}
 
 
 def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:

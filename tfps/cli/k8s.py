@@ -1,6 +1,6 @@
 """`tfps-k8s`: Kubernetes manifests for the training command a user runs on each host.
 
-  tfps-k8s --name=ctr --namespace=team --image=registry/tfps:1 --claim=tfps-models [--kind=plain] \
+  tfps-k8s --name=ctr --namespace=team --image=registry/tfps:1 --claim=tfps-models [--kind=tfjob|plain] \
       -- python scripts/train_keras.py --flagfile=configs/run.cfg --ps_hosts=a:2222,b:2222 --worker_hosts=... \
          --chief_hosts=... --evaluator_hosts=... --model_dir=/shared/run
 
@@ -23,8 +23,9 @@ from tfps.cli import flags as flags_lib
 from tfps.errors import TfpsError
 from tfps.errors import UsageError
 
-USAGE = ("usage: tfps-k8s --name=N --namespace=NS --image=IMAGE --claim=PVC [--kind=tfjob|plain] -- python SCRIPT "
-         "--ps_hosts=... --worker_hosts=... [--chief_hosts=...] [--evaluator_hosts=...] --model_dir=MOUNT/...")
+USAGE = ("usage: tfps-k8s --name=N --namespace=NS --image=IMAGE --claim=PVC [--kind=jobset|tfjob|plain] "
+         "[--max_restarts=N] -- python SCRIPT --ps_hosts=... --worker_hosts=... [--chief_hosts=...] "
+         "[--evaluator_hosts=...] --model_dir=MOUNT/...")
 _CLUSTER_FLAGS = tuple(f"{job}_hosts" for job in cluster_lib.JOB_NAMES) + ("job_name", "task_index")
 
 
@@ -35,8 +36,11 @@ def define_flags(flag_values: flags.FlagValues) -> None:
   flags.DEFINE_string("claim", None, "PersistentVolumeClaim every pod mounts for model_dir.", flag_values=flag_values)
   flags.DEFINE_string("mount_path", "/shared", "Where the claim is mounted; --model_dir must be under it.",
                       flag_values=flag_values)
-  flags.DEFINE_enum("kind", "tfjob", ["tfjob", "plain"], "A Kubeflow TFJob, or a headless Service with StatefulSets "
-                    "and Indexed Jobs.", flag_values=flag_values)
+  flags.DEFINE_enum("kind", "jobset", list(k8s.KINDS), "A JobSet (jobset.x-k8s.io), a Kubeflow TFJob, or a headless "
+                    "Service with an Indexed Job per task type (docs/kubernetes.md).", flag_values=flag_values)
+  flags.DEFINE_integer("max_restarts", None, f"--kind=jobset: times the set is recreated after a ps (or a job out of "
+                       f"pod restarts) failed (default {k8s.DEFAULT_MAX_RESTARTS}).", lower_bound=0,
+                       flag_values=flag_values)
   flags.DEFINE_integer("port", cluster_lib.DEFAULT_PORT, "Every task's port.", lower_bound=1, upper_bound=65535,
                        flag_values=flag_values)
   flags.DEFINE_string("cpu", "1", "CPU request and limit of each task.", flag_values=flag_values)
@@ -100,10 +104,16 @@ def spec_from_flags(flag_values: flags.FlagValues, command: Sequence[str], cwd: 
                      "claim")
   if not flag_values["name"].value:
     raise UsageError(f"--name is required; {USAGE}")
+  max_restarts = flag_values["max_restarts"].value
+  if max_restarts is not None and flag_values["kind"].value != "jobset":
+    raise UsageError(f"--max_restarts={max_restarts} is a JobSet's (the set recreated after a ps failed); "
+                     f"--kind={flag_values['kind'].value} restarts each failed pod alone, up to "
+                     f"{k8s.POD_BACKOFF_LIMIT} times per job")
   return k8s.JobSpec(name=flag_values["name"].value, namespace=flag_values["namespace"].value,
                      image=flag_values["image"].value or "", command=(command[0], *kept), replicas=tuple(replicas),
                      claim=flag_values["claim"].value or "", mount_path=mount, port=flag_values["port"].value,
-                     cpu=flag_values["cpu"].value, memory=flag_values["memory"].value)
+                     cpu=flag_values["cpu"].value, memory=flag_values["memory"].value,
+                     max_restarts=k8s.DEFAULT_MAX_RESTARTS if max_restarts is None else max_restarts)
 
 
 def render(documents: Sequence[dict]) -> str:

@@ -23,6 +23,9 @@ _MAX_PORT = 65535
 # share cores; sleeping measured 3-8% more examples/s at 1 ps + 1 worker on 2 cores (docs/performance.md). tfps's
 # servers let them sleep unless told otherwise (`--thread_spinning`).
 DEFAULT_THREAD_SPINNING = False
+# How long a ps or worker waits for a silent chief before it fails (`tfps.cluster.job_end`): long enough for a chief
+# pod to be scheduled again and its image pulled.
+DEFAULT_LOST_CHIEF_TIMEOUT_SECS = 600.0
 
 Hosts = Union[str, Sequence[str], None]
 

@@ -1,14 +1,20 @@
-"""Kubernetes manifests for a tfps training job: a Kubeflow TFJob, or plain Kubernetes, and a NetworkPolicy.
+"""Kubernetes manifests for a tfps training job: a JobSet, a Kubeflow TFJob, or plain Kubernetes, and a NetworkPolicy.
 
-Imports no TensorFlow. Every task runs the same command (the training script and its flags, without cluster flags):
+Imports no TensorFlow. Every task runs the same command (the training script and its flags, without cluster flags);
+ps and workers given the run's model_dir exit 0 once training has ended (`tfps.cluster.job_end`), so every kind
+completes. Which to choose, and what each does on each failure: docs/kubernetes.md.
+  - JobSet (`jobset.x-k8s.io/v1alpha2`): one replicated job per task type, each one Indexed Job (pods
+    `<name>-<type>-0-<index>` in the JobSet's headless service `<name>`, DNS host names on); the JobSet succeeds when
+    the chief and the evaluator have; a failed ps fails its Job (no pod restarts), and the failure policy recreates
+    the whole set (the chief resumes from its checkpoint) up to `max_restarts` times; workers, the chief and the
+    evaluator are started again alone (restart policy OnFailure); workers and the chief start once every ps is ready.
   - TFJob: the operator writes each pod's TF_CONFIG (names `<name>-<type>-<index>.<namespace>.svc:2222`, the
     evaluator in the cluster); restart policy OnFailure for every replica type: a failed ps or chief is started
     again and the chief resumes from its last checkpoint (a lost ps makes the chief exit with status 3), a failed
-    worker is started again alone and rejoins.
-  - Plain Kubernetes: a headless Service `<name>`, a StatefulSet per server job (`<name>-ps`, `<name>-worker`:
-    pods `<name>-ps-0`...) and an Indexed Job per finishing job (`<name>-chief`, `<name>-evaluator`: pods with
-    hostname `<name>-chief-0` in the Service's subdomain); tfps derives the cluster at start from TFPS_ variables
-    and the pod's ordinal or JOB_COMPLETION_INDEX (`tfps.cluster.config.from_pod_environ`).
+    worker is started again alone and rejoins. Pods still running at the end are removed (cleanPodPolicy Running).
+  - Plain Kubernetes: a headless Service `<name>` and an Indexed Job per task type (`<name>-ps`: pods with hostname
+    `<name>-ps-0`... in the Service's subdomain), restart policy OnFailure; tfps derives the cluster at start from
+    TFPS_ variables and JOB_COMPLETION_INDEX (`tfps.cluster.config.from_pod_environ`).
   - A NetworkPolicy admitting only the job's own pods to the task port (TF servers have no authentication).
 """
 
@@ -23,6 +29,12 @@ CONTAINER = "tensorflow"  # the container name the TFJob operator expects
 TFJOB_PORT_NAME = "tfjob-port"
 TFJOB_TYPES = {"chief": "Chief", "ps": "PS", "worker": "Worker", "evaluator": "Evaluator"}
 SERVER_JOBS = ("ps", "worker")
+START_ORDER = ("ps", "worker", "chief", "evaluator")
+KINDS = ("jobset", "tfjob", "plain")
+JOBSET_API = "jobset.x-k8s.io/v1alpha2"
+JOBSET_HOST_PATTERN = "{job}-{type}-0-{index}.{service}"  # <jobset>-<replicated job>-<job index>-<pod index>
+DEFAULT_MAX_RESTARTS = 3
+POD_BACKOFF_LIMIT = 10  # pod restarts of one job before it fails
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-")
 
 
@@ -39,6 +51,7 @@ class JobSpec:
     claim: the PersistentVolumeClaim holding model_dir, mounted at `mount_path` in every pod.
     port: every task's port.
     cpu, memory: each container's resource requests (and limits).
+    max_restarts: JobSet: how many times the failure policy recreates the set.
   """
   name: str
   namespace: str
@@ -50,6 +63,7 @@ class JobSpec:
   port: int = cluster_lib.DEFAULT_PORT
   cpu: str = "1"
   memory: str = "2Gi"
+  max_restarts: int = DEFAULT_MAX_RESTARTS
 
   def __post_init__(self):
     for field in ("name", "namespace"):
@@ -66,6 +80,8 @@ class JobSpec:
         raise UsageError(f"replicas {job}={count}: allowed jobs {', '.join(cluster_lib.JOB_NAMES)}, counts >= 0")
     if counts.get("ps", 0) < 1 or counts.get("worker", 0) < 1 or counts.get("chief", 0) != 1:
       raise UsageError(f"replicas {replicas_text(self)}: a job needs 1 chief, at least 1 ps and 1 worker")
+    if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+      raise UsageError(f"--max_restarts={self.max_restarts!r} must be an integer >= 0")
 
   def count(self, job: str) -> int:
     return dict(self.replicas).get(job, 0)
@@ -113,38 +129,61 @@ def build_tfjob(spec: JobSpec) -> dict:
                    "tfReplicaSpecs": replica_specs}}
 
 
-def pod_env(spec: JobSpec, job: str) -> List[dict]:
-  """The variables from which tfps derives a plain-Kubernetes pod's cluster (`config.from_pod_environ`)."""
+def pod_env(spec: JobSpec, job: str, host_pattern: Optional[str] = None) -> List[dict]:
+  """The variables from which tfps derives a pod's cluster (`config.from_pod_environ`)."""
   env = [{"name": "TFPS_TASK_TYPE", "value": job}, {"name": "TFPS_REPLICAS", "value": replicas_text(spec)},
          {"name": "TFPS_JOB", "value": spec.name}, {"name": "TFPS_SERVICE", "value": spec.name},
          {"name": "TFPS_PORT", "value": str(spec.port)},
          {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
+  if host_pattern:
+    env.insert(4, {"name": "TFPS_HOST_PATTERN", "value": host_pattern})
   return env
 
 
+def _indexed_job(spec: JobSpec, job: str, pod: dict, backoff_limit: int) -> dict:
+  """The spec of an Indexed Job running the `job` tasks: pod `i` gets JOB_COMPLETION_INDEX `i`."""
+  return {"completionMode": "Indexed", "completions": spec.count(job), "parallelism": spec.count(job),
+          "backoffLimit": backoff_limit, "template": {"metadata": {"labels": _labels(spec, job)}, "spec": pod}}
+
+
 def build_plain(spec: JobSpec) -> List[dict]:
-  """A headless Service, a StatefulSet per server job and an Indexed Job per finishing job."""
+  """A headless Service and an Indexed Job per task type, each pod started again where it fails."""
   meta = {"namespace": spec.namespace, "labels": {LABEL: spec.name}}
   service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": spec.name, **meta},
              "spec": {"clusterIP": "None", "selector": {LABEL: spec.name}, "publishNotReadyAddresses": True,
                       "ports": [{"name": "grpc", "port": spec.port, "targetPort": spec.port, "protocol": "TCP"}]}}
   documents = [service]
   for job in spec.jobs():
-    name = f"{spec.name}-{job}"
-    template = {"metadata": {"labels": _labels(spec, job)}}
-    container = _container(spec, pod_env(spec, job))
-    if job in SERVER_JOBS:  # serve until the job is deleted; a failed one is started again with the same name
-      template["spec"] = _pod_spec(spec, container, "Always")
-      documents.append({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": name, **meta},
-                        "spec": {"serviceName": spec.name, "replicas": spec.count(job),
-                                 "podManagementPolicy": "Parallel",
-                                 "selector": {"matchLabels": _labels(spec, job)}, "template": template}})
-    else:  # finish; a failed one is started again (the chief resumes from its checkpoint)
-      template["spec"] = _pod_spec(spec, container, "OnFailure", subdomain=spec.name)
-      documents.append({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, **meta},
-                        "spec": {"completionMode": "Indexed", "completions": spec.count(job),
-                                 "parallelism": spec.count(job), "backoffLimit": 10, "template": template}})
+    pod = _pod_spec(spec, _container(spec, pod_env(spec, job)), "OnFailure", subdomain=spec.name)
+    documents.append({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"{spec.name}-{job}", **meta},
+                      "spec": _indexed_job(spec, job, pod, POD_BACKOFF_LIMIT)})
   return documents
+
+
+def build_jobset(spec: JobSpec) -> dict:
+  """The JobSet: a replicated job per task type (ps first), success on the chief and the evaluator, the set recreated
+  when a ps fails."""
+  replicated = []
+  for job in sorted(spec.jobs(), key=START_ORDER.index):
+    container = _container(spec, pod_env(spec, job, JOBSET_HOST_PATTERN))
+    if job in SERVER_JOBS:  # ready once it serves: the chief and workers start after every ps is
+      container["readinessProbe"] = {"tcpSocket": {"port": spec.port}, "periodSeconds": 2}
+    ps_job = job == "ps"  # a failed ps has lost its variables: no pod restart, its Job fails and the set restarts
+    pod = _pod_spec(spec, container, "Never" if ps_job else "OnFailure")
+    entry = {"name": job, "replicas": 1, "template": {
+        "metadata": {"labels": _labels(spec, job)},
+        "spec": _indexed_job(spec, job, pod, 0 if ps_job else POD_BACKOFF_LIMIT)}}
+    if job in ("worker", "chief"):
+      entry["dependsOn"] = [{"name": "ps", "status": "Ready"}]
+    replicated.append(entry)
+  succeed = [job for job in ("chief", "evaluator") if spec.count(job)]
+  return {"apiVersion": JOBSET_API, "kind": "JobSet",
+          "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": {LABEL: spec.name}},
+          "spec": {"network": {"enableDNSHostnames": True, "subdomain": spec.name, "publishNotReadyAddresses": True},
+                   "successPolicy": {"operator": "All", "targetReplicatedJobs": succeed},
+                   "failurePolicy": {"maxRestarts": spec.max_restarts, "rules": [
+                       {"name": "psFailed", "action": "RestartJobSet", "targetReplicatedJobs": ["ps"]}]},
+                   "replicatedJobs": replicated}}
 
 
 def build_network_policy(spec: JobSpec) -> dict:
@@ -158,9 +197,11 @@ def build_network_policy(spec: JobSpec) -> dict:
 
 
 def build_manifests(spec: JobSpec, kind: str) -> List[dict]:
-  """`kind` "tfjob" or "plain": the job's manifests, NetworkPolicy included."""
+  """`kind` "jobset", "tfjob" or "plain": the job's manifests, NetworkPolicy included."""
+  if kind == "jobset":
+    return [build_jobset(spec), build_network_policy(spec)]
   if kind == "tfjob":
     return [build_tfjob(spec), build_network_policy(spec)]
   if kind == "plain":
     return [*build_plain(spec), build_network_policy(spec)]
-  raise UsageError(f"--kind={kind!r}: allowed tfjob, plain")
+  raise UsageError(f"--kind={kind!r}: allowed {', '.join(KINDS)}")

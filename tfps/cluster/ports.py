@@ -56,6 +56,14 @@ def explain_connect_error(error: OSError, host: str, port: str) -> str:
           f"firewall drops port {port}")
 
 
+def probe(address: str, timeout_secs: float) -> None:
+  """Raises `OSError` (`NotGrpcError` for another program) unless a TensorFlow server answers at `address` now, on a
+  fresh connection (a silent host times out after `timeout_secs`)."""
+  host, port = address.rsplit(":", 1)
+  with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_secs) as connection:
+    check_speaks_grpc(connection, timeout_secs)
+
+
 class NotGrpcError(OSError):
   """A task's address accepts TCP connections but does not answer as a gRPC (HTTP/2) server."""
 

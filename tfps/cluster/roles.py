@@ -12,6 +12,7 @@ from typing import Callable, Optional, Sequence, TypeVar
 from absl import app
 from absl import logging
 
+from tfps import checks
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import failures
 from tfps.errors import ClusterConfigError
@@ -46,10 +47,14 @@ def resolve_cluster(cluster: Optional[cluster_lib.ClusterConfig] = None) -> clus
 def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None,
              evaluator_fn: Optional[Callable[[Optional[cluster_lib.ClusterConfig]], T]] = None,
              cluster: Optional[cluster_lib.ClusterConfig] = None,
-             thread_spinning: bool = cluster_lib.DEFAULT_THREAD_SPINNING) -> Optional[T]:
+             thread_spinning: bool = cluster_lib.DEFAULT_THREAD_SPINNING, model_dir: Optional[str] = None,
+             lost_chief_timeout_secs: float = cluster_lib.DEFAULT_LOST_CHIEF_TIMEOUT_SECS) -> Optional[T]:
   """Runs this process's role; one call serves every role of a user's script.
 
-  ps and worker tasks serve until stopped and never return; the chief returns `chief_fn(cluster)`; the evaluator
+  ps and worker tasks serve and never return: given the run's `model_dir` they exit with status 0 once training has
+  ended (the chief's FINAL marker, the chief gone) and with status 3 when the chief has not answered for
+  `lost_chief_timeout_secs` before that (`tfps.cluster.job_end`); without it they serve until stopped. The chief
+  returns `chief_fn(cluster)`; the evaluator
   returns `evaluator_fn(cluster)`. A script that only evaluates (no `chief_fn`) and is given no cluster anywhere runs
   `evaluator_fn(None)`: a standalone sidecar evaluator needs no cluster.
 
@@ -60,15 +65,18 @@ def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None
     thread_spinning: whether a ps or worker's idle threads spin waiting for work (TensorFlow's default) instead of
       sleeping (the default here: spinning takes CPU from tasks that share cores); `--thread_spinning`:
       `tfps.server_options_from_flags()`.
+    model_dir: the run's model_dir (on storage every host sees), for ps and workers to see training end.
+    lost_chief_timeout_secs: how long a ps or worker waits for a silent chief before it fails (status 3).
   """
   if chief_fn is None and evaluator_fn is None:
     raise TypeError("run_task needs `chief_fn`, `evaluator_fn` or both")
   if cluster is None and chief_fn is None and cluster_lib.from_environ(os.environ) is None:
     return evaluator_fn(None)
   config = resolve_cluster(cluster)
+  checks.non_negative_number("lost_chief_timeout_secs", lost_chief_timeout_secs, "number of seconds")
   if config.task_type in ("ps", "worker"):
     from tfps.cluster import server  # pylint: disable=g-import-not-at-top
-    server.run_server(config, thread_spinning)
+    server.run_server(config, thread_spinning, model_dir, lost_chief_timeout_secs)
   if config.task_type == "evaluator":
     if evaluator_fn is None:
       raise ClusterConfigError("this task is an evaluator but the script gives no evaluation to run; pass "

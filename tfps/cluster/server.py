@@ -1,16 +1,17 @@
-"""Runs the server of a ps or worker task until the process is stopped."""
+"""Runs the server of a ps or worker task until the process is stopped, or until training ends (`job_end`)."""
 
 import os
 import signal
 import sys
 import time
-from typing import NoReturn
+from typing import NoReturn, Optional
 
 from absl import logging
 import tensorflow as tf
 
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import isolation
+from tfps.cluster import job_end
 from tfps.cluster import ports
 from tfps.errors import AddressInUseError
 
@@ -48,8 +49,10 @@ def _exit_on_signal(signum, frame):
 
 
 def run_server(config: cluster_lib.ClusterConfig,
-               thread_spinning: bool = cluster_lib.DEFAULT_THREAD_SPINNING) -> NoReturn:
-  """Serves as the ps or worker task of `config` until SIGTERM or SIGINT; exits with status 0 then."""
+               thread_spinning: bool = cluster_lib.DEFAULT_THREAD_SPINNING, model_dir: Optional[str] = None,
+               lost_chief_timeout_secs: float = job_end.DEFAULT_LOST_CHIEF_TIMEOUT_SECS) -> NoReturn:
+  """Serves as the ps or worker task of `config` until SIGTERM or SIGINT (then exits with status 0) or, given the
+  run's `model_dir`, until training ends (status 0) or the chief is gone for good (status 3): `job_end`."""
   server = build_server(config, thread_spinning)
   signal.signal(signal.SIGTERM, _exit_on_signal)
   signal.signal(signal.SIGINT, _exit_on_signal)
@@ -58,6 +61,8 @@ def run_server(config: cluster_lib.ClusterConfig,
   warning = isolation.exposure_warning(f"{config.task_type}:{config.task_index}", config.address)
   if warning:  # not inside tfps-launch's private namespace: other hosts may reach this port
     logging.warning(warning)
+  if model_dir:
+    job_end.watch_job_end(config, model_dir, lost_chief_timeout_secs)
   sys.stdout.flush()
   # Not `server.join()`: it blocks inside TensorFlow, where Python never runs a signal handler, so SIGTERM waited for
   # the launcher's SIGKILL. Not `signal.pause()` either: the kernel may deliver the signal to one of TensorFlow's

@@ -60,8 +60,8 @@ class Supervisor:
     job = task.name[0]
     if job == "chief" and code == 0:
       return self._wait_for_evaluator() or (1 if self.evaluator_failed else 0)
-    if job == "evaluator" and code == 0:
-      logging.info("evaluator:0 finished")
+    if job in ("evaluator", "ps", "worker") and code == 0:  # a server ends by itself once training has ended
+      logging.info("%s finished", task.label)
       return None
     _say(self.group.describe_exit(task))
     refused = code == EXIT_REFUSED  # its flags, cluster or checkpoint: started again, it would refuse them again

@@ -2,14 +2,13 @@
 
 TensorFlow's RPCs notice a ps whose host went silent (a cut link drops packets and nothing resets the connection) only
 through gRPC keepalive (`tfps._env`) and only while a call to it is in flight, so a thread also probes each ps with a
-fresh connection (`ports.check_speaks_grpc`) every few seconds. When
+fresh connection (`ports.probe`) every few seconds. When
 one has not answered for `timeout_secs`, the chief prints one line naming it and its address and exits with status 3
 (`EXIT_LOST_TASK`): an outside supervisor (Kubernetes' restart policy, tfps-launch) starts it again and it resumes
 from its checkpoint.
 """
 
 import os
-import socket
 import sys
 import threading
 import time
@@ -55,10 +54,8 @@ def start_watchdog(config: cluster_lib.ClusterConfig, jobs: Sequence[str] = ("ps
     answered = {address: time.monotonic() for _, _, address in tasks}
     while True:
       for job, index, address in tasks:
-        host, port = address.rsplit(":", 1)
         try:
-          with socket.create_connection((host.strip("[]"), int(port)), timeout=interval_secs * 2) as connection:
-            ports.check_speaks_grpc(connection, interval_secs * 2)
+          ports.probe(address, interval_secs * 2)
           answered[address] = time.monotonic()
         except OSError as e:
           silent_secs = time.monotonic() - answered[address]

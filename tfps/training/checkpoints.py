@@ -6,7 +6,8 @@
 * Every checkpoint holds the step under `STEP_KEY` (`global_step`): the number of optimizer steps applied (the
   optimizer's `iterations` on the Keras path, the global step on the Estimator path); `checkpoint_step` reads it.
 * `model_dir/checkpoints/FINAL`: a JSON marker `{"last_checkpoint": path, "step": step}` the chief writes when
-  training ends; the sidecar evaluator exits after `last_checkpoint`.
+  training ends; the sidecar evaluator exits after `last_checkpoint`, ps and workers given the model_dir exit
+  (`tfps.cluster.job_end`, which owns the marker's place since servers, a lower layer, read it).
 
 `CheckpointWriter` is the chief's side of it on both paths: clear the marker when training begins, save, write FINAL.
 """
@@ -18,8 +19,10 @@ from typing import List, Optional
 from absl import logging
 import tensorflow as tf
 
-CHECKPOINT_SUBDIR = "checkpoints"
-FINAL_MARKER = "FINAL"
+from tfps.cluster import job_end
+
+CHECKPOINT_SUBDIR = job_end.CHECKPOINT_SUBDIR
+FINAL_MARKER = job_end.FINAL_MARKER
 STEP_KEY = "global_step"  # the name of the step variable in every checkpoint: tf.train.Checkpoint(global_step=...)
 
 
@@ -43,8 +46,7 @@ def checkpoint_step(path: str) -> int:
   return int(tf.train.load_variable(path, f"{STEP_KEY}/.ATTRIBUTES/VARIABLE_VALUE"))
 
 
-def final_marker_path(model_dir: str) -> str:
-  return os.path.join(checkpoint_dir(model_dir), FINAL_MARKER)
+final_marker_path = job_end.final_marker_path
 
 
 def write_final_marker(model_dir: str, last_checkpoint: Optional[str], step: int) -> None:
@@ -58,11 +60,8 @@ def write_final_marker(model_dir: str, last_checkpoint: Optional[str], step: int
 
 def read_final_marker(model_dir: str) -> Optional[dict]:
   """The marker `write_final_marker` wrote, or None while training goes on."""
-  path = final_marker_path(model_dir)
-  if not tf.io.gfile.exists(path):
-    return None
-  with tf.io.gfile.GFile(path) as f:
-    return json.load(f)
+  text = job_end.read_marker_text(model_dir)
+  return None if text is None else json.loads(text)
 
 
 def clear_final_marker(model_dir: str) -> None:

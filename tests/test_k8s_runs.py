@@ -1,0 +1,105 @@
+"""The manifests of `tfps-k8s`, run: for each kind, every pod's command and environment come from its manifest and run
+on a test host of its own (`tfps.testing.k8s_pods`, which also plays the controller's restart and success rules as
+the manifest states them). One run per kind, on one shared set of 5 hosts (2 ps, 2 workers, the chief): a worker
+killed after the first checkpoint, a ps killed after the second (JobSet: its Job fails and the whole set is started
+again; TFJob and plain: the ps is started again alone, the chief exits 3 and is started again), and the run ends with
+every step applied exactly once on each ps (bench/worker_kills_train.py: a weight per ps whose Adagrad accumulator
+counts the updates that reached it) and every process exited 0 by itself."""
+
+import json
+import os
+import pathlib
+import sys
+import time
+
+import pytest
+
+from tfps.cluster import k8s_cli
+from tfps.testing import hosts as hosts_lib
+from tfps.testing import k8s_pods
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+EPOCHS, STEPS = 4, 100
+TASKS = [("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1), ("chief", 0)]
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(os.geteuid() != 0 and os.environ.get("CI") != "true", reason="test hosts need root")]
+
+
+def dns_names(task):
+  """The names each kind's controller gives `task`'s pod (JobSet, plain Job, TFJob), all on its one test host."""
+  job, index = task
+  return [f"ctr-{job}-0-{index}.ctr", f"ctr-{job}-{index}.ctr", f"ctr-{job}-{index}.team.svc"]
+
+
+@pytest.fixture(scope="module")
+def hosts():
+  made = hosts_lib.TestHosts([k8s_pods.K8sPods.host_name(task) for task in TASKS],
+                             aliases={k8s_pods.K8sPods.host_name(task): dns_names(task) for task in TASKS})
+  yield made
+  netns = [host.netns for host in made.hosts.values()]
+  made.close()
+  assert not set(netns) & set(hosts_lib.leftovers()), "test hosts left behind"
+
+
+def manifests(tmp_path, kind):
+  out = tmp_path / "job.yaml"
+  command = [sys.executable, str(REPO / "bench" / "worker_kills_train.py"), "--ps_hosts=a:2222,b:2222",
+             "--worker_hosts=c:2222,d:2222", "--chief_hosts=e:2222", f"--model_dir={tmp_path}/shared/run",
+             f"--counts_json={tmp_path}/shared/counts.json", f"--epochs={EPOCHS}", f"--steps_per_epoch={STEPS}"]
+  code = k8s_cli.main(["tfps-k8s", "--name=ctr", "--namespace=team", "--image=registry.example/tfps:1",
+                       "--claim=tfps-models", f"--mount_path={tmp_path}/shared", f"--kind={kind}", f"--output={out}",
+                       "--", *command], cwd=str(REPO))
+  assert code == 0
+  return [json.loads(doc) for doc in out.read_text().split("---\n") if doc.strip()]
+
+
+class Faults:
+  """Kills worker:1 once checkpoint 1 is there, then ps:1 once checkpoint 2 is."""
+
+  def __init__(self, model_dir):
+    self.checkpoints = model_dir / "checkpoints"
+    self.done = []
+
+  def __call__(self, pods):
+    for number, task in ((1, ("worker", 1)), (2, ("ps", 1))):
+      if task not in self.done and (self.checkpoints / f"ckpt-{number}.index").exists():
+        pods.kill(task)
+        self.done.append(task)
+
+
+@pytest.mark.parametrize("kind", ["jobset", "tfjob", "plain"])
+def test_each_kind_survives_a_worker_and_a_ps_failure_and_ends_exact(hosts, tmp_path, subprocess_env, kind):
+  pods = k8s_pods.K8sPods(manifests(tmp_path, kind), hosts, str(tmp_path / "logs"), env=subprocess_env)
+  assert sorted(pods.pods) == sorted(TASKS)
+  faults = Faults(tmp_path / "shared" / "run")
+  started = time.monotonic()
+  try:
+    pods.start()
+    state = pods.run_until_done(timeout_secs=900, on_poll=faults)
+    assert state == "Succeeded", (state, pods.events, pods.log(("chief", 0))[-3000:])
+    succeeded = time.monotonic()
+    deadline = time.monotonic() + 60
+    while pods.poll() and pods.running() and time.monotonic() < deadline:  # ps and workers end by themselves
+      time.sleep(0.2)
+    assert not pods.running(), (pods.running(), pods.events)
+    ended = time.monotonic()
+  finally:
+    for task in pods.pods:
+      pods.kill(task)
+  assert faults.done == [("worker", 1), ("ps", 1)], pods.events
+  assert all(pod.exit_codes[-1] == 0 for pod in pods.pods.values()), {
+      task: pod.exit_codes for task, pod in pods.pods.items()}
+  assert pods.events[0] == "worker-1 exited -9"  # started again alone: the set was not restarted for it
+  if kind == "jobset":
+    assert pods.events[1:] == ["ps-1 exited -9", "job ps failed: the set restarted (1)"], pods.events
+  else:  # the ps started again alone; the chief, which lost it, exits 3 and is started again
+    assert pods.events[1:] == ["ps-1 exited -9", "chief-0 exited 3"], pods.events
+    assert pods.set_restarts == 0
+  assert "Resumed from the backup" in pods.log(("chief", 0))
+  counts = json.loads((tmp_path / "shared" / "counts.json").read_text())
+  assert counts["iterations"] == EPOCHS * STEPS, counts
+  assert sorted(name.split(" on ")[1] for name in counts["applied_by_weight"]) == ["task:0", "task:1"], counts
+  assert set(counts["applied_by_weight"].values()) == {EPOCHS * STEPS}, counts
+  print(f"{kind}: succeeded after {succeeded - started:.0f}s, every pod ended {ended - succeeded:.1f}s later; "
+        f"events {pods.events}")
