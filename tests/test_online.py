@@ -1,0 +1,49 @@
+"""Online training on a stream (tfps.training.online) on the in-process cluster: every message applied exactly once,
+the checkpoint's position, the offsets committed after it; stream sources and their bad input."""
+
+import threading
+
+import numpy as np
+import pytest
+
+import online_stream
+import tfps
+from tfps.data.stream import batches as batches_lib
+from tfps.data.stream import kafka
+from tfps.estimator import online
+from tfps.training import stream_positions
+
+BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def broker():
+  holder, bootstrap = online_stream.mock_cluster()
+  yield bootstrap
+  del holder
+
+
+def _batches(bootstrap, group, **kwargs):
+  def make(positions):
+    source = kafka.KafkaSource(bootstrap, online_stream.TOPIC, group_id=group, start="earliest",
+                               positions=positions, connect_timeout_secs=10)
+    return batches_lib.StreamBatches(source, online_stream.SPEC, batch_size=BATCH, **kwargs)
+  return make
+
+
+def _estimator(cluster, model_dir):
+  config = tfps.RunConfig(steps_per_execution=4, save_checkpoints_steps=6, log_step_count_steps=3)
+  return tfps.Estimator(online_stream.model_fn, model_dir=str(model_dir), config=config, cluster=cluster)
+
+
+def test_each_message_is_applied_once_and_the_checkpoint_holds_its_offsets(cluster, broker, tmp_path):
+  online_stream.produce(broker, range(96))
+  ends = online_stream.end_offsets(broker)
+  step = online.train_on_stream(_estimator(cluster, tmp_path), _batches(broker, "g1"), max_steps=12)
+  assert step == 12
+  latest = tfps.Estimator(online_stream.model_fn, model_dir=str(tmp_path)).latest_checkpoint()
+  counts = online_stream.counts_in(latest)
+  np.testing.assert_array_equal(counts[:96], np.ones(96))
+  assert not counts[96:].any()
+  assert stream_positions.read_positions(str(tmp_path), latest) == ends
+  assert online_stream.committed(broker, "g1") == ends
