@@ -111,8 +111,12 @@ class KafkaSource(Source):
     return starts
 
   def read(self, max_records: int, timeout_secs: float) -> List[Record]:
+    # `consume` waits for all of `max_records` until its timeout: wait for the first alone, then take what came.
+    first = self._consumer.poll(timeout_secs)
+    if first is None:
+      return []
     records = []
-    for message in self._consumer.consume(max_records, timeout=timeout_secs):
+    for message in [first] + (self._consumer.consume(max_records - 1, timeout=0) if max_records > 1 else []):
       if message.error() is not None:
         raise StreamError(f"{self.name}: partition {message.partition()}: {message.error().str()}")
       p, offset = message.partition(), message.offset()
@@ -131,7 +135,11 @@ class KafkaSource(Source):
     the last record read while some are unread (0 when none are)."""
     kafka, behind = _kafka(), 0
     for p, offset in self._next.items():
-      _, high = self._consumer.get_watermark_offsets(kafka.TopicPartition(self._topic, p), timeout=10, cached=False)
+      partition = kafka.TopicPartition(self._topic, p)
+      # The high watermark of the consumer's last fetch (free); asked of the broker (a round trip) before the first.
+      _, high = self._consumer.get_watermark_offsets(partition, cached=True)
+      if high < 0:
+        _, high = self._consumer.get_watermark_offsets(partition, timeout=10, cached=False)
       behind += max(high - int(positions.get(str(p), offset)), 0)
     seconds = time.time() - self._newest_time if behind and self._newest_time is not None else 0.0
     return behind, seconds
