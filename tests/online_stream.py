@@ -39,8 +39,9 @@ def mock_cluster():
   return holder, bootstrap
 
 
-def produce(bootstrap: str, ids, *, json_records: bool = False, extra=()) -> None:
-  """Writes one message per id (label id % 2) to TOPIC, spread over its partitions, then `extra` raw values."""
+def produce(bootstrap: str, ids, *, json_records: bool = False, extra=(), topic: str = TOPIC) -> None:
+  """Writes one message per id (label id % 2) to `topic`, spread over its partitions, then `extra` raw values (to
+  partition 0)."""
   from confluent_kafka import Producer  # pylint: disable=g-import-not-at-top
   producer = Producer({"bootstrap.servers": bootstrap, "log_level": 2})
   for i in ids:
@@ -48,9 +49,9 @@ def produce(bootstrap: str, ids, *, json_records: bool = False, extra=()) -> Non
       value = json.dumps({"id": int(i), "label": int(i) % 2, "price": 1.5})
     else:
       value = f"{int(i)},{int(i) % 2},1.5"
-    producer.produce(TOPIC, value=value.encode())
+    producer.produce(topic, value=value.encode())
   for value in extra:
-    producer.produce(TOPIC, value=value)
+    producer.produce(topic, value=value, partition=0)
   producer.flush(30)
 
 

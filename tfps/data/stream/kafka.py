@@ -147,8 +147,13 @@ class KafkaSource(Source):
   def commit(self, positions: Positions) -> None:
     kafka = _kafka()
     offsets = [kafka.TopicPartition(self._topic, int(p), int(offset)) for p, offset in sorted(positions.items())]
-    if offsets:
+    if not offsets:
+      return
+    try:
       self._consumer.commit(offsets=offsets, asynchronous=False)
+    except kafka.KafkaException as e:  # the checkpoint holds the position; the group's offsets are for monitors
+      logging.warning("%s: committing offsets %s failed (%s); the checkpoint holds them, the next commit catches up",
+                      self.name, {tp.partition: tp.offset for tp in offsets}, e.args[0].str())
 
   def close(self) -> None:
     self._consumer.close()
