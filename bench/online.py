@@ -114,7 +114,8 @@ def run_chief(cluster):
           source = kafka.KafkaSource(bootstrap, topic, group_id="bench", start="earliest", positions=positions)
           return batches.StreamBatches(source, spec, batch_size=_BATCH.value)
 
-        train = lambda steps: online.train_on_stream(estimator, make, max_steps=steps)  # pylint: disable=cell-var-from-loop
+        train = lambda steps: online.train_on_stream(  # pylint: disable=cell-var-from-loop
+            estimator, make, max_steps=steps)
       rates = _timed(train, model_dir, _WARMUP.value, _STEPS.value)
       results[variant].append(rates)
       print(f"{variant} run {repeat}: {rates['wall']:,.0f} examples/s over the wall time, {rates['windows']:,.0f} "
@@ -129,7 +130,8 @@ def run_chief(cluster):
              "cluster": f"{cluster.num_ps} ps + {cluster.num_workers} worker", "examples_per_sec": results,
              "median": median,
              "chief_reads_and_parses_records_per_sec": summary_parse,
-             "stream_over_files": {kind: median["stream"][kind] / median["files"][kind] for kind in ("wall", "windows")}}
+             "stream_over_files": {kind: median["stream"][kind] / median["files"][kind]
+                                   for kind in ("wall", "windows")}}
   print(json.dumps(summary, indent=1), flush=True)
   if _OUT.value:
     with open(_OUT.value, "w", encoding="utf-8") as f:

@@ -1,7 +1,7 @@
 """Online training: a bundled model (Wide&Deep, DCN) trained without end on a stream, on the Estimator path.
 
   tfps-launch --num_ps=1 --num_workers=2 scripts/train_online.py -- --stream=kafka --kafka_bootstrap=broker:9092 \
-      --kafka_topic=clicks --feature_spec=clicks.spec.json --model=dcn --model_dir=/shared/online
+      --kafka_topic=clicks --data=csv --feature_spec=clicks.spec.json --model=dcn --model_dir=/shared/online
   (brokers on another host: add --expose_ports to tfps-launch, whose tasks otherwise see only loopback)
 
 Every message is applied exactly once: each checkpoint holds the offsets after the examples it holds, a restarted

@@ -1,10 +1,7 @@
 """Online training on a stream (tfps.training.online) on the in-process cluster: every message applied exactly once,
-the checkpoint's position, the offsets committed after it; stream sources and their bad input."""
-
-import threading
+the checkpoint's position, the offsets committed after it (sources and their bad input: tests/test_stream_sources.py)."""
 
 import numpy as np
-import pytest
 
 import online_stream
 import tfps
@@ -14,13 +11,6 @@ from tfps.estimator import online
 from tfps.training import stream_positions
 
 BATCH = 8
-
-
-@pytest.fixture(scope="module")
-def broker():
-  holder, bootstrap = online_stream.mock_cluster()
-  yield bootstrap
-  del holder
 
 
 def _batches(bootstrap, group, **kwargs):
@@ -36,14 +26,14 @@ def _estimator(cluster, model_dir):
   return tfps.Estimator(online_stream.model_fn, model_dir=str(model_dir), config=config, cluster=cluster)
 
 
-def test_each_message_is_applied_once_and_the_checkpoint_holds_its_offsets(cluster, broker, tmp_path):
-  online_stream.produce(broker, range(96))
-  ends = online_stream.end_offsets(broker)
-  step = online.train_on_stream(_estimator(cluster, tmp_path), _batches(broker, "g1"), max_steps=12)
+def test_each_message_is_applied_once_and_the_checkpoint_holds_its_offsets(cluster, kafka_broker, tmp_path):
+  online_stream.produce(kafka_broker, range(96))
+  ends = online_stream.end_offsets(kafka_broker)
+  step = online.train_on_stream(_estimator(cluster, tmp_path), _batches(kafka_broker, "g1"), max_steps=12)
   assert step == 12
   latest = tfps.Estimator(online_stream.model_fn, model_dir=str(tmp_path)).latest_checkpoint()
   counts = online_stream.counts_in(latest)
   np.testing.assert_array_equal(counts[:96], np.ones(96))
   assert not counts[96:].any()
   assert stream_positions.read_positions(str(tmp_path), latest) == ends
-  assert online_stream.committed(broker, "g1") == ends
+  assert online_stream.committed(kafka_broker, "g1") == ends

@@ -100,3 +100,29 @@ def test_each_message_applied_once_across_a_worker_kill_and_a_chief_restart(tmp_
   np.testing.assert_array_equal(counts[:3 * WAVE], np.ones(3 * WAVE))  # every message applied once, none twice
   assert not counts[3 * WAVE:].any()
   assert stream_positions.read_positions(str(model_dir), latest) == ends
+
+
+def test_the_online_script_trains_a_bundled_model_on_a_folder_stream(tmp_path, subprocess_env):
+  """scripts/train_online.py --stream=folder under tfps-launch: Wide&Deep on two slices (the second starting with a
+  malformed line), to --max_steps; the last checkpoint's position is the end of the second slice."""
+  slices, model_dir, out = tmp_path / "slices", tmp_path / "run", tmp_path / "out.txt"
+  slices.mkdir()
+  spec = tmp_path / "clicks.spec.json"
+  spec.write_text(json.dumps(online_stream.SPEC.to_dict()))
+  for index, ids in enumerate((range(64), range(64, 128))):
+    rows = (["bad,row"] if index else []) + [f"{i},{i % 2},{i / 10}" for i in ids]
+    (slices / f"clicks-{index}.csv").write_text("".join(row + "\n" for row in rows))
+    (slices / f"clicks-{index}.csv.done").write_text("")
+  command = [sys.executable, "-m", "tfps.cluster.launch", "--num_workers=1", "--num_ps=1",
+             f"--log_dir={tmp_path / 'logs'}", "scripts/train_online.py", "--", "--stream=folder",
+             f"--stream_folder={slices}", "--data=csv", f"--feature_spec={spec}", "--batch_size=16", "--max_steps=8",
+             "--steps_per_execution=2", "--save_checkpoints_steps=4", "--log_step_count_steps=2",
+             "--deep_layers=8", "--embedding_dim=4", f"--model_dir={model_dir}"]
+  with open(out, "w", encoding="utf-8") as output:
+    code = subprocess.run(command, cwd=REPO, env=subprocess_env, stdout=output, stderr=subprocess.STDOUT,
+                          stdin=subprocess.DEVNULL, timeout=480, check=False).returncode
+  text = out.read_text()
+  assert code == 0, text[-3000:]
+  assert "malformed_records 1" in (model_dir / "loss.log").read_text()
+  latest = str(model_dir / "checkpoints" / "ckpt-8")
+  assert stream_positions.read_positions(str(model_dir), latest) == {"folder": ["clicks-1.csv", 65]}

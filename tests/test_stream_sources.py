@@ -14,13 +14,6 @@ from tfps.data.stream import kafka
 from tfps.data.stream.sources import BrokerUnreachableError, MalformedRecordError, StreamError
 
 
-@pytest.fixture(scope="module")
-def broker():
-  holder, bootstrap = online_stream.mock_cluster()
-  yield bootstrap
-  del holder
-
-
 def _source(bootstrap, topic, **kwargs):
   kwargs.setdefault("start", "earliest")
   return kafka.KafkaSource(bootstrap, topic, group_id=f"group-{topic}", connect_timeout_secs=10, **kwargs)
@@ -41,43 +34,43 @@ def test_an_unreachable_broker_is_named_and_retried_until_the_connect_timeout():
   assert time.monotonic() - start < 20
 
 
-def test_a_missing_topic_or_partition_is_one_line(broker):
+def test_a_missing_topic_or_partition_is_one_line(kafka_broker):
   with pytest.raises(StreamError, match="topic 'absent' not found"):
-    _source(broker, "absent")
-  online_stream.produce(broker, range(4), topic="four")
+    _source(kafka_broker, "absent")
+  online_stream.produce(kafka_broker, range(4), topic="four")
   with pytest.raises(StreamError, match=r"partition\(s\) \[9\] not in the topic \(it has \[0, 1, 2, 3\]\)"):
-    _source(broker, "four", partitions=[9])
+    _source(kafka_broker, "four", partitions=[9])
 
 
-def test_stream_start_earliest_latest_and_committed(broker):
-  online_stream.produce(broker, range(8), topic="starts")
-  assert len(_read_all(_source(broker, "starts"), 8)) == 8
+def test_stream_start_earliest_latest_and_committed(kafka_broker):
+  online_stream.produce(kafka_broker, range(8), topic="starts")
+  assert len(_read_all(_source(kafka_broker, "starts"), 8)) == 8
   with pytest.raises(StreamError, match="no committed offset for this group; start with --stream_start=earliest"):
-    _source(broker, "starts", start="committed")
-  latest = _source(broker, "starts", start="latest")
+    _source(kafka_broker, "starts", start="committed")
+  latest = _source(kafka_broker, "starts", start="latest")
   assert latest.read(100, 1.0) == []
-  online_stream.produce(broker, range(8, 10), topic="starts")
+  online_stream.produce(kafka_broker, range(8, 10), topic="starts")
   assert sorted(r.value for r in _read_all(latest, 2)) == [b"8,0,1.5", b"9,1,1.5"]
   latest.commit(latest.positions())
-  assert _source(broker, "starts", start="committed").positions() == latest.positions()
+  assert _source(kafka_broker, "starts", start="committed").positions() == latest.positions()
 
 
-def test_malformed_records_are_counted_and_skipped_or_stop_a_strict_stream(broker):
-  online_stream.produce(broker, [], extra=[b"1,1,1.5", b"not,a,number", b"2,0", b"3,0,2.5"], topic="bad")
-  stream = batches_lib.StreamBatches(_source(broker, "bad", partitions=[0]), online_stream.SPEC, batch_size=2)
+def test_malformed_records_are_counted_and_skipped_or_stop_a_strict_stream(kafka_broker):
+  online_stream.produce(kafka_broker, [], extra=[b"1,1,1.5", b"not,a,number", b"2,0", b"3,0,2.5"], topic="bad")
+  stream = batches_lib.StreamBatches(_source(kafka_broker, "bad", partitions=[0]), online_stream.SPEC, batch_size=2)
   batch = stream.next_batch(10)
   assert batch.element[0]["id"].numpy().tolist() == [1, 3]
   assert (stream.malformed, batch.positions) == (2, {"0": 4})
-  strict = batches_lib.StreamBatches(_source(broker, "bad", partitions=[0]), online_stream.SPEC, batch_size=2,
+  strict = batches_lib.StreamBatches(_source(kafka_broker, "bad", partitions=[0]), online_stream.SPEC, batch_size=2,
                                      strict=True)
   with pytest.raises(MalformedRecordError, match=r"record bad/0@1 is malformed: b'not,a,number'"):
     strict.next_batch(10)
 
 
-def test_json_records_are_read_by_the_spec_columns(broker):
-  online_stream.produce(broker, [], extra=[b'{"id": 5, "label": 1, "price": 3}', b'{"id": 6, "label": 0}', b"[1]"],
-                        topic="json")
-  stream = batches_lib.StreamBatches(_source(broker, "json", partitions=[0]), online_stream.SPEC, batch_size=2,
+def test_json_records_are_read_by_the_spec_columns(kafka_broker):
+  records = [b'{"id": 5, "label": 1, "price": 3}', b'{"id": 6, "label": 0}', b"[1]"]
+  online_stream.produce(kafka_broker, [], extra=records, topic="json")
+  stream = batches_lib.StreamBatches(_source(kafka_broker, "json", partitions=[0]), online_stream.SPEC, batch_size=2,
                                      record_format="json")
   features, label = stream.next_batch(10).element
   assert features["id"].numpy().tolist() == [5, 6] and label.numpy().tolist() == [1, 0]

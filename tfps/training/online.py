@@ -16,6 +16,7 @@ with steps not saved yet; SIGTERM (`stop_on_sigterm`) ends it after the steps in
 commit. See docs/online.md.
 """
 
+import collections
 import contextlib
 import signal
 import threading
@@ -59,6 +60,8 @@ class StreamLoop(loop_lib.TrainLoop):
     if not hasattr(self._runner, "schedule_batches"):
       raise UsageError(f"training on a stream needs sync_mode=async (the runner is {type(self._runner).__name__})")
     self._batches = batches
+    self._fed_positions = batches.positions()  # the position after the last batch scheduled
+    self._ready = collections.deque()  # batches read ahead while the last chunk's functions ran, not scheduled yet
     self._every_secs = checkpoint_every_secs
     self._stop: Callable[[], bool] = lambda: False
     given = self._metrics
@@ -101,16 +104,18 @@ class StreamLoop(loop_lib.TrainLoop):
       wanted = min(runner.steps_per_execution, num_steps - fed)
       batches = []
       while len(batches) < wanted and not self._stop():
-        batch = self._batches.next_batch(_WAIT_SECS)
+        batch = self._ready.popleft() if self._ready else self._batches.next_batch(_WAIT_SECS)
         if batch is None:
           paused = True
           break
         batches.append(batch)
       if batches:
         results.append(runner.schedule_batches(_stacked(batches, runner.steps_per_execution), len(batches)))
+        self._fed_positions = batches[-1].positions
         fed += len(batches)
       if paused or not batches:
         break
+    self._read_ahead(runner.steps_per_execution)
     runner.coordinator.join()
     runner.settle()
     applied = runner.progress.steps_recorded(since)
@@ -122,10 +127,19 @@ class StreamLoop(loop_lib.TrainLoop):
       loss_sum, examples = loss_sum + float(loss), examples + int(count)
     return fed, loss_sum, examples, paused
 
+  def _read_ahead(self, count: int) -> None:
+    """While the functions just scheduled run: reads up to `count` batches the stream has now, for the next chunk
+    (their records are not in a checkpoint's position before they are scheduled and applied)."""
+    while len(self._ready) < count and not self._stop():
+      batch = self._batches.next_batch(0.0)
+      if batch is None:
+        return
+      self._ready.append(batch)
+
   def _save_with_positions(self, step: int, after_checkpoint) -> None:
-    """The checkpoint of `step` with the position after every batch fed (all applied: the loop joined), then the
-    commit of that position to the source."""
-    positions = self._batches.positions()
+    """The checkpoint of `step` with the position after every batch scheduled (all applied: the loop joined), then
+    the commit of that position to the source."""
+    positions = self._fed_positions
     stream_positions.write_positions(self._model_dir, step, positions, self._batches.source.name)
     self._save(step, after_checkpoint)
     self._batches.source.commit(positions)
@@ -134,7 +148,7 @@ class StreamLoop(loop_lib.TrainLoop):
   def stream_metrics(self) -> dict:
     """Lag and malformed records, for the progress lines: `lag_messages` (where the source counts them),
     `lag_secs`, `malformed_records`."""
-    messages, seconds = self._batches.lag()
+    messages, seconds = self._batches.lag(self._fed_positions)
     metrics = {"lag_secs": round(float(seconds), 3), "malformed_records": self._batches.malformed}
     if messages is not None:
       metrics["lag_messages"] = messages

@@ -56,6 +56,7 @@ class StreamBatches:
     self._pattern = row_pattern(spec)
     self._positions = dict(source.positions())
     self._pending = collections.deque()  # (record, line or None where malformed), in stream order
+    self._good = 0  # the well-formed records in `_pending`
     self.malformed = self.records = 0
 
     def parse(lines):  # the file reader's parse; every tensor `batch_size` long, as the trace says
@@ -74,10 +75,10 @@ class StreamBatches:
     """The position after the last batch returned."""
     return dict(self._positions)
 
-  def lag(self):
-    """`(messages, seconds)` behind the newest record written, from the position of the last batch returned
-    (`Source.lag`); seconds from the oldest record read and not yet in a batch, where one is."""
-    messages, seconds = self.source.lag(self._positions)
+  def lag(self, positions: Optional[Positions] = None):
+    """`(messages, seconds)` behind the newest record written, from `positions` (default: after the last batch
+    returned; `Source.lag`); seconds from the oldest record read and not yet in a batch, where one is."""
+    messages, seconds = self.source.lag(self._positions if positions is None else positions)
     stamps = [record.timestamp for record, _ in self._pending if record.timestamp is not None]
     if stamps:
       seconds = max(time.time() - stamps[0], 0.0)
@@ -87,20 +88,23 @@ class StreamBatches:
     """The next full batch, or None where the stream gave none within `timeout_secs` (the records read so far wait
     for the next call)."""
     deadline = time.monotonic() + timeout_secs
-    while sum(line is not None for _, line in self._pending) < self.batch_size:
+    while self._good < self.batch_size:
       records = self.source.read(_READ_CHUNK, max(deadline - time.monotonic(), 0.0))
       if not records:
         return None
       self.records += len(records)
-      self._pending.extend(zip(records, self._checked(records)))
-    lines, positions = [], self._positions
+      checked = self._checked(records)
+      self._good += sum(line is not None for line in checked)
+      self._pending.extend(zip(records, checked))
+    lines, positions = [], dict(self._positions)
     while len(lines) < self.batch_size:
       record, line = self._pending.popleft()
-      positions = {**positions, record.key: record.after}
+      positions[record.key] = record.after
       if line is not None:
         lines.append(line)
+    self._good -= self.batch_size
     self._positions = positions
-    return Batch(self._parse(tf.constant(lines)), positions)
+    return Batch(self._parse(tf.constant(lines)), dict(positions))
 
   def _checked(self, records) -> list:
     """Each record's line, or None where it is malformed (counted; raised with `strict`)."""
