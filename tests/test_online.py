@@ -2,6 +2,7 @@
 the checkpoint's position, the offsets committed after it (sources and their bad input: tests/test_stream_sources.py)."""
 
 import numpy as np
+import pytest
 
 import online_stream
 import tfps
@@ -37,3 +38,10 @@ def test_each_message_is_applied_once_and_the_checkpoint_holds_its_offsets(clust
   assert not counts[96:].any()
   assert stream_positions.read_positions(str(tmp_path), latest) == ends
   assert online_stream.committed(kafka_broker, "g1") == ends
+
+
+@pytest.mark.parametrize("mode", [{"sync_mode": "sync"}, {"pipelined_updates": True}], ids=["sync", "pipelined"])
+def test_a_stream_in_another_mode_is_refused_in_one_line_before_connecting(tmp_path, mode):
+  estimator = tfps.Estimator(online_stream.model_fn, model_dir=str(tmp_path), config=tfps.RunConfig(**mode))
+  with pytest.raises(tfps.UsageError, match="training on a stream needs sync_mode=async without pipelined_updates"):
+    online.train_on_stream(estimator, make_batches=None)

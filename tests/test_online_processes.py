@@ -1,7 +1,8 @@
 """Online training under real kills (tfps-launch, 1 ps, 2 workers, the mock Kafka cluster in this process): a worker
-SIGKILLed while messages flow, then the chief SIGKILLed (the launcher restarts ps, workers and chief, which resumes
-from its newest checkpoint and that checkpoint's offsets), then SIGTERM: every message is applied exactly once,
-counted per message in the final checkpoint (tests/online_stream.py), and the group's offsets are the topic's end."""
+SIGKILLed while messages flow, then the chief, then the ps (for each of the two the launcher restarts ps, workers and
+chief, which resumes from its newest checkpoint and that checkpoint's offsets), then SIGTERM: every message is
+applied exactly once, counted per message in the final checkpoint (tests/online_stream.py), and the group's offsets
+are the topic's end. And the online script on a folder stream."""
 
 import json
 import pathlib
@@ -55,7 +56,7 @@ def _checkpoints(model_dir: pathlib.Path):
   return sorted(int(path.name[5:-6]) for path in (model_dir / "checkpoints").glob("ckpt-*.index"))
 
 
-def test_each_message_applied_once_across_a_worker_kill_and_a_chief_restart(tmp_path, subprocess_env):
+def test_each_message_applied_once_across_worker_chief_and_ps_kills(tmp_path, subprocess_env):
   holder, bootstrap = online_stream.mock_cluster()
   model_dir, out, mark = tmp_path / "run", tmp_path / "out.txt", uuid.uuid4().hex
   env = dict(subprocess_env, **{marked_processes.MARK: mark})
@@ -79,6 +80,12 @@ def test_each_message_applied_once_across_a_worker_kill_and_a_chief_restart(tmp_
     online_stream.wait_for(lambda: _checkpoints(model_dir)[-1] > before, "a checkpoint in the third wave", 120, alive)
     online_stream.wait_for(lambda: _task(mark, "chief:0"), "chief:0", 60, alive).send_signal(signal.SIGKILL)
     flow.join()
+    online_stream.wait_for(lambda: online_stream.committed(bootstrap, GROUP) == online_stream.end_offsets(bootstrap),
+                           "the third wave committed", 480, alive)
+    flow = _produce_slowly(bootstrap, range(3 * WAVE, 4 * WAVE))
+    time.sleep(0.5)
+    online_stream.wait_for(lambda: _task(mark, "ps:0"), "ps:0", 60, alive).send_signal(signal.SIGKILL)
+    flow.join()
     ends = online_stream.end_offsets(bootstrap)
     online_stream.wait_for(lambda: online_stream.committed(bootstrap, GROUP) == ends, "the end offsets committed",
                            480, alive)
@@ -93,12 +100,14 @@ def test_each_message_applied_once_across_a_worker_kill_and_a_chief_restart(tmp_
     del holder
   assert not left, f"processes left behind: {left}"
   text = out.read_text()
-  assert "restarting worker:1 alone" in text and "restarting the training cluster" in text, text[-3000:]
+  assert "restarting worker:1 alone" in text, text[-3000:]
+  assert "chief:0 failed; restarting the training cluster" in text, text[-3000:]
+  assert "ps:0 failed; restarting the training cluster" in text, text[-3000:]
   assert "Stopping at step" in text, text[-3000:]
   latest = str(model_dir / "checkpoints" / f"ckpt-{_checkpoints(model_dir)[-1]}")
   counts = online_stream.counts_in(latest)
-  np.testing.assert_array_equal(counts[:3 * WAVE], np.ones(3 * WAVE))  # every message applied once, none twice
-  assert not counts[3 * WAVE:].any()
+  np.testing.assert_array_equal(counts[:4 * WAVE], np.ones(4 * WAVE))  # every message applied once, none twice
+  assert not counts[4 * WAVE:].any()
   assert stream_positions.read_positions(str(model_dir), latest) == ends
 
 

@@ -6,6 +6,7 @@ from absl import logging
 import tensorflow as tf
 
 from tfps import checks
+from tfps.errors import UsageError
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.training import loop
 from tfps.training import online
@@ -14,7 +15,8 @@ from tfps.training import tables
 
 
 def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[int] = None,
-                    checkpoint_every_secs: Optional[float] = None, stop=None) -> int:
+                    checkpoint_every_secs: Optional[float] = None, stop=None,
+                    after_checkpoint: Optional[Callable[[int], None]] = None) -> int:
   """Trains `estimator` (a `tfps.Estimator`, on the cluster) on a stream until SIGTERM (or `stop`, a
   `threading.Event`, is set; or the global step reaches `max_steps`), in async mode; returns the final step.
 
@@ -29,9 +31,14 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
     max_steps: stop when the global step reaches it (None: never).
     checkpoint_every_secs: a checkpoint at least this often while steps are trained (None: by steps alone).
     stop: an event that ends training (None: SIGTERM does).
+    after_checkpoint: `fn(step)`, called after each checkpoint (e.g. an evaluation on the newest window).
   """
   checks.positive_int("max_steps", max_steps, allow_none=True)
   config = estimator.config
+  mode = config.training_mode
+  if mode.sync_mode != "async" or mode.pipelined_updates:
+    raise UsageError(f"training on a stream needs sync_mode=async without pipelined_updates (given "
+                     f"sync_mode={mode.sync_mode}, pipelined_updates={mode.pipelined_updates})")
   latest = tf.train.latest_checkpoint(checkpoints_lib.checkpoint_dir(estimator.model_dir))
   positions = stream_positions.read_positions(estimator.model_dir, latest)
   if latest and positions is None:
@@ -55,10 +62,10 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
       model_dir=estimator.model_dir, metrics=lambda: tables.table_metrics(model.model.variables.tables))
   try:
     if stop is not None:
-      step = stream_loop.run(max_steps, stop=stop)
+      step = stream_loop.run(max_steps, after_checkpoint, stop=stop)
     else:
       with online.stop_on_sigterm() as sigterm:
-        step = stream_loop.run(max_steps, stop=sigterm)
+        step = stream_loop.run(max_steps, after_checkpoint, stop=sigterm)
   finally:
     batches.source.close()
   if max_steps is not None and step >= max_steps:
