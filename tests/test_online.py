@@ -3,6 +3,8 @@ the checkpoint's position, the offsets committed after it (sources and their bad
 
 import numpy as np
 import pytest
+import tensorflow as tf
+import tf_keras
 
 import online_stream
 import tfps
@@ -45,3 +47,26 @@ def test_a_stream_in_another_mode_is_refused_in_one_line_before_connecting(tmp_p
   estimator = tfps.Estimator(online_stream.model_fn, model_dir=str(tmp_path), config=tfps.RunConfig(**mode))
   with pytest.raises(tfps.UsageError, match="training on a stream needs sync_mode=async without pipelined_updates"):
     online.train_on_stream(estimator, make_batches=None)
+
+
+def _dynamic_model_fn(features, labels, mode):
+  """One DynamicEmbedding built on every call, as Estimator model_fns build their layers; 8192 rows of 8 floats
+  (256 KiB), so the strategy shards it over both ps as its `num_shards` says."""
+  table = tfps.layers.DynamicEmbedding(8192, 8, num_shards=2, name="ids_table")
+  logits = tf_keras.layers.Dense(1)(table(features["id"], training=mode == tfps.ModeKeys.TRAIN))[:, 0]
+  loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+  return tfps.EstimatorSpec(mode, loss=loss, optimizer=tf_keras.optimizers.legacy.Adagrad(0.5))
+
+
+def test_a_dynamic_table_trains_on_a_stream_and_admits_each_message_id_once(cluster, kafka_broker, tmp_path):
+  online_stream.produce(kafka_broker, range(1000, 1048), topic="dynamic")
+  config = tfps.RunConfig(steps_per_execution=2, save_checkpoints_steps=6, log_step_count_steps=6)
+  estimator = tfps.Estimator(_dynamic_model_fn, model_dir=str(tmp_path), config=config, cluster=cluster)
+
+  def make(positions):
+    source = kafka.KafkaSource(kafka_broker, "dynamic", group_id="dynamic", start="earliest", positions=positions)
+    return batches_lib.StreamBatches(source, online_stream.SPEC, batch_size=BATCH)
+
+  assert online.train_on_stream(estimator, make, max_steps=6) == 6
+  last = (tmp_path / "loss.log").read_text().splitlines()[-1]
+  assert "ids_table/admitted 48 |" in last, last  # each of the 48 message ids admitted once
