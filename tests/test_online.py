@@ -58,6 +58,7 @@ def _dynamic_model_fn(features, labels, mode):
   return tfps.EstimatorSpec(mode, loss=loss, optimizer=tf_keras.optimizers.legacy.Adagrad(0.5))
 
 
+@pytest.mark.slow  # ~30 s: most of it tracing the table
 def test_a_dynamic_table_trains_on_a_stream_and_admits_each_message_id_once(cluster, kafka_broker, tmp_path):
   online_stream.produce(kafka_broker, range(1000, 1048), topic="dynamic")
   config = tfps.RunConfig(steps_per_execution=2, save_checkpoints_steps=6, log_step_count_steps=6)
