@@ -19,6 +19,15 @@ def cluster():
   return tfps.testing.local_cluster(num_workers=NUM_WORKERS, num_ps=NUM_PS)
 
 
+@pytest.fixture(scope="session")
+def kafka_broker():
+  """The address of a one-broker mock Kafka cluster (librdkafka's, served on loopback by this process)."""
+  import online_stream  # pylint: disable=g-import-not-at-top  (confluent-kafka, only where a test needs it)
+  holder, bootstrap = online_stream.mock_cluster()
+  yield bootstrap
+  del holder
+
+
 @pytest.fixture
 def shared_data():
   """`../shared/data`, or a skip where the checkout has no shared data beside it."""

@@ -38,9 +38,9 @@ def define_model_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.register_validator(name, _positive_ints, message=f"--{name} must be comma-separated positive integers",
                              flag_values=flag_values)
   flags.register_validator("feature_spec", _check_feature_spec, flag_values=flag_values)
-  flags.register_multi_flags_validator(["model", "data", "data_dir", "train_files", "eval_files", "num_buckets",
-                                        "feature_spec", "embedding", "stack_tables"], _check_data,
-                                       flag_values=flag_values)
+  checked = ["model", "data", "data_dir", "train_files", "eval_files", "num_buckets", "feature_spec", "embedding",
+             "stack_tables"] + ["stream"] * ("stream" in flag_values)  # define_stream_flags first: files optional
+  flags.register_multi_flags_validator(checked, _check_data, flag_values=flag_values)
   flags_lib.declare_program_flags(flag_values, __name__)
 
 
@@ -97,7 +97,8 @@ def _check_data(values: dict) -> bool:
     raise flags.ValidationError(f"--model=retrieval needs --data=movielens (given --data={values['data']})")
   if values["data"] == "movielens" and not values["data_dir"]:
     raise flags.ValidationError("--data=movielens needs --data_dir, the MovieLens 100K folder")
-  if values["data"] in ("criteo", "csv") and not (values["train_files"] and values["eval_files"]):
+  if values["data"] in ("criteo", "csv") and not values.get("stream") and not (values["train_files"] and
+                                                                              values["eval_files"]):
     raise flags.ValidationError(f"--data={values['data']} needs --train_files and --eval_files (paths or globs)")
   if (values["data"] == "csv") != bool(values["feature_spec"]):
     raise flags.ValidationError(f"--feature_spec ({values['feature_spec']!r}) goes with --data=csv, and --data=csv "

@@ -41,6 +41,7 @@ class AsyncRunner(steps_lib.Runner):
     self._tables = None  # the variables a step gathers rows from, found at the first trace (`_gathered`)
     steps = self._pipelined_steps if self.mode.pipelined_updates else self._steps
     self.function = tf.function(steps, autograph=False)  # a step's errors surface unwrapped
+    self._given = None  # `function` for batches given as arguments (`schedule_batches`), made at its first use
     self._start = (0, 0)
 
   def _steps(self, iterator, num_steps, seq):
@@ -58,7 +59,7 @@ class AsyncRunner(steps_lib.Runner):
     unrolled = self.mode.steps_per_iteration(self.steps_per_execution)
 
     def step(index, loss_sum, examples):
-      mark, batch = self._mark(seq, index), next(iterator)
+      mark, batch = self._mark(seq, index), steps_lib.next_batch(iterator, index)
       with self._applying(slot, mark) as ps_applied, self._reading(batch):
         loss, count = self._run(self.step.run, batch, slot, mark)
         counted = exactly_once.counted_after_updates(self.step)
@@ -197,6 +198,19 @@ class AsyncRunner(steps_lib.Runner):
   def schedule(self, iterator, num_steps: int):
     return self.coordinator.schedule(self.function, args=(iterator, tf.constant(num_steps, tf.int64),
                                                           self.progress.next_sequence()))
+
+  def schedule_batches(self, stacked, num_steps: int):
+    """`schedule` for batches given as arguments: `num_steps` steps on the first batches of `stacked` (a batch
+    structure, `steps_per_execution` batches stacked; `steps_lib.GivenBatches`); a function run again after a worker
+    failure goes on with the batch of its first step not applied. Not with `pipelined_updates`."""
+    if self.mode.pipelined_updates:
+      raise UsageError("`pipelined_updates` (True) cannot train on batches given by the chief (a stream); train on "
+                       "a stream with pipelined_updates=False")
+    if self._given is None:
+      self._given = tf.function(lambda stacked, num_steps, seq: self._steps(steps_lib.GivenBatches(stacked),
+                                                                            num_steps, seq), autograph=False)
+    return self.coordinator.schedule(self._given, args=(stacked, tf.constant(num_steps, tf.int64),
+                                                        self.progress.next_sequence()))
 
   def begin(self) -> None:
     self._start = (int(self.step.counter.numpy()), self.progress.position)

@@ -97,6 +97,28 @@ class Runner:
     return int(self.step.counter.numpy())
 
 
+class GivenBatches:
+  """Batches handed to a scheduled function as its arguments (a stream read on the chief), in place of a per-worker
+  iterator: step `index` of the function takes batch `index`, also when the function runs again after a worker
+  failure from a step past its first (`next_batch`).
+
+  Args:
+    stacked: a batch structure whose tensors hold the function's batches stacked along a first dimension.
+  """
+
+  def __init__(self, stacked):
+    self.stacked = stacked
+
+  def batch_at(self, index):
+    """Batch `index` (a scalar tensor) of the stack."""
+    return tf.nest.map_structure(lambda tensor: tf.gather(tensor, index), self.stacked)
+
+
+def next_batch(iterator, index):
+  """Step `index`'s batch: batch `index` of `GivenBatches`, else `next(iterator)` (a per-worker iterator)."""
+  return iterator.batch_at(index) if isinstance(iterator, GivenBatches) else next(iterator)
+
+
 def redirected_apply_gradients(optimizer, sink: Callable):
   """While a step is traced: its `optimizer.apply_gradients(grads_and_vars, *args, **kwargs)` call applies nothing
   and returns `sink(list(grads_and_vars), *args, **kwargs)` instead (sync writes the gradients into its buffers,

@@ -1,0 +1,147 @@
+"""Stream input against file input, side by side: the Estimator path's Wide&Deep on the same Criteo-schema rows read
+from files on the workers (`tfps.data.delimited`) or from a Kafka topic by the chief (`tfps.estimator.online`:
+parsed on the chief, each scheduled function given its batches).
+
+  .venv/bin/python -m tfps.cluster.launch --num_ps=1 --num_workers=1 bench/online.py -- \
+      --out=bench/results/online/stream_vs_files.json
+
+The chief holds librdkafka's mock cluster (one broker, in its own process: loopback inside the launcher's network
+namespace) and alternates the two variants `--repeats` times, each in a fresh model_dir: `--warmup_steps` steps
+(tracing), then `--steps` timed steps. Before each stream run it writes that run's rows (the same rows the files
+hold, in file order) to a topic of its own (4 partitions; the mock broker keeps ~17,000 rows per partition, so a run
+is at most ~60,000 rows). Per run: `wall`, the timed steps' examples over their wall time (with the run's start and
+its final checkpoint), and `windows`, the median of the step log's examples/s over windows of `--log_steps` steps
+(no checkpoint in them). Medians over the runs, and stream / files for each.
+"""
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+
+import tfps  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+tfps.define_flags()
+_OUT = flags.DEFINE_string("out", None, "Where to write the results (JSON).")
+_BATCH = flags.DEFINE_integer("batch_size", 256, "Examples per step.", lower_bound=1)
+_STEPS = flags.DEFINE_integer("steps", 200, "Timed steps per run.", lower_bound=1)
+_WARMUP = flags.DEFINE_integer("warmup_steps", 40, "Steps before the timed ones.", lower_bound=1)
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Runs of each variant, alternating.", lower_bound=1)
+_SPE = flags.DEFINE_integer("steps_per_execution", 20, "Steps per scheduled function.", lower_bound=1)
+_LOG_STEPS = flags.DEFINE_integer("log_steps", 20, "Steps per step-log window.", lower_bound=1)
+
+
+def _rows(data_dir: str, needed: int):
+  from tfps.data import synthetic  # pylint: disable=g-import-not-at-top
+  spec = synthetic.SyntheticSpec(rows=needed, num_files=2, vocab_size=10_000)
+  files = synthetic.ensure_generated(data_dir, spec).files
+  lines = []
+  for path in files:
+    with open(path, "rb") as f:
+      lines.extend(f.read().splitlines()[1:])  # without the header
+  return files, lines
+
+
+def _timed(train, model_dir: str, warmup: int, steps: int) -> dict:
+  """`train(max_steps)` to `warmup`, then to `warmup + steps`: the examples/s of the latter, over its wall time and
+  (median) over its step-log windows."""
+  from tfps import run_records  # pylint: disable=g-import-not-at-top
+  train(warmup)
+  start = time.monotonic()
+  train(warmup + steps)
+  wall = steps * _BATCH.value / (time.monotonic() - start)
+  records = run_records.read_jsonl(os.path.join(run_records.run_dir(model_dir), run_records.PROGRESS_FILE))
+  windows = [r["examples_per_sec"] for r in records if r["step"] > warmup + _LOG_STEPS.value]  # the first waits
+  return {"wall": wall, "windows": statistics.median(windows)}
+
+
+def _parse_rate(make_source, spec, batches_lib, steps: int) -> float:
+  """Records/s the chief reads and parses alone (no training): `steps` batches of a topic written before."""
+  stream = batches_lib.StreamBatches(make_source(), spec, batch_size=_BATCH.value)
+  stream.next_batch(30)  # the first read connects and traces the parse
+  start = time.monotonic()
+  for _ in range(steps - 1):
+    stream.next_batch(30)
+  return (steps - 1) * _BATCH.value / (time.monotonic() - start)
+
+
+def _produce(bootstrap: str, topic: str, lines) -> None:
+  from confluent_kafka import Producer  # pylint: disable=g-import-not-at-top
+  producer = Producer({"bootstrap.servers": bootstrap, "log_level": 2, "linger.ms": 50})
+  for index, line in enumerate(lines):
+    producer.produce(topic, value=line, partition=index % 4)
+    if index % 10_000 == 0:
+      producer.poll(0)
+  producer.flush(120)
+
+
+def run_chief(cluster):
+  from confluent_kafka import Producer  # pylint: disable=g-import-not-at-top
+  from tfps.data import criteo, delimited  # pylint: disable=g-import-not-at-top
+  from tfps.data.stream import batches, kafka  # pylint: disable=g-import-not-at-top
+  from tfps.estimator import online  # pylint: disable=g-import-not-at-top
+  from tfps.models import model_fns  # pylint: disable=g-import-not-at-top
+
+  per_run = (_WARMUP.value + _STEPS.value) * _BATCH.value
+  work = tempfile.mkdtemp(prefix="tfps_online_bench_")
+  files, lines = _rows(os.path.join(work, "data"), per_run)
+  spec = criteo.criteo_spec(criteo.guess_format(files), 10_000)
+  holder = Producer({"test.mock.num.brokers": 1, "log_level": 2})
+  bootstrap = ",".join(f"{b.host}:{b.port}" for b in holder.list_topics(timeout=10).brokers.values())
+  categorical, dense = criteo.feature_spec(10_000)
+  model_fn = model_fns.build_model_fn("wide_deep", categorical, dense, stack_tables=True)
+  config = tfps.RunConfig(steps_per_execution=_SPE.value, save_checkpoints_steps=10_000,
+                          log_step_count_steps=_LOG_STEPS.value)
+  train_fn = delimited.delimited_dataset_fn(files, spec, batch_size=_BATCH.value, shuffle_buffer=0, scan=False)
+  results = {"files": [], "stream": []}
+  for repeat in range(_REPEATS.value):
+    for variant in ("files", "stream") if repeat % 2 == 0 else ("stream", "files"):
+      model_dir = os.path.join(work, f"{variant}-{repeat}")
+      estimator = tfps.Estimator(model_fn, model_dir=model_dir, config=config, cluster=cluster)
+      if variant == "files":
+        train = lambda steps: estimator.train(train_fn, max_steps=steps)  # pylint: disable=cell-var-from-loop
+      else:
+        topic = f"criteo-{repeat}"
+        _produce(bootstrap, topic, lines[:per_run])
+
+        def make(positions, topic=topic):
+          source = kafka.KafkaSource(bootstrap, topic, group_id="bench", start="earliest", positions=positions)
+          return batches.StreamBatches(source, spec, batch_size=_BATCH.value)
+
+        train = lambda steps: online.train_on_stream(  # pylint: disable=cell-var-from-loop
+            estimator, make, max_steps=steps)
+      rates = _timed(train, model_dir, _WARMUP.value, _STEPS.value)
+      results[variant].append(rates)
+      print(f"{variant} run {repeat}: {rates['wall']:,.0f} examples/s over the wall time, {rates['windows']:,.0f} "
+            "in the step-log windows", flush=True)
+  summary_parse = _parse_rate(make_source=lambda: kafka.KafkaSource(bootstrap, "criteo-0", group_id="parse",
+                                                                      start="earliest"),
+                              spec=spec, batches_lib=batches, steps=_WARMUP.value + _STEPS.value - 1)
+  median = {variant: {kind: statistics.median(run[kind] for run in runs) for kind in ("wall", "windows")}
+            for variant, runs in results.items()}
+  summary = {"batch_size": _BATCH.value, "steps": _STEPS.value, "warmup_steps": _WARMUP.value,
+             "steps_per_execution": _SPE.value, "log_steps": _LOG_STEPS.value,
+             "cluster": f"{cluster.num_ps} ps + {cluster.num_workers} worker", "examples_per_sec": results,
+             "median": median,
+             "chief_reads_and_parses_records_per_sec": summary_parse,
+             "stream_over_files": {kind: median["stream"][kind] / median["files"][kind]
+                                   for kind in ("wall", "windows")}}
+  print(json.dumps(summary, indent=1), flush=True)
+  if _OUT.value:
+    with open(_OUT.value, "w", encoding="utf-8") as f:
+      json.dump(summary, f, indent=1)
+
+
+def main(argv):
+  del argv
+  tfps.run_task(run_chief, cluster=tfps.config_from_flags())
+
+
+if __name__ == "__main__":
+  tfps.run_main(main)

@@ -1,0 +1,121 @@
+"""Stream sources (tfps.data.stream) and their bad input, without a cluster: the mock Kafka cluster of
+tests/online_stream.py, folders of slices, records parsed with a feature spec."""
+
+import os
+import time
+
+import portpicker
+import pytest
+
+import online_stream
+from tfps.data.stream import batches as batches_lib
+from tfps.data.stream import folder as folder_lib
+from tfps.data.stream import kafka
+from tfps.data.stream.sources import BrokerUnreachableError, MalformedRecordError, StreamError
+
+
+def _source(bootstrap, topic, **kwargs):
+  kwargs.setdefault("start", "earliest")
+  return kafka.KafkaSource(bootstrap, topic, group_id=f"group-{topic}", connect_timeout_secs=10, **kwargs)
+
+
+def _read_all(source, expected, timeout_secs=20):
+  records, deadline = [], time.monotonic() + timeout_secs
+  while len(records) < expected and time.monotonic() < deadline:
+    records += source.read(100, 0.5)
+  return records
+
+
+def test_an_unreachable_broker_is_named_and_retried_until_the_connect_timeout():
+  address = f"127.0.0.1:{portpicker.pick_unused_port()}"
+  start = time.monotonic()
+  with pytest.raises(BrokerUnreachableError, match=f"no broker at {address} answered within 2 s"):
+    kafka.KafkaSource(address, "clicks", connect_timeout_secs=2, options={"log_level": 0})
+  assert time.monotonic() - start < 20
+
+
+def test_a_missing_topic_or_partition_is_one_line(kafka_broker):
+  with pytest.raises(StreamError, match="topic 'absent' not found"):
+    _source(kafka_broker, "absent")
+  online_stream.produce(kafka_broker, range(4), topic="four")
+  with pytest.raises(StreamError, match=r"partition\(s\) \[9\] not in the topic \(it has \[0, 1, 2, 3\]\)"):
+    _source(kafka_broker, "four", partitions=[9])
+
+
+def test_stream_start_earliest_latest_and_committed(kafka_broker):
+  online_stream.produce(kafka_broker, range(8), topic="starts")
+  assert len(_read_all(_source(kafka_broker, "starts"), 8)) == 8
+  with pytest.raises(StreamError, match="no committed offset for this group; start with --stream_start=earliest"):
+    _source(kafka_broker, "starts", start="committed")
+  latest = _source(kafka_broker, "starts", start="latest")
+  assert latest.read(100, 1.0) == []
+  online_stream.produce(kafka_broker, range(8, 10), topic="starts")
+  assert sorted(r.value for r in _read_all(latest, 2)) == [b"8,0,1.5", b"9,1,1.5"]
+  latest.commit(latest.positions())
+  assert _source(kafka_broker, "starts", start="committed").positions() == latest.positions()
+
+
+def test_malformed_records_are_counted_and_skipped_or_stop_a_strict_stream(kafka_broker):
+  online_stream.produce(kafka_broker, [], extra=[b"1,1,1.5", b"not,a,number", b"2,0", b"3,0,2.5"], topic="bad")
+  stream = batches_lib.StreamBatches(_source(kafka_broker, "bad", partitions=[0]), online_stream.SPEC, batch_size=2)
+  batch = stream.next_batch(10)
+  assert batch.element[0]["id"].numpy().tolist() == [1, 3]
+  assert (stream.malformed, batch.positions) == (2, {"0": 4})
+  strict = batches_lib.StreamBatches(_source(kafka_broker, "bad", partitions=[0]), online_stream.SPEC, batch_size=2,
+                                     strict=True)
+  with pytest.raises(MalformedRecordError, match=r"record bad/0@1 is malformed: b'not,a,number'"):
+    strict.next_batch(10)
+
+
+def test_json_records_are_read_by_the_spec_columns(kafka_broker):
+  records = [b'{"id": 5, "label": 1, "price": 3}', b'{"id": 6, "label": 0}', b"[1]"]
+  online_stream.produce(kafka_broker, [], extra=records, topic="json")
+  stream = batches_lib.StreamBatches(_source(kafka_broker, "json", partitions=[0]), online_stream.SPEC, batch_size=2,
+                                     record_format="json")
+  features, label = stream.next_batch(10).element
+  assert features["id"].numpy().tolist() == [5, 6] and label.numpy().tolist() == [1, 0]
+  assert stream.malformed == 1  # the array is not an object (records are checked as they are read)
+  assert stream.next_batch(0.5) is None
+
+
+def _write(folder, name, lines, done=True):
+  with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
+    f.write("".join(line + "\n" for line in lines))
+  if done:
+    open(os.path.join(folder, name + ".done"), "w", encoding="utf-8").close()
+
+
+def test_a_folder_slice_is_read_once_complete_in_order_and_resumed_at_its_line(tmp_path):
+  _write(tmp_path, "slice-2.csv", ["3,1,1", "4,0,1"], done=False)
+  _write(tmp_path, "slice-1.csv", ["1,1,1", "2,0,1"])
+  source = folder_lib.FolderSource(str(tmp_path), pattern="slice-*.csv", poll_secs=0.05)
+  assert [r.where for r in source.read(10, 0.3)] == ["slice-1.csv:1", "slice-1.csv:2"]
+  assert source.read(10, 0.3) == []  # slice-2 has no marker yet
+  open(tmp_path / "slice-2.csv.done", "w", encoding="utf-8").close()
+  assert [r.value for r in source.read(1, 1.0)] == [b"3,1,1"]
+  resumed = folder_lib.FolderSource(str(tmp_path), pattern="slice-*.csv", positions=source.positions())
+  assert [r.value for r in resumed.read(10, 0.3)] == [b"4,0,1"]
+
+
+def test_a_renamed_slice_is_complete_and_a_vanished_one_is_named(tmp_path):
+  _write(tmp_path, ".slice-1.csv.tmp", ["1,1,1"], done=False)
+  source = folder_lib.FolderSource(str(tmp_path), complete="rename", poll_secs=0.05)
+  assert source.read(10, 0.3) == []
+  os.rename(tmp_path / ".slice-1.csv.tmp", tmp_path / "slice-1.csv")
+  assert [r.value for r in source.read(10, 1.0)] == [b"1,1,1"]
+  os.remove(tmp_path / "slice-1.csv")
+  with pytest.raises(StreamError, match=r"slice 'slice-1.csv', read up to line 1, has vanished"):
+    folder_lib.FolderSource(str(tmp_path), complete="rename", positions=source.positions())
+
+
+def test_stream_flags_name_what_a_source_needs():
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from tfps import flags as tfps_flags  # pylint: disable=g-import-not-at-top
+  for argv, message in ((["--stream=kafka"], "--stream=kafka needs --kafka_bootstrap and --kafka_topic"),
+                        (["--stream=folder"], "--stream=folder needs --stream_folder"),
+                        (["--stream=kafka", "--kafka_bootstrap=h:1", "--kafka_topic=t", "--kafka_partitions=a"],
+                         r"--kafka_partitions \(a\) must be partition numbers")):
+    flag_values = flags.FlagValues()
+    tfps_flags.define_stream_flags(flag_values)
+    with pytest.raises(flags.IllegalFlagValueError, match=message):
+      flag_values(["prog", *argv])

@@ -1,0 +1,73 @@
+"""Online training on the Estimator path: a model_fn trained without end on a stream (`tfps.training.online`)."""
+
+from typing import Callable, Optional
+
+from absl import logging
+import tensorflow as tf
+
+from tfps import checks
+from tfps.errors import UsageError
+from tfps.training import checkpoints as checkpoints_lib
+from tfps.training import loop
+from tfps.training import online
+from tfps.training import stream_positions
+from tfps.training import tables
+
+
+def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[int] = None,
+                    checkpoint_every_secs: Optional[float] = None, stop=None,
+                    after_checkpoint: Optional[Callable[[int], None]] = None) -> int:
+  """Trains `estimator` (a `tfps.Estimator`, on the cluster) on a stream until SIGTERM (or `stop`, a
+  `threading.Event`, is set; or the global step reaches `max_steps`), in async mode; returns the final step.
+
+  Every message is applied exactly once, across lost workers, ps and chief restarts: each checkpoint holds the
+  stream position after the last example it holds, and a restarted chief reads on from the newest checkpoint's.
+
+  Args:
+    estimator: the `tfps.Estimator`; its `RunConfig` gives `save_checkpoints_steps`, `log_step_count_steps`,
+      `steps_per_execution` and the training mode (async only).
+    make_batches: `fn(positions) -> tfps.data.stream.batches.StreamBatches`, the stream's batches starting at
+      `positions` (the newest checkpoint's, or None: the stream's own start).
+    max_steps: stop when the global step reaches it (None: never).
+    checkpoint_every_secs: a checkpoint at least this often while steps are trained (None: by steps alone).
+    stop: an event that ends training (None: SIGTERM does).
+    after_checkpoint: `fn(step)`, called after each checkpoint (e.g. an evaluation on the newest window).
+  """
+  checks.positive_int("max_steps", max_steps, allow_none=True)
+  config = estimator.config
+  mode = config.training_mode
+  if mode.sync_mode != "async" or mode.pipelined_updates:
+    raise UsageError(f"training on a stream needs sync_mode=async without pipelined_updates (given "
+                     f"sync_mode={mode.sync_mode}, pipelined_updates={mode.pipelined_updates})")
+  latest = tf.train.latest_checkpoint(checkpoints_lib.checkpoint_dir(estimator.model_dir))
+  positions = stream_positions.read_positions(estimator.model_dir, latest)
+  if latest and positions is None:
+    logging.warning("%s holds no stream position (it was not trained on a stream); the stream starts where its "
+                    "source starts", latest)
+  batches = make_batches(positions)
+  spec = batches.element_spec
+
+  def placeholder_input_fn():  # a batch of zeros on each worker, only to trace the step that creates the variables
+    return tf.data.Dataset.from_tensors(tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), spec)).repeat()
+
+  model = estimator.distributed_model()
+  manager = model.prepare(placeholder_input_fn)
+  checkpoints_lib.clear_final_marker(estimator.model_dir)
+  logging.info("Training on %s from step %d (%s)", batches.source.name, int(model.global_step.numpy()),
+               config.training_mode.describe(model.cluster.num_workers))
+  stream_loop = online.StreamLoop(
+      batches=batches, checkpoint_every_secs=checkpoint_every_secs, runner=model.runner, checkpoint_manager=manager,
+      config=loop.LoopConfig(log_every_steps=config.log_step_count_steps,
+                             checkpoint_every_steps=config.save_checkpoints_steps),
+      model_dir=estimator.model_dir, metrics=lambda: tables.table_metrics(model.model.variables.tables))
+  try:
+    if stop is not None:
+      step = stream_loop.run(max_steps, after_checkpoint, stop=stop)
+    else:
+      with online.stop_on_sigterm() as sigterm:
+        step = stream_loop.run(max_steps, after_checkpoint, stop=sigterm)
+  finally:
+    batches.source.close()
+  if max_steps is not None and step >= max_steps:
+    checkpoints_lib.write_final_marker(estimator.model_dir, manager.latest_checkpoint, step=step)
+  return step

@@ -1,0 +1,163 @@
+"""Online training: the chief reads a stream and hands each scheduled function its batches; runs without end.
+
+Under ParameterServerStrategy a dataset function runs as a graph on the workers, where a Python generator hangs
+(tensorflow#48957), and TensorFlow 2.21 has no Kafka op. So the chief reads the stream (`tfps.data.stream`), parses
+it into batches, and schedules each function of the async runner with its batches as arguments
+(`AsyncRunner.schedule_batches`). A function run again after a worker failure gets the same batches and goes on at
+its first step not applied (the runner's exactly-once records), so after each join of the coordinator every batch
+fed was applied exactly once, and the position after the last one is the position of the checkpoint saved there
+(`tfps.training.stream_positions`). Offsets are committed to the source (the Kafka consumer group) only after that
+checkpoint. A chief restarted restores the newest checkpoint and reads on from its position: the updates applied
+after it (by steps whose functions ran after the checkpoint) are overwritten by the restore, so each message
+counts once in the model however the chief, a worker or a ps was lost.
+
+The loop saves every `checkpoint_every_steps` steps, after `checkpoint_every_secs`, and whenever the stream pauses
+with steps not saved yet; SIGTERM (`stop_on_sigterm`) ends it after the steps in flight, with a checkpoint and a
+commit. See docs/online.md.
+"""
+
+import collections
+import contextlib
+import signal
+import threading
+import time
+from typing import Callable, Optional
+
+from absl import logging
+import tensorflow as tf
+
+from tfps import run_records
+from tfps.errors import UsageError
+from tfps.training import loop as loop_lib
+from tfps.training import stream_positions
+
+_WAIT_SECS = 0.5  # the longest a step waits for its batch before the loop looks for a stop, a save and a log
+
+
+@contextlib.contextmanager
+def stop_on_sigterm():
+  """Yields a `threading.Event` set on SIGTERM (in the main thread; elsewhere, never set by a signal)."""
+  stop = threading.Event()
+  if threading.current_thread() is not threading.main_thread():
+    yield stop
+    return
+  previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+  try:
+    yield stop
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+
+
+class StreamLoop(loop_lib.TrainLoop):
+  """Trains on `batches` (a `tfps.data.stream.batches.StreamBatches`) until `stop` is set or `max_steps` is reached.
+
+  Takes `TrainLoop`'s arguments but `iterator`; `config.checkpoint_every_steps` and `checkpoint_every_secs` set the
+  checkpoints. The runner must take batches as arguments (`schedule_batches`: the async runner).
+  """
+
+  def __init__(self, *, batches, checkpoint_every_secs: Optional[float] = None, **kwargs):
+    super().__init__(iterator=None, **kwargs)
+    if not hasattr(self._runner, "schedule_batches"):
+      raise UsageError(f"training on a stream needs sync_mode=async (the runner is {type(self._runner).__name__})")
+    self._batches = batches
+    self._fed_positions = batches.positions()  # the position after the last batch scheduled
+    self._ready = collections.deque()  # batches read ahead while the last chunk's functions ran, not scheduled yet
+    self._every_secs = checkpoint_every_secs
+    self._stop: Callable[[], bool] = lambda: False
+    given = self._metrics
+    self._metrics = lambda: {**(given() if given is not None else {}), **self.stream_metrics()}
+
+  def run(self, max_steps: Optional[int] = None, after_checkpoint=None, stop: Optional[threading.Event] = None) -> int:
+    """Trains until `stop` is set (None: never) or the global step reaches `max_steps`; returns the final step."""
+    self._stop = stop.is_set if stop is not None else (lambda: False)
+    step = self.step
+    self._records = run_records.RunRecorder(self._model_dir, start_step=step)
+    self._examples, self._loss, self._last_metrics = 0, None, {}
+    saved, saved_time, clock = step, time.monotonic(), (time.monotonic(), step)
+    while not self._stop() and (max_steps is None or step < max_steps):
+      boundary = (step // self._config.log_every_steps + 1) * self._config.log_every_steps
+      fed, loss_sum, examples, paused = self._run_chunk_fed(min(boundary, max_steps or boundary) - step)
+      step = self.step
+      if fed:
+        clock = self._log(step, loss_sum, examples, clock, max_steps)
+      due = (step >= saved + self._config.checkpoint_every_steps or step == max_steps or
+             (self._every_secs is not None and time.monotonic() - saved_time >= self._every_secs) or paused)
+      if due and step != saved:
+        self._save_with_positions(step, after_checkpoint)
+        saved, saved_time, clock = step, time.monotonic(), (time.monotonic(), step)
+    if self._stop():
+      logging.info("Stopping at step %d: the steps in flight ended; saving and committing the stream position", step)
+    if step != saved:
+      self._save_with_positions(step, after_checkpoint)
+    self._writer.flush()
+    self._records.finish(step, {} if self._loss is None else {"loss": self._loss, **self._last_metrics},
+                         examples=self._examples, tensorboard=self._model_dir)
+    return step
+
+  def _run_chunk_fed(self, num_steps: int):
+    """Schedules up to `num_steps` steps on the stream's next batches, joins and settles: `(steps fed, loss sum,
+    examples, paused)`, `paused` where the stream gave no batch for a while."""
+    runner = self._runner
+    runner.begin()
+    since, results, fed, paused = runner.progress.position, [], 0, False
+    while fed < num_steps and not self._stop():
+      wanted = min(runner.steps_per_execution, num_steps - fed)
+      batches = []
+      while len(batches) < wanted and not self._stop():
+        batch = self._ready.popleft() if self._ready else self._batches.next_batch(_WAIT_SECS)
+        if batch is None:
+          paused = True
+          break
+        batches.append(batch)
+      if batches:
+        results.append(runner.schedule_batches(_stacked(batches, runner.steps_per_execution), len(batches)))
+        self._fed_positions = batches[-1].positions
+        fed += len(batches)
+      if paused or not batches:
+        break
+    self._read_ahead(runner.steps_per_execution)
+    runner.coordinator.join()
+    runner.settle()
+    applied = runner.progress.steps_recorded(since)
+    if applied != fed:  # the coordinator re-runs a lost worker's functions, so after a join each one has ended
+      raise RuntimeError(f"{fed} steps were fed from the stream and {applied} recorded as applied")
+    loss_sum, examples = 0.0, 0
+    for result in results:
+      loss, count = result.fetch()
+      loss_sum, examples = loss_sum + float(loss), examples + int(count)
+    return fed, loss_sum, examples, paused
+
+  def _read_ahead(self, count: int) -> None:
+    """While the functions just scheduled run: reads up to `count` batches the stream has now, for the next chunk
+    (their records are not in a checkpoint's position before they are scheduled and applied)."""
+    while len(self._ready) < count and not self._stop():
+      batch = self._batches.next_batch(0.0)
+      if batch is None:
+        return
+      self._ready.append(batch)
+
+  def _save_with_positions(self, step: int, after_checkpoint) -> None:
+    """The checkpoint of `step` with the position after every batch scheduled (all applied: the loop joined), then
+    the commit of that position to the source."""
+    positions = self._fed_positions
+    stream_positions.write_positions(self._model_dir, step, positions, self._batches.source.name)
+    self._save(step, after_checkpoint)
+    self._batches.source.commit(positions)
+    stream_positions.prune_positions(self._model_dir, self._manager.checkpoints)
+
+  def stream_metrics(self) -> dict:
+    """Lag and malformed records, for the progress lines: `lag_messages` (where the source counts them),
+    `lag_secs`, `malformed_records`."""
+    messages, seconds = self._batches.lag(self._fed_positions)
+    metrics = {"lag_secs": round(float(seconds), 3), "malformed_records": self._batches.malformed}
+    if messages is not None:
+      metrics["lag_messages"] = messages
+    return metrics
+
+
+def _stacked(batches, size: int):
+  """The batches' elements stacked along a new first dimension, padded to `size` with the last one (the padding is
+  never trained on: the function runs only the steps it is given)."""
+  elements = [batch.element for batch in batches]
+  elements += [elements[-1]] * (size - len(elements))
+  return tf.nest.map_structure(lambda *tensors: tf.stack(tensors), *elements)
