@@ -2,7 +2,7 @@
 from files on the workers (`tfps.data.delimited`) or from a Kafka topic by the chief (`tfps.estimator.online`:
 parsed on the chief, each scheduled function given its batches).
 
-  .venv/bin/python -m tfps.cluster.launch --num_ps=1 --num_workers=1 bench/online.py -- \
+  .venv/bin/python -m tfps.cli.launch --num_ps=1 --num_workers=1 bench/online.py -- \
       --out=bench/results/online/stream_vs_files.json
 
 The chief holds librdkafka's mock cluster (one broker, in its own process: loopback inside the launcher's network

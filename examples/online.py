@@ -1,7 +1,7 @@
 """Online training on a click stream whose click model drifts: the AUC on the newest held-out clicks drops at each drift
 and recovers as training goes on.
 
-  python -m tfps.cluster.launch --num_ps=1 --num_workers=2 examples/online.py
+  python -m tfps.cli.launch --num_ps=1 --num_workers=2 examples/online.py
 
 The chief starts a Kafka broker of its own (librdkafka's mock cluster, in its process) and a producer thread that
 writes clicks of users on items: a click's chance comes from a planted score per item that is drawn anew at each

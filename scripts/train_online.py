@@ -15,8 +15,8 @@ import dataclasses
 from absl import flags
 
 import tfps
-from tfps import flags as tfps_flags
-from tfps.models import flags as model_flags
+from tfps.cli import flags as tfps_flags
+from tfps.cli import model_flags
 
 tfps.define_flags()
 tfps.define_mode_flags()

@@ -219,11 +219,15 @@ FIGURES = (
     Figure("raw ids without hashing", "with `--bf16_rows` {:.2f}x the bytes", "dynamic_embedding_measured_bf16.json",
            lambda: (_json("dynamic_embedding_measured_bf16.json")["experiments"]["bf16_rows"]["summary"]
                     ["bytes_bf16_vs_float32"],)),
+    Figure("stream input against file input", "{:.2f}x the examples/s", "online/stream_vs_files.json",
+           lambda: (_json("online/stream_vs_files.json")["stream_over_files"]["windows"],)),
     Figure("raw ids without hashing", "{:+.3f} AUC over hashed tables", "dynamic_embedding_measured_movielens.json",
            lambda: (_json("dynamic_embedding_measured_movielens.json")["experiments"]["movielens"]["summary"]
                     ["auc_dynamic_minus_hashed"],)),
 )
 BOUNDS = (
+    Bound("online training on a Kafka stream", "each of 4 waves of 320 messages counted once",
+          "tests/test_online_processes.py", ("WAVE = 320", "np.ones(4 * WAVE)")),
     Bound("the main job", "validation AUC above 0.6 after 2 epochs of 60 steps", "tests/test_jobs.py",
           ("assert val_auc > 0.6", '"--epochs=2", "--steps_per_epoch=60"')),
     Bound("a model of your own", "held-out AUC of at least 0.80", "tests/test_docs.py",

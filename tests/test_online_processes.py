@@ -60,7 +60,7 @@ def test_each_message_applied_once_across_worker_chief_and_ps_kills(tmp_path, su
   holder, bootstrap = online_stream.mock_cluster()
   model_dir, out, mark = tmp_path / "run", tmp_path / "out.txt", uuid.uuid4().hex
   env = dict(subprocess_env, **{marked_processes.MARK: mark})
-  command = [sys.executable, "-m", "tfps.cluster.launch", "--num_workers=2", "--num_ps=1", "--max_restarts=3",
+  command = [sys.executable, "-m", "tfps.cli.launch", "--num_workers=2", "--num_ps=1", "--max_restarts=3",
              "--expose_ports",  # the mock brokers listen in this network namespace: tasks run in it too
              f"--log_dir={tmp_path / 'logs'}", "tests/fixtures/online_count_train.py", "--",
              f"--model_dir={model_dir}", f"--bootstrap={bootstrap}", f"--group={GROUP}"]
@@ -122,7 +122,7 @@ def test_the_online_script_trains_a_bundled_model_on_a_folder_stream(tmp_path, s
     rows = (["bad,row"] if index else []) + [f"{i},{i % 2},{i / 10}" for i in ids]
     (slices / f"clicks-{index}.csv").write_text("".join(row + "\n" for row in rows))
     (slices / f"clicks-{index}.csv.done").write_text("")
-  command = [sys.executable, "-m", "tfps.cluster.launch", "--num_workers=1", "--num_ps=1",
+  command = [sys.executable, "-m", "tfps.cli.launch", "--num_workers=1", "--num_ps=1",
              f"--log_dir={tmp_path / 'logs'}", "scripts/train_online.py", "--", "--stream=folder",
              f"--stream_folder={slices}", "--data=csv", f"--feature_spec={spec}", "--batch_size=16", "--max_steps=8",
              "--steps_per_execution=2", "--save_checkpoints_steps=4", "--log_step_count_steps=2",

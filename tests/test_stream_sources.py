@@ -110,7 +110,7 @@ def test_a_renamed_slice_is_complete_and_a_vanished_one_is_named(tmp_path):
 
 def test_stream_flags_name_what_a_source_needs():
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from tfps import flags as tfps_flags  # pylint: disable=g-import-not-at-top
+  from tfps.cli import flags as tfps_flags  # pylint: disable=g-import-not-at-top
   for argv, message in ((["--stream=kafka"], "--stream=kafka needs --kafka_bootstrap and --kafka_topic"),
                         (["--stream=folder"], "--stream=folder needs --stream_folder"),
                         (["--stream=kafka", "--kafka_bootstrap=h:1", "--kafka_topic=t", "--kafka_partitions=a"],

@@ -72,13 +72,13 @@ class DistributedModel:
       logging.info("Restored %s; resuming at step %d", restored, int(self.global_step.numpy()))
     self.runner = self.chief.build_runner(self.model.step(self.global_step), self._config.steps_per_execution)
 
-  def prepare(self, input_fn: Callable) -> tf.train.CheckpointManager:
+  def prepare(self, input_fn: Callable) -> checkpoints_lib.CheckpointWriter:
     """What the first `train` does before its steps: creates the variables on a batch of `input_fn`, restores the
     newest checkpoint and builds the runner (for a caller that feeds the steps itself: `tfps.estimator.online`);
-    returns the checkpoint manager."""
-    if self._manager is None:
+    returns the checkpoint writer."""
+    if self._checkpoints is None:
       self._build(self._per_worker_iterator(input_fn))
-    return self._manager
+    return self._checkpoints
 
   def train(self, input_fn: Callable, max_steps: Optional[int] = None, steps: Optional[int] = None,
             after_checkpoint: Optional[Callable[[int], None]] = None) -> int:

@@ -35,16 +35,8 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
   """
   checks.positive_int("max_steps", max_steps, allow_none=True)
   config = estimator.config
-  mode = config.training_mode
-  if mode.sync_mode != "async" or mode.pipelined_updates:
-    raise UsageError(f"training on a stream needs sync_mode=async without pipelined_updates (given "
-                     f"sync_mode={mode.sync_mode}, pipelined_updates={mode.pipelined_updates})")
-  latest = tf.train.latest_checkpoint(checkpoints_lib.checkpoint_dir(estimator.model_dir))
-  positions = stream_positions.read_positions(estimator.model_dir, latest)
-  if latest and positions is None:
-    logging.warning("%s holds no stream position (it was not trained on a stream); the stream starts where its "
-                    "source starts", latest)
-  batches = make_batches(positions)
+  _check_mode(config.mode)
+  batches = make_batches(_newest_positions(estimator.model_dir))
   spec = batches.element_spec
 
   def placeholder_input_fn():  # a batch of zeros on each worker, only to trace the step that creates the variables
@@ -52,9 +44,9 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
 
   model = estimator.distributed_model()
   manager = model.prepare(placeholder_input_fn)
-  checkpoints_lib.clear_final_marker(estimator.model_dir)
+  manager.begin()
   logging.info("Training on %s from step %d (%s)", batches.source.name, int(model.global_step.numpy()),
-               config.training_mode.describe(model.cluster.num_workers))
+               config.mode.describe(model.cluster.num_workers))
   stream_loop = online.StreamLoop(
       batches=batches, checkpoint_every_secs=checkpoint_every_secs, runner=model.runner, checkpoint_manager=manager,
       config=loop.LoopConfig(log_every_steps=config.log_step_count_steps,
@@ -69,5 +61,23 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
   finally:
     batches.source.close()
   if max_steps is not None and step >= max_steps:
-    checkpoints_lib.write_final_marker(estimator.model_dir, manager.latest_checkpoint, step=step)
+    manager.finish()
   return step
+
+
+def _check_mode(mode) -> None:
+  """Training on a stream is async without pipelined updates (a one-line `UsageError` otherwise)."""
+  if mode.sync_mode != "async" or mode.pipelined_updates:
+    raise UsageError(f"training on a stream needs sync_mode=async without pipelined_updates (given "
+                     f"sync_mode={mode.sync_mode}, pipelined_updates={mode.pipelined_updates})")
+
+
+def _newest_positions(model_dir: str):
+  """The stream position the newest checkpoint of `model_dir` holds (None: no checkpoint, or one not trained on a
+  stream: the stream starts where its source starts)."""
+  latest = tf.train.latest_checkpoint(checkpoints_lib.checkpoint_dir(model_dir))
+  positions = stream_positions.read_positions(model_dir, latest)
+  if latest and positions is None:
+    logging.warning("%s holds no stream position (it was not trained on a stream); the stream starts where its "
+                    "source starts", latest)
+  return positions
