@@ -115,6 +115,10 @@ def test_keras_path_with_packet_loss_a_worker_and_a_ps_cut_off(make_cluster, tmp
   for task in TRAINING:  # the restart policy: the same commands again
     cluster.restart(task)
   assert cluster.wait(CHIEF, timeout_secs=300) == 0, cluster.log(CHIEF)[-3000:]
+  # The 1% loss was in effect for the whole run: every training task's host had packets dropped (the rules were made
+  # just before the tasks started).
+  faults = cluster.fault_counts()
+  assert all(faults[host_cluster_lib.task_label(task)]["dropped"] > 0 for task in TRAINING), faults
   final = json.loads((model_dir / "checkpoints" / "FINAL").read_text())
   assert final["step"] == epochs * steps
   resumed = re.findall(r"Resumed from the backup at epoch (\d+)/", cluster.log(CHIEF))
