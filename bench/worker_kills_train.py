@@ -14,6 +14,7 @@ from tfps.testing import applied_steps
 import tensorflow as tf
 import tf_keras
 
+tfps.define_flags()  # the cluster (tfps-launch's TF_CONFIG, or --job_name, --ps_hosts, ... on test hosts)
 tfps.define_mode_flags()  # e.g. --pipelined_updates
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Checkpoints and backups.", required=True)
 _EPOCHS = flags.DEFINE_integer("epochs", 4, "Epochs.", lower_bound=1)
@@ -41,12 +42,13 @@ def train_dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Datas
 
 def main(argv):
   del argv
-  tfps.run_task(train)  # the cluster: tfps-launch's TF_CONFIG
+  mode, strategy_options = tfps.mode_from_flags(), tfps.strategy_options_from_flags()
 
+  def train(cluster):
+    tfps.fit(build_model, train_dataset_fn, epochs=_EPOCHS.value, steps_per_epoch=_STEPS.value,
+             model_dir=_MODEL_DIR.value, cluster=cluster, sync_mode=mode, **strategy_options)
 
-def train(cluster):
-  tfps.fit(build_model, train_dataset_fn, epochs=_EPOCHS.value, steps_per_epoch=_STEPS.value,
-           model_dir=_MODEL_DIR.value, cluster=cluster, sync_mode=tfps.mode_from_flags())
+  tfps.run_task(train, cluster=tfps.config_from_flags(), **tfps.server_options_from_flags())
 
 
 if __name__ == "__main__":
