@@ -1,7 +1,7 @@
 """Chaos under tfps-launch with real processes: SIGKILL workers, the ps, the chief; SIGTERM the launcher.
 
 Each run trains scripts/train_keras.py, or a model that counts on every ps the steps applied there
-(bench/worker_kills_train.py, tests/fixtures/counting_estimator.py: `tfps.testing.applied_steps`), for 4 epochs; the
+(bench/worker_kills_train.py, or the example scripts with --count_applied_steps: `tfps.testing.applied_steps`), for 4 epochs; the
 steps it counted are the step counter the chief records in the FINAL marker, the steps applied are each ps's
 counter in the final checkpoint. Runs that claim an exact count under failures run the counting models on 2 ps and
 assert both: the step counter is settled from the ps's records (`tfps.training.exactly_once`), so alone it would not
@@ -36,13 +36,13 @@ TWO_PS = "--num_ps=2"
 # The ps is killed after the checkpoint at step 1500 and must be restored from it, not from the next one (2000): the
 # run ends there, so no step runs that the assertions do not need.
 ESTIMATOR_STEPS = 2000
-ESTIMATOR_ARGS = ("tests/fixtures/counting_estimator.py", "--", f"--max_steps={ESTIMATOR_STEPS}",
-                  "--save_checkpoints_steps=500")
+ESTIMATOR_ARGS = ("scripts/train_estimator.py", "--", f"--max_steps={ESTIMATOR_STEPS}", "--save_checkpoints_steps=500",
+                  "--noinline_eval", "--count_applied_steps")
 
 
-def on_each_ps(steps):
-  """What `Run.applied` gives where each of the 2 ps applied `steps` steps."""
-  return {"ps:0": steps, "ps:1": steps}
+def on_each_ps(steps, num_ps=2):
+  """What `Run.applied` gives where each of the `num_ps` ps applied `steps` steps."""
+  return {f"ps:{index}": steps for index in range(num_ps)}
 
 
 class Run:
@@ -190,7 +190,7 @@ def test_ps_or_chief_killed_resumes_from_the_backup(run):
 
 
 def test_ps_killed_after_training_ended_does_not_train_again(run):
-  job = run()
+  job = run(script_args=["--count_applied_steps"])
   final_marker = job.model_dir / "checkpoints" / "FINAL"
   deadline = time.monotonic() + 300
   while not final_marker.exists():
@@ -204,6 +204,7 @@ def test_ps_killed_after_training_ended_does_not_train_again(run):
   assert "Training already finished in" in output
   assert "epoch 1/4" not in output.split("restart 1/3")[1]  # no epoch trained again
   assert final["step"] == EPOCHS * STEPS
+  assert job.applied(final) == on_each_ps(EPOCHS * STEPS, num_ps=1)
 
 
 def test_sigterm_to_the_launcher_mid_training_leaves_nothing(run):
@@ -219,7 +220,8 @@ def test_sigterm_to_the_launcher_mid_training_leaves_nothing(run):
 
 
 def test_chief_killed_while_writing_a_checkpoint_restores_the_last_complete_one(run):
-  job = run(script_args=["--vocab_size=4000000"])  # a 128 MB table (and as much Adagrad state): saves take a while
+  # a 128 MB table (and as much Adagrad state): saves take a while
+  job = run(script_args=["--vocab_size=4000000", "--count_applied_steps"])
   job.wait_for_checkpoint(1)
   deadline = time.monotonic() + 240
   while not (writing := [p for p in job.model_dir.rglob("*_temp*")]):
@@ -232,6 +234,7 @@ def test_chief_killed_while_writing_a_checkpoint_restores_the_last_complete_one(
   assert "restart 1/3: chief:0 failed" in output
   assert "Resumed from the backup at epoch" in output
   assert final["step"] == EPOCHS * STEPS, writing
+  assert job.applied(final) == on_each_ps(EPOCHS * STEPS, num_ps=1)
 
 
 def test_estimator_path_workers_and_ps_killed_ends_at_exactly_max_steps(run):
