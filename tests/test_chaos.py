@@ -140,20 +140,22 @@ def kill_after_checkpoints(plan, timeout_secs=240):
     time.sleep(0.05)
 
 
-@pytest.mark.parametrize("mode_args", [[], ["--pipelined_updates"]], ids=["default", "pipelined"])
-def test_workers_killed_several_times_every_step_is_applied_and_counted_once(run, mode_args):
+def test_workers_killed_several_times_every_step_is_applied_and_counted_once(run):
   """bench/worker_kills.py repeats this run and counts the outcomes. 2 ps: a step cut short can reach one ps and not
-  the other, which the per-ps records complete on the other alone. With pipelined updates a killed worker also takes
-  the gradients of the step it held back: that step is computed again by the re-run."""
-  job = run("--max_restarts=5", TWO_PS, script=COUNTING_ARGS, script_args=mode_args)
-  kill_after_checkpoints({job: [(epoch, f"worker:{epoch % 2}") for epoch in (1, 2, 3)]})
-  code, final = job.finish()
-  assert code == 0, job.output()[-3000:]
-  assert job.output().count("restarting worker:") == 3
-  # The function that was running on the killed worker is run again elsewhere, skipping the steps it had recorded
-  # (9 steps too many without the record), and the step its worker was sending is applied by the re-run alone.
-  assert final["step"] == EPOCHS * STEPS
-  assert job.applied(final) == on_each_ps(EPOCHS * STEPS)
+  the other, which the per-ps records complete on the other alone. Beside it (side by side, to save time) the same
+  with pipelined updates: a killed worker also takes the gradients of the step it held back, which the re-run
+  computes again."""
+  jobs = {name: run("--max_restarts=5", TWO_PS, script=COUNTING_ARGS, script_args=args, folder=name)
+          for name, args in (("default", []), ("pipelined", ["--pipelined_updates"]))}
+  kill_after_checkpoints({job: [(epoch, f"worker:{epoch % 2}") for epoch in (1, 2, 3)] for job in jobs.values()})
+  for name, job in jobs.items():
+    code, final = job.finish()
+    assert code == 0, (name, job.output()[-3000:])
+    assert job.output().count("restarting worker:") == 3, name
+    # The function that was running on the killed worker is run again elsewhere, skipping the steps it had recorded
+    # (9 steps too many without the record), and the step its worker was sending is applied by the re-run alone.
+    assert final["step"] == EPOCHS * STEPS, name
+    assert job.applied(final) == on_each_ps(EPOCHS * STEPS), name
 
 
 def test_sync_and_geo_modes_survive_worker_kills(run):

@@ -14,7 +14,7 @@ At build the layer logs one line per counter naming its device (`placed_counters
 """
 
 import re
-from typing import Dict
+from typing import Dict, Optional
 
 from absl import logging
 import tensorflow as tf
@@ -36,11 +36,10 @@ class StepCounters(tf_keras.layers.Layer):
       strategy (one tfps built: `tfps.fit` and the Estimator path build under theirs), 1 outside any.
   """
 
-  def __init__(self, num_ps: int = None, **kwargs):
+  def __init__(self, num_ps: Optional[int] = None, **kwargs):
     super().__init__(**kwargs)
     if num_ps is None:
-      strategy = tf.distribute.get_strategy()
-      num_ps = strategy_lib.cluster_of(strategy).num_ps if tf.distribute.has_strategy() else 1
+      num_ps = strategy_lib.cluster_of(tf.distribute.get_strategy()).num_ps if tf.distribute.has_strategy() else 1
     self.num_ps = num_ps
     for index in range(num_ps):  # attributes, not a list: Keras tracks each as a layer of its own
       setattr(self, f"{NAME}_{index}", tf_keras.layers.Embedding(1, 1, embeddings_initializer="zeros",
