@@ -10,6 +10,7 @@ side by side in one run on the Keras path (scripts/train_keras.py, small model):
               half as much as worker:0 again, steps at the end
   chief_cut   the chief's host cut off after checkpoint 2 for 5 s, the chief started again: resumed epoch, steps
 
+Each run also reports the steps each ps applied (`applied_by_ps`: a counter per ps, `--count_applied_steps`).
 Needs root (network namespaces) and iptables. Writes bench/results/host_cut.json.
   .venv/bin/python bench/host_cut.py                  # about 6-10 minutes here
   .venv/bin/python bench/host_cut.py --scenarios=clean,ps_cut
@@ -31,6 +32,7 @@ from absl import flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, for `bench`
 
 from bench import runner  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tfps.testing import applied_steps  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tfps.testing import host_cluster  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 SCENARIOS = ("clean", "loss", "ps_cut", "worker_cut", "chief_cut")
@@ -64,7 +66,10 @@ def _finish(cluster, model_dir, result, start):
   final_path = os.path.join(model_dir, "checkpoints", "FINAL")
   if os.path.exists(final_path):
     with open(final_path) as f:
-      result["steps"] = json.load(f).get("step")
+      final = json.load(f)
+    result["steps"] = final.get("step")
+    # each ps's count of the steps applied there (its counter, tfps.testing.applied_steps), from the last checkpoint
+    result["applied_by_ps"] = applied_steps.applied_per_ps(final["last_checkpoint"], cluster.log(CHIEF))
   resumed = re.findall(r"Resumed from the backup at epoch (\d+)/", cluster.log(CHIEF))
   if resumed:
     result["resumed_at_epoch"] = int(resumed[-1])
@@ -76,7 +81,7 @@ def run_scenario(name: str, work_dir: str) -> dict:
   model_dir = os.path.join(work_dir, name, "model")
   args = [f"--model_dir={model_dir}", f"--epochs={_EPOCHS.value}", f"--steps_per_epoch={_STEPS.value}",
           "--vocab_size=2000", "--batch_size=32", "--noexact_evaluation", "--connect_timeout_secs=180",
-          "--lost_task_timeout_secs=15"]
+          "--lost_task_timeout_secs=15", "--count_applied_steps"]
   env = dict(os.environ, PYTHONPATH=runner.ROOT, TF_CPP_MIN_LOG_LEVEL="2")
   result = {"scenario": name, "asked_steps": _EPOCHS.value * _STEPS.value}
   with host_cluster.HostCluster(SCRIPT, args, os.path.join(work_dir, name, "logs"), form="flags", env=env,

@@ -2,10 +2,11 @@
 
 Each run trains `bench/worker_kills_train.py` (4 epochs x 100 steps) under `tfps-launch --num_workers=2` (`--num_ps`),
 and SIGKILLs a worker 0.2 s after each of the first three epoch checkpoints (as `tests/test_chaos.py` does), at a random
-point of a step. Per run it reports the optimizer's final `iterations`, how many times a step's update reached each
-counting weight (`applied_by_weight`, named with its ps: one weight per ps with two ps; `applied_steps` is the largest:
-more than asked means a dead worker's step reached that ps and ran again), and whether the chief settled its step
-counter from the records (`tfps/training/exactly_once.py`). Writes `bench/results/worker_kills.json`.
+point of a step. Per run it reports the step counter the chief recorded in the FINAL marker (`iterations`), how many
+steps each ps applied (`applied_by_ps`: the counter on that ps, `tfps.testing.applied_steps`, read from the final
+checkpoint; more than asked means a dead worker's step reached that ps and ran again, fewer that one was lost there),
+and whether the chief settled its step counter from the records (`tfps/training/exactly_once.py`). A run is exact
+where every ps applied exactly the asked steps (`runs_exact_on_every_ps`). Writes `bench/results/worker_kills.json`.
 
   .venv/bin/python bench/worker_kills.py --runs=20      # about 25 s a run here
   .venv/bin/python bench/worker_kills.py --runs=10 --num_ps=2 --out=bench/results/worker_kills_2ps.json
@@ -29,16 +30,17 @@ import psutil
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, for `bench`
 
 from bench import runner  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tfps.testing import applied_steps  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _RUNS = flags.DEFINE_integer("runs", 20, "Runs.", lower_bound=1)
-_NUM_PS = flags.DEFINE_integer("num_ps", 1, "ps tasks (the counting weight lives on one of them).", lower_bound=1)
+_NUM_PS = flags.DEFINE_integer("num_ps", 1, "ps tasks (a counter on each).", lower_bound=1)
 _KILLS = flags.DEFINE_integer("kills", 3, "Worker kills per run, one an epoch (at most epochs - 1).", lower_bound=1)
 _TRAIN_FLAGS = flags.DEFINE_list("train_flags", [], "More flags of the training run, e.g. "
                                  "--train_flags=--pipelined_updates (the mode flags of `tfps.define_mode_flags`).")
 _OUT = flags.DEFINE_string("out", os.path.join(runner.ROOT, "bench", "results", "worker_kills.json"), "Result JSON.")
 
 SCRIPT = os.path.join(runner.ROOT, "bench", "worker_kills_train.py")
-EPOCHS, TIMEOUT_SECS = 4, 400
+EPOCHS, STEPS, TIMEOUT_SECS = 4, 100, 400
 
 
 def _task(launcher: psutil.Process, name: str):
@@ -60,11 +62,10 @@ def _wait(condition, what: str, process: subprocess.Popen, timeout_secs: float =
 
 
 def one_run(workdir: str) -> dict:
-  model_dir, counts_path = os.path.join(workdir, "run"), os.path.join(workdir, "counts.json")
-  log_dir = os.path.join(workdir, "logs")
+  model_dir, log_dir = os.path.join(workdir, "run"), os.path.join(workdir, "logs")
   command = [runner.LAUNCHER, f"--num_ps={_NUM_PS.value}", "--num_workers=2", "--max_restarts=5",
-             f"--log_dir={log_dir}", SCRIPT, "--", f"--model_dir={model_dir}", f"--counts_json={counts_path}",
-             f"--epochs={EPOCHS}", *_TRAIN_FLAGS.value]
+             f"--log_dir={log_dir}", SCRIPT, "--", f"--model_dir={model_dir}", f"--epochs={EPOCHS}",
+             f"--steps_per_epoch={STEPS}", *_TRAIN_FLAGS.value]
   with open(os.path.join(workdir, "out.txt"), "w", encoding="utf-8") as out:
     process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                start_new_session=True, cwd=runner.ROOT)
@@ -82,11 +83,14 @@ def one_run(workdir: str) -> dict:
     runner.stop(process)
   if process.returncode != 0:
     raise runner.BenchError(f"run in {workdir} exited with {process.returncode}")
-  with open(counts_path, encoding="utf-8") as counts_file:
-    result = json.load(counts_file)
+  with open(os.path.join(model_dir, "checkpoints", "FINAL"), encoding="utf-8") as final_file:
+    final = json.load(final_file)
   with open(os.path.join(log_dir, "chief-0.log"), encoding="utf-8", errors="replace") as chief_log:
-    result["settled"] = sum("Step counter settled" in line for line in chief_log)
-  return result
+    log = chief_log.read()
+  applied = applied_steps.applied_per_ps(final["last_checkpoint"], log)
+  return {"iterations": final["step"], "applied_by_ps": applied, "asked_steps": EPOCHS * STEPS,
+          "exact_on_every_ps": len(applied) == _NUM_PS.value and set(applied.values()) == {EPOCHS * STEPS},
+          "settled": log.count("Step counter settled")}
 
 
 def main(argv):
@@ -99,7 +103,8 @@ def main(argv):
   summary = {
       "runs": len(results), "num_ps": _NUM_PS.value, "kills_per_run": _KILLS.value, "train_flags": _TRAIN_FLAGS.value,
       "iterations": dict(collections.Counter(str(r["iterations"]) for r in results)),
-      "applied_steps": dict(collections.Counter(str(r["applied_steps"]) for r in results)),
+      "applied_by_ps": dict(collections.Counter(json.dumps(r["applied_by_ps"], sort_keys=True) for r in results)),
+      "runs_exact_on_every_ps": sum(r["exact_on_every_ps"] for r in results),
       "runs_settled": sum(r["settled"] > 0 for r in results),
   }
   print(json.dumps(summary))

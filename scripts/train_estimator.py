@@ -14,8 +14,11 @@ The model and data: `tfps.estimator.synthetic` (an embedding + MLP click model o
 
 from absl import flags
 
+import tensorflow as tf
+
 import tfps
 from tfps.estimator import synthetic
+from tfps.testing import applied_steps
 
 tfps.define_flags()
 tfps.define_mode_flags()
@@ -34,6 +37,8 @@ _EVAL_STEPS = flags.DEFINE_integer("eval_steps", None, "Batches to evaluate (def
 _THROTTLE_SECS = flags.DEFINE_float("throttle_secs", 0, "Minimum seconds between evaluations.", lower_bound=0)
 _INLINE_EVAL = flags.DEFINE_boolean("inline_eval", True, "The chief evaluates on the workers after checkpoints; "
                                     "turn off when a sidecar evaluator runs.")
+_COUNT = flags.DEFINE_boolean("count_applied_steps", False, "Count on every ps the steps applied there (a counter per "
+                              "ps, in the checkpoints: tfps.testing.applied_steps), to check a run under failures.")
 
 
 def build_estimator(cluster=None) -> tfps.Estimator:
@@ -41,8 +46,19 @@ def build_estimator(cluster=None) -> tfps.Estimator:
   mode = tfps.mode_from_flags()
   config = tfps.RunConfig(save_checkpoints_steps=_CHECKPOINT_STEPS.value, log_step_count_steps=_LOG_STEPS.value,
                           steps_per_execution=_STEPS_PER_EXECUTION.value, mode=mode)
-  return tfps.Estimator(synthetic.model_fn, model_dir=_MODEL_DIR.value, params=params, config=config,
-                        cluster=cluster, strategy_options=tfps.strategy_options_from_flags())
+  return tfps.Estimator(counted_model_fn if _COUNT.value else synthetic.model_fn, model_dir=_MODEL_DIR.value,
+                        params=params, config=config, cluster=cluster,
+                        strategy_options=tfps.strategy_options_from_flags())
+
+
+def counted_model_fn(features, labels, mode, params):
+  """`synthetic.model_fn`, its TRAIN loss plus the term of a step counter on each ps (value 0, gradient 1)."""
+  spec = synthetic.model_fn(features, labels, mode, params)
+  if mode != tfps.ModeKeys.TRAIN:
+    return spec  # the counters are the last variables made, so evaluation's are those before them
+  counters = applied_steps.StepCounters(tfps.config_from_flags().num_ps, name="counters")
+  counters(spec.loss)
+  return tfps.EstimatorSpec(mode, loss=spec.loss + tf.add_n(counters.losses), optimizer=spec.optimizer)
 
 
 def eval_spec() -> tfps.EvalSpec:

@@ -12,6 +12,7 @@ from absl import flags
 import numpy as np
 
 import tfps
+from tfps.testing import applied_steps
 import tensorflow as tf
 import tf_keras
 
@@ -25,6 +26,8 @@ _VOCAB = flags.DEFINE_integer("vocab_size", 100_000, "Rows of the embedding tabl
 _EXACT = flags.DEFINE_boolean("exact_evaluation", True, "Evaluate the finite eval set exactly once per epoch.")
 _EVERY = flags.DEFINE_boolean("evaluate_every_checkpoint", False, "On the evaluator task: evaluate every checkpoint "
                               "in order, not only the newest.")
+_COUNT = flags.DEFINE_boolean("count_applied_steps", False, "Count on every ps the steps applied there (a counter per "
+                              "ps, in the checkpoints: tfps.testing.applied_steps), to check a run under failures.")
 
 NUM_IDS, NUM_DENSE = 8, 4
 
@@ -45,6 +48,8 @@ def build_model() -> tf_keras.Model:
   dense = tf_keras.Input((NUM_DENSE,), name="dense_features")
   embedded = tf_keras.layers.Flatten()(tf_keras.layers.Embedding(_VOCAB.value, 8, name="table")(ids))
   hidden = tf_keras.layers.Dense(32, activation="relu")(tf_keras.layers.Concatenate()([embedded, dense]))
+  if _COUNT.value:
+    hidden = applied_steps.StepCounters(tfps.config_from_flags().num_ps, name="counters")(hidden)
   model = tf_keras.Model({"ids": ids, "dense_features": dense}, tf_keras.layers.Dense(1, activation="sigmoid")(hidden))
   model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "binary_crossentropy",
                 metrics=[tf_keras.metrics.AUC(name="auc")])

@@ -19,6 +19,8 @@ import time
 import psutil
 import pytest
 
+from tfps.testing import applied_steps
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 EPOCHS, STEPS, MIN_COUNT = 3, 100, 3
 BATCHES_PER_STEP = {"async": 1, "sync": 2, "geo": 1}  # sync: one batch per worker slot, 2 workers
@@ -81,13 +83,18 @@ def _run(tmp_path, env, kills, sync_mode="async", steps_per_epoch=STEPS) -> tupl
       launcher.kill()
       launcher.wait()
   assert not leftovers, f"processes left behind: {leftovers}"
-  return out.read_text(), json.loads(counts.read_text())
+  result = json.loads(counts.read_text())
+  final = json.loads((model_dir / "checkpoints" / "FINAL").read_text())
+  result["applied_by_ps"] = applied_steps.applied_per_ps(final["last_checkpoint"],
+                                                         (tmp_path / "logs" / "chief-0.log").read_text())
+  return out.read_text(), result
 
 
 def _assert_each_step_counted_once(result, sync_mode="async", steps_per_epoch=STEPS):
   steps, per_step = EPOCHS * steps_per_epoch, BATCHES_PER_STEP[sync_mode]
   batches = steps * per_step
   assert result["iterations"] == steps, result
+  assert result["applied_by_ps"] == {"ps:0": steps, "ps:1": steps}, result  # each ps's step counter
   assert result["clocks"] == [batches] * 4, result  # 2 tables x 2 shards: one tick per batch of an applied step
   assert result["sightings"] == [batches] * 8, result
   admitted_in_step = (MIN_COUNT - 1) // per_step  # the step whose batches sight an id for the MIN_COUNT-th time

@@ -15,6 +15,8 @@ import portpicker
 import psutil
 import pytest
 
+from tfps.testing import applied_steps
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "train_estimator.py"
 MAX_STEPS = 600
@@ -99,7 +101,7 @@ def test_chief_restart_resumes_and_sidecar_follows(tmp_path, subprocess_env):
   model_dir = tmp_path / "model"
   job = [f"--model_dir={model_dir}", f"--max_steps={MAX_STEPS}", "--save_checkpoints_steps=100",
          "--log_step_count_steps=50", "--steps_per_execution=2", f"--eval_examples={EVAL_EXAMPLES}",
-         "--noinline_eval"]
+         "--noinline_eval", "--count_applied_steps"]
   env = {k: v for k, v in subprocess_env.items() if k != "TF_CONFIG"}
   processes = Processes(tmp_path, env)
   try:
@@ -116,7 +118,9 @@ def test_chief_restart_resumes_and_sidecar_follows(tmp_path, subprocess_env):
     assert second_chief.wait(timeout=180) == 0, processes.log("chief-2")[-3000:]
     log = processes.log("chief-2")
     assert f"resuming at step {saved}" in log
-    assert json.loads((model_dir / "checkpoints" / "FINAL").read_text())["step"] == MAX_STEPS
+    final = json.loads((model_dir / "checkpoints" / "FINAL").read_text())
+    assert final["step"] == MAX_STEPS
+    assert applied_steps.applied_per_ps(final["last_checkpoint"], log) == {"ps:0": MAX_STEPS}  # none applied twice
     assert _latest_checkpoint_step(model_dir) == MAX_STEPS
     logged = [int(s) for s in re.findall(r"step (\d+) \| loss", log)]
     assert logged == list(range(saved + 50, MAX_STEPS + 1, 50))

@@ -2,7 +2,9 @@
 
 A TCP round trip between two delayed hosts grows by 2 x the delay and is back when the delay is removed; nothing is
 left behind. Training (Keras path, 2 ps + 2 workers + a chief on 5 hosts) with 2 ms and with 10 ms of delay and 1%
-packet loss on every link ends at the exact step count (both runs at once, on two sets of test hosts).
+packet loss on every link ends at the exact step count, each ps having applied every step once (a counter per ps,
+`tfps.testing.applied_steps`), with every host's packets delayed and some dropped (both runs at once, on two sets of
+test hosts).
 """
 
 import contextlib
@@ -14,6 +16,7 @@ import sys
 
 import pytest
 
+from tfps.testing import applied_steps
 from tfps.testing import host_cluster as host_cluster_lib
 from tfps.testing import hosts as hosts_lib
 from tfps.testing import netdelay
@@ -79,9 +82,9 @@ def test_training_with_delay_and_loss_on_every_link_ends_exact(tmp_path, subproc
     for ms in DELAYS_MS:
       model_dir = tmp_path / f"delay{ms}" / "shared" / "model"
       cluster = stack.enter_context(host_cluster_lib.HostCluster(
-          str(REPO / "scripts" / "train_keras.py"),
-          [f"--model_dir={model_dir}", f"--epochs={epochs}", f"--steps_per_epoch={steps}", "--vocab_size=500",
-           "--batch_size=32", "--noexact_evaluation", "--connect_timeout_secs=120", "--lost_task_timeout_secs=60"],
+          str(REPO / "bench" / "worker_kills_train.py"),
+          [f"--model_dir={model_dir}", f"--epochs={epochs}", f"--steps_per_epoch={steps}", "--connect_timeout_secs=120",
+           "--lost_task_timeout_secs=60"],
           str(tmp_path / f"delay{ms}" / "logs"), replicas=(("ps", 2), ("worker", 2), ("chief", 1)),
           env=subprocess_env))
       cluster.delay(ms)
@@ -89,11 +92,21 @@ def test_training_with_delay_and_loss_on_every_link_ends_exact(tmp_path, subproc
       cluster.start_all()
       runs[ms] = cluster, model_dir
     codes = {ms: cluster.wait(CHIEF, timeout_secs=240) for ms, (cluster, _) in runs.items()}
+    # The rules were made just before the tasks started: what they took, they took while the job ran.
+    faults = {ms: cluster.fault_counts() for ms, (cluster, _) in runs.items()}
+    delaying = {ms: all(os.path.exists(f"/proc/{pid}") for pid in cluster.hosts.delayer_pids().values())
+                for ms, (cluster, _) in runs.items()}
     logs = {ms: cluster.log(CHIEF) for ms, (cluster, _) in runs.items()}
     netns = [host.netns for cluster, _ in runs.values() for host in cluster.hosts.hosts.values()]
     processes = [p for cluster, _ in runs.values() for p in cluster.processes.values()]
   for ms, (_, model_dir) in runs.items():
     assert codes[ms] == 0, (ms, logs[ms][-3000:])
-    assert json.loads((model_dir / "checkpoints" / "FINAL").read_text())["step"] == epochs * steps, ms
+    final = json.loads((model_dir / "checkpoints" / "FINAL").read_text())
+    assert final["step"] == epochs * steps, ms
+    assert applied_steps.applied_per_ps(final["last_checkpoint"], logs[ms]) == {
+        "ps:0": epochs * steps, "ps:1": epochs * steps}, ms
+    # Every host's packets went through its delayer, still running at the end; 1% of them were dropped.
+    assert delaying[ms] and all(count["delayed"] > 0 for count in faults[ms].values()), (ms, faults[ms])
+    assert sum(count["dropped"] for count in faults[ms].values()) > 0, (ms, faults[ms])
   assert not set(netns) & set(hosts_lib.leftovers()), "test hosts left behind"
   assert all(p.poll() is not None for p in processes), "processes left behind"

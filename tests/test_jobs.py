@@ -17,6 +17,7 @@ import pytest
 from tfps.cluster import console
 from tfps.report import series
 from tfps import run_records
+from tfps.testing import applied_steps
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH = [sys.executable, "-m", "tfps.cluster.launch", QUICK_STOP]
@@ -86,7 +87,7 @@ def wait_for(predicate, timeout_secs, what):
 def test_killed_chief_resumes_at_the_next_epoch(tmp_path, subprocess_env, launched):
   model_dir = tmp_path / "run"
   script_args = ["--", f"--model_dir={model_dir}", "--epochs=4", "--steps_per_epoch=40", "--vocab_size=2000",
-                 "--batch_size=32"]
+                 "--batch_size=32", "--count_applied_steps"]
   first = start(["--num_workers=1", "--max_restarts=0", f"--log_dir={tmp_path / 'logs1'}", "scripts/train_keras.py",
                  *script_args],
                 subprocess_env, tmp_path / "first.out")
@@ -107,6 +108,8 @@ def test_killed_chief_resumes_at_the_next_epoch(tmp_path, subprocess_env, launch
   assert resumed and "at epoch 3/4 (step 80)" in resumed[0], resumed
   final = json.loads((model_dir / "checkpoints" / "FINAL").read_text())
   assert final["step"] == 4 * 40  # not 6 x 40: epochs 1-2 were not run again
+  chief_log = (tmp_path / "logs2" / "chief-0.log").read_text()
+  assert applied_steps.applied_per_ps(final["last_checkpoint"], chief_log) == {"ps:0": 4 * 40}  # applied once, too
   assert final["last_checkpoint"].endswith("ckpt-4")
 
 

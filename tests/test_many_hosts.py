@@ -23,6 +23,7 @@ import time
 
 import pytest
 
+from tfps.testing import applied_steps
 from tfps.testing import host_cluster as host_cluster_lib
 from tfps.testing import hosts as hosts_lib
 
@@ -96,8 +97,8 @@ def test_keras_path_with_packet_loss_a_worker_and_a_ps_cut_off(make_cluster, tmp
   model_dir = tmp_path / "shared" / "model"
   cluster = make_cluster("scripts/train_keras.py", [
       f"--model_dir={model_dir}", f"--epochs={epochs}", f"--steps_per_epoch={steps}", "--vocab_size=2000",
-      "--batch_size=32", "--noexact_evaluation", "--connect_timeout_secs=120", "--lost_task_timeout_secs=15"],
-      form="jobset", role_args={"evaluator": ["--evaluate_every_checkpoint"]})
+      "--batch_size=32", "--noexact_evaluation", "--connect_timeout_secs=120", "--lost_task_timeout_secs=15",
+      "--count_applied_steps"], form="jobset", role_args={"evaluator": ["--evaluate_every_checkpoint"]})
   cluster.drop(0.01)
   cluster.start_all()
   wait_for(lambda: (model_dir / "checkpoints" / "ckpt-1.index").exists(), 300, "checkpoint 1", cluster)
@@ -115,8 +116,15 @@ def test_keras_path_with_packet_loss_a_worker_and_a_ps_cut_off(make_cluster, tmp
   for task in TRAINING:  # the restart policy: the same commands again
     cluster.restart(task)
   assert cluster.wait(CHIEF, timeout_secs=300) == 0, cluster.log(CHIEF)[-3000:]
+  # The 1% loss was in effect for the whole run: every training task's host had packets dropped (the rules were made
+  # just before the tasks started).
+  faults = cluster.fault_counts()
+  assert all(faults[host_cluster_lib.task_label(task)]["dropped"] > 0 for task in TRAINING), faults
   final = json.loads((model_dir / "checkpoints" / "FINAL").read_text())
   assert final["step"] == epochs * steps
+  # Each ps applied every step once (its counter; the step counter alone is settled from the ps's records).
+  assert applied_steps.applied_per_ps(final["last_checkpoint"], cluster.log(CHIEF)) == {
+      "ps:0": epochs * steps, "ps:1": epochs * steps}
   resumed = re.findall(r"Resumed from the backup at epoch (\d+)/", cluster.log(CHIEF))
   assert len(resumed) == 1 and int(resumed[0]) >= 2, resumed
 
@@ -138,7 +146,7 @@ def test_estimator_path_tfjob_with_a_worker_and_the_chief_cut_off(make_cluster, 
   cluster = make_cluster("scripts/train_estimator.py", [
       f"--model_dir={model_dir}", f"--max_steps={max_steps}", "--save_checkpoints_steps=50",
       "--log_step_count_steps=10", "--steps_per_execution=2", "--eval_examples=1000", "--noinline_eval",
-      "--connect_timeout_secs=120", "--lost_task_timeout_secs=15"], form="tfjob")
+      "--connect_timeout_secs=120", "--lost_task_timeout_secs=15", "--count_applied_steps"], form="tfjob")
   cluster.start_all()
   checkpoint = model_dir / "checkpoints" / "checkpoint"
   wait_for(checkpoint.exists, 300, "a checkpoint", cluster)
@@ -154,7 +162,10 @@ def test_estimator_path_tfjob_with_a_worker_and_the_chief_cut_off(make_cluster, 
   assert cluster.wait(CHIEF, timeout_secs=300) == 0, cluster.log(CHIEF)[-3000:]
   resumed = [int(s) for s in re.findall(r"resuming at step (\d+)", cluster.log(CHIEF))]
   assert resumed and resumed[-1] >= saved, (resumed, saved)
-  assert json.loads((model_dir / "checkpoints" / "FINAL").read_text())["step"] == max_steps
+  final = json.loads((model_dir / "checkpoints" / "FINAL").read_text())
+  assert final["step"] == max_steps
+  assert applied_steps.applied_per_ps(final["last_checkpoint"], cluster.log(CHIEF)) == {
+      "ps:0": max_steps, "ps:1": max_steps}
   assert cluster.wait(EVALUATOR, timeout_secs=180) == 0, cluster.log(EVALUATOR)[-3000:]
   records = [json.loads(line) for line in (model_dir / "eval" / "metrics.jsonl").read_text().splitlines()]
   assert records[-1]["step"] == max_steps

@@ -1,7 +1,7 @@
 """Test helpers for users' and tfps's own tests.
 
 `tfps.testing.local_cluster` (an in-process cluster, `in_process`) imports TensorFlow on first use; `hosts` (test
-hosts as network namespaces) does not.
+hosts as network namespaces) does not. `applied_steps` counts on every ps the training steps applied there.
 """
 
 import importlib

@@ -190,6 +190,11 @@ class HostCluster:
         return time.monotonic() - start
     return None
 
+  def fault_counts(self) -> Dict[str, Dict[str, int]]:
+    """`{"ps:0": {"dropped": packets, "delayed": packets}, ...}`: what the fault rules (`drop`, `delay`) of each
+    task's host have taken so far (`TestHosts.fault_counts`)."""
+    return {task_label(task): self.hosts.fault_counts(self.host(task)) for task in self.tasks}
+
   def drop(self, probability: float) -> None:
     """Drops `probability` of the packets every host receives (iptables), on every link; 0 removes the rule."""
     for task in self.tasks:

@@ -182,6 +182,19 @@ class TestHosts:
       if result.returncode != 0:
         raise HostsUnavailableError(f"`{' '.join(argv)}` on {name} failed: {result.stderr.strip()}")
 
+  def fault_counts(self, name: str) -> Dict[str, int]:
+    """Packets the fault rules of host `name` have taken so far (iptables' own counters): `dropped` by `drop`'s rule,
+    `delayed` handed by `delay`'s rule to the delayer (each held there while the delayer runs: `delayer_pids`)."""
+    counts = {}
+    for kind, table, chain, target in (("dropped", "filter", "INPUT", "DROP"),
+                                       ("delayed", "mangle", "PREROUTING", "NFQUEUE")):
+      result = self.run(name, ["iptables", "-t", table, "-L", chain, "-v", "-x", "-n"])
+      if result.returncode != 0:
+        raise HostsUnavailableError(f"`iptables -t {table} -L {chain}` on {name} failed: {result.stderr.strip()}")
+      rows = [line.split() for line in result.stdout.splitlines()[2:]]  # after the chain's line and the header
+      counts[kind] = sum(int(row[0]) for row in rows if len(row) > 2 and row[2] == target)
+    return counts
+
   def cut(self, name: str) -> None:
     """Takes host `name`'s link down: nothing reaches it or leaves it until `restore`."""
     _ip("link", "set", self.hosts[name].interface, "down", netns=self.hosts[name].netns)
