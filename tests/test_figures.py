@@ -91,6 +91,15 @@ def _applied(name: str) -> tuple:
       summary["runs"]
 
 
+def _applied_per_ps(name: str) -> tuple:
+  """(runs exact on every ps, runs, steps applied on each ps, steps asked, steps counted) of a per-ps kills run."""
+  runs = _json(name)["runs"]
+  applied = {count for run in runs for count in run["applied_by_ps"].values()}
+  (asked,), (counted,) = {run["asked_steps"] for run in runs}, {run["iterations"] for run in runs}
+  exact = sum(1 for run in runs if set(run["applied_by_ps"].values()) == {run["asked_steps"]})
+  return exact, len(runs), min(applied), asked, counted
+
+
 @dataclasses.dataclass(frozen=True)
 class Figure:
   """A README row (its first cell starts with `row`) quotes `template` filled with `values()` from `source`."""
@@ -120,6 +129,8 @@ FIGURES = (
                          for name in ("quality.json", "quality_retrieval_20_epochs.json"))),
     Figure("3 worker SIGKILLs", "{} of {} runs on 1 ps", "worker_kills.json", lambda: _applied("worker_kills.json")),
     Figure("3 worker SIGKILLs", "{} of {} on 2 ps", "worker_kills_2ps.json", lambda: _applied("worker_kills_2ps.json")),
+    Figure("3 worker SIGKILLs", "{} of {} runs on 2 ps: {} of {} steps applied on each ps, {} counted",
+           "worker_kills_per_ps_2ps.json", lambda: _applied_per_ps("worker_kills_per_ps_2ps.json")),
     Figure("geo mode", "{:.2f}-{:.2f}x async ex/s, {:.2f}-{:.2f}x ps bytes, {:+.4f} AUC", "modes.json",
            lambda: (min(r["speed_vs_async"] for r in _json("modes.json")["rows"] if r["mode"] == "geo"),
                     max(r["speed_vs_async"] for r in _json("modes.json")["rows"] if r["mode"] == "geo"),
@@ -234,14 +245,17 @@ BOUNDS = (
           ("STATED_VAL_AUC = 0.80", 'assert metrics["val_auc"] >= STATED_VAL_AUC')),
     Bound("ps or chief SIGKILL", "ends at exactly 400 of 400 steps", "tests/test_chaos.py",
           ("EPOCHS, STEPS = 4, 100", "assert final[\"step\"] == EPOCHS * STEPS")),
-    Bound("Estimator path: 2 worker and 1 ps SIGKILLs", "resumes at step 1500, ends at exactly 2000",
+    Bound("Estimator path, 2 ps: 2 worker and 1 ps SIGKILLs", "resumes at step 1500, ends at exactly 2000 of 2000 steps",
           "tests/test_chaos.py", ('endswith("resuming at step 1500")', "ESTIMATOR_STEPS = 2000",
                                   'assert final["step"] == ESTIMATOR_STEPS')),
     Bound("sync mode equals", "loss within 1e-4 of one process's", "tests/test_modes.py", ("- expected) < 1e-4",)),
     Bound("a 400 MB table", "at most 1.2x table and accumulator", "tests/test_initialization.py",
           ('peak["before_bytes"] <= 1.2 * state',)),
-    Bound("2 ms and 10 ms of delay", "exact step count (20 of 20)", "tests/test_host_delay.py",
-          ("epochs, steps = 2, 10", '["step"] == epochs * steps')),
+    Bound("2 ms and 10 ms of delay", "exact step count (20 of 20), 20 applied on each ps", "tests/test_host_delay.py",
+          ("epochs, steps = 2, 10", '["step"] == epochs * steps', '"ps:0": epochs * steps, "ps:1": epochs * steps')),
+    Bound("7 test hosts: a worker cut off", "480 of 480, and 480 applied on each ps", "tests/test_many_hosts.py",
+          ("epochs, steps = 6, 80", 'assert final["step"] == epochs * steps',
+           '"ps:0": epochs * steps, "ps:1": epochs * steps')),
     Bound("two-tower retrieval", "top-100 above 0.08 after 40 steps", "tests/test_dynamic_embedding_retrieval.py",
           ('assert top_k["top_100"] > 0.08', '"--steps_per_epoch=40"')),
 )
