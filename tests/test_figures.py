@@ -18,7 +18,9 @@ RESULTS = REPO / "bench" / "results"
 sys.path.insert(0, str(REPO))
 
 from bench import aims  # pylint: disable=g-import-not-at-top,wrong-import-position
-from bench import tables  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bench_modules import bench_module  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+tables = bench_module("tables")
 
 
 def _json(name: str) -> dict:

@@ -6,7 +6,9 @@ import sys
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from bench import profile_tasks  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bench_modules import bench_module  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+profile_tasks = bench_module("profile_tasks")
 
 
 @pytest.mark.parametrize("dso,symbol,kind", [

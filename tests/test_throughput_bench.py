@@ -16,7 +16,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench import aims  # pylint: disable=g-import-not-at-top,wrong-import-position
-from bench import throughput  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bench_modules import bench_module  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+throughput = bench_module("throughput")
 
 # tfps modules the peer may load: the workload's model (tfps.models) and what importing the tfps package brings
 # (its layer packages, whose __init__ holds only a docstring, its cluster description and its mode names).
