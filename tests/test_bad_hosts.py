@@ -131,3 +131,31 @@ def test_a_lost_ps_in_tensorflows_error_is_named_in_one_line():
   assert message.startswith("task ps:1 at ps-1:2222 became unreachable (failed to connect to all addresses;")
   assert "\n" not in message and "start this task again" in message
   assert failures.describe_lost_task(ValueError(text), config) is None
+
+
+# The shape of a graph function's error in TensorFlow 2.21 (atomic_function.InterpolateRuntimeError): a header, an
+# empty line, the node and the frames that defined it, then the cause; the task is named only further down.
+GRAPH_ERROR = """Graph execution error:
+
+Detected at node StatefulPartitionedCall defined at (most recent call last):
+  File "/work/scripts/train.py", line 88, in <module>
+
+  File "/work/tfps/keras/fitting.py", line 140, in fit
+
+<stack traces unavailable>
+{{function_node __inference_train_function_5821}} failed to connect to all addresses; last error: UNAVAILABLE: \
+ipv4:10.250.60.3:2222: Connection timed out
+Additional GRPC error information from remote target /job:ps/replica:0/task:1/device:CPU:0 while calling \
+/tensorflow.eager.EagerService/Enqueue:
+:{"created":"@1700000000.1","description":"Error received from peer ipv4:10.250.60.3:2222","grpc_status":14}
+\t [[{{node StatefulPartitionedCall}}]] [Op:__inference_train_function_5821]"""
+
+
+def test_a_lost_ps_in_a_graph_functions_error_is_named_with_its_cause():
+  import tensorflow as tf
+  from tfps.cluster import failures
+  config = cluster_lib.from_hosts(ps_hosts="ps-0:2222,ps-1:2222", worker_hosts="w-0:2222", chief_hosts="chief-0:2222")
+  message = failures.describe_lost_task(tf.errors.UnavailableError(None, None, GRAPH_ERROR), config)
+  assert message.startswith("task ps:1 at ps-1:2222 became unreachable (failed to connect to all addresses; last "
+                            "error: UNAVAILABLE: ipv4:10.250.60.3:2222: Connection timed out); check that it runs")
+  assert failures.cause("Graph execution error:\n\n") == "no detail given"
