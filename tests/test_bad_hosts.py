@@ -103,6 +103,23 @@ def test_bad_hosts_on_test_hosts_each_give_one_line_and_no_hang():
     print(f"{key}: exit 2 after {secs:.1f}s (TensorFlow import included): {last}")
 
 
+def test_a_worker_whose_own_name_does_not_resolve_refuses_in_one_line(subprocess_env):
+  """As typed on its host: the worker's own address is a name no one resolves; it must not serve unreached."""
+  import portpicker
+  address = f"w7.nowhere.invalid:{portpicker.pick_unused_port()}"
+  start = time.monotonic()
+  result = subprocess.run(
+      [sys.executable, SCRIPT, "--ps_hosts=127.0.0.1:1", f"--worker_hosts=127.0.0.1:2,{address}",
+       "--chief_hosts=127.0.0.1:3", "--job_name=worker", "--task_index=1", "--connect_timeout_secs=1"],
+      env=subprocess_env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+  last = result.stderr.strip().splitlines()[-1]
+  assert result.returncode == 2, result.stderr[-2000:]  # refused: started again it would refuse again
+  assert last.startswith(f"train_keras.py: task worker:1 cannot serve at {address} (waited 1s): the name "
+                         "'w7.nowhere.invalid' does not resolve"), last
+  assert "check the host name" in last and "Traceback" not in result.stderr
+  print(f"refused after {time.monotonic() - start:.1f}s (TensorFlow import included)")
+
+
 def test_watchdog_names_a_ps_that_stops_answering():
   from tfps.cluster import watchdog
   with listener() as sock:

@@ -38,8 +38,10 @@ def test_flagfile_from_configs():
 
 
 def test_server_options_come_from_the_flags():
-  assert flags_lib.server_options_from_flags(parse()) == {"thread_spinning": False}  # idle threads sleep
-  assert flags_lib.server_options_from_flags(parse("--thread_spinning")) == {"thread_spinning": True}
+  assert flags_lib.server_options_from_flags(parse()) == {"thread_spinning": False,  # idle threads sleep
+                                                          "connect_timeout_secs": 60.0}
+  assert flags_lib.server_options_from_flags(parse("--thread_spinning", "--connect_timeout_secs=5")) == {
+      "thread_spinning": True, "connect_timeout_secs": 5.0}
   assert flags_lib.server_options_from_flags(flags.FlagValues()) == {}
 
 

@@ -47,7 +47,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_integer("task_index", 0, "This task's index within its job.", flag_values=flag_values)
   flags.DEFINE_integer("num_shards", None, "Shards of each large variable (default: the number of ps).",
                        lower_bound=1, flag_values=flag_values)
-  flags.DEFINE_float("connect_timeout_secs", 60.0, "Seconds the chief waits for every ps and worker to answer.",
+  flags.DEFINE_float("connect_timeout_secs", 60.0, "Seconds the chief waits for every ps and worker to answer, and a ps "
+                     "or worker for the name of its own address to resolve.",
                      lower_bound=0.0, flag_values=flag_values)
   flags.DEFINE_float("lost_task_timeout_secs", 30.0, "Seconds a ps may stay silent mid-run before the chief stops "
                      "with an error naming it (to be started again; it resumes from its checkpoint).",
@@ -133,10 +134,12 @@ def strategy_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> 
 
 
 def server_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> dict:
-  """`thread_spinning` from the flags (empty where undefined), for `tfps.run_task(..., **options)`."""
+  """`thread_spinning` and `connect_timeout_secs` from the flags (empty where undefined), for
+  `tfps.run_task(..., **options)`."""
   if "thread_spinning" not in flag_values:
     return {}
-  return {"thread_spinning": flag_values["thread_spinning"].value}
+  return {"thread_spinning": flag_values["thread_spinning"].value,
+          "connect_timeout_secs": flag_values["connect_timeout_secs"].value}
 
 
 def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:

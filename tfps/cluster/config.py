@@ -23,6 +23,7 @@ _MAX_PORT = 65535
 # share cores; sleeping measured 3-8% more examples/s at 1 ps + 1 worker on 2 cores (docs/performance.md). tfps's
 # servers let them sleep unless told otherwise (`--thread_spinning`).
 DEFAULT_THREAD_SPINNING = False
+DEFAULT_CONNECT_TIMEOUT_SECS = 60.0  # the chief waits this long for every task; a task for its own name to resolve
 
 Hosts = Union[str, Sequence[str], None]
 

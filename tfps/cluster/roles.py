@@ -46,7 +46,8 @@ def resolve_cluster(cluster: Optional[cluster_lib.ClusterConfig] = None) -> clus
 def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None,
              evaluator_fn: Optional[Callable[[Optional[cluster_lib.ClusterConfig]], T]] = None,
              cluster: Optional[cluster_lib.ClusterConfig] = None,
-             thread_spinning: bool = cluster_lib.DEFAULT_THREAD_SPINNING) -> Optional[T]:
+             thread_spinning: bool = cluster_lib.DEFAULT_THREAD_SPINNING,
+             connect_timeout_secs: float = cluster_lib.DEFAULT_CONNECT_TIMEOUT_SECS) -> Optional[T]:
   """Runs this process's role; one call serves every role of a user's script.
 
   ps and worker tasks serve until stopped and never return; the chief returns `chief_fn(cluster)`; the evaluator
@@ -60,6 +61,8 @@ def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None
     thread_spinning: whether a ps or worker's idle threads spin waiting for work (TensorFlow's default) instead of
       sleeping (the default here: spinning takes CPU from tasks that share cores); `--thread_spinning`:
       `tfps.server_options_from_flags()`.
+    connect_timeout_secs: how long a ps or worker waits for the host name of its own address to resolve before it
+      refuses to serve (one line naming it); `--connect_timeout_secs`: `tfps.server_options_from_flags()`.
   """
   if chief_fn is None and evaluator_fn is None:
     raise TypeError("run_task needs `chief_fn`, `evaluator_fn` or both")
@@ -68,7 +71,7 @@ def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None
   config = resolve_cluster(cluster)
   if config.task_type in ("ps", "worker"):
     from tfps.cluster import server  # pylint: disable=g-import-not-at-top
-    server.run_server(config, thread_spinning)
+    server.run_server(config, thread_spinning, connect_timeout_secs)
   if config.task_type == "evaluator":
     if evaluator_fn is None:
       raise ClusterConfigError("this task is an evaluator but the script gives no evaluation to run; pass "

@@ -26,12 +26,15 @@ def server_config(thread_spinning: bool = cluster_lib.DEFAULT_THREAD_SPINNING) -
 
 
 def build_server(config: cluster_lib.ClusterConfig,
-                 thread_spinning: bool = cluster_lib.DEFAULT_THREAD_SPINNING) -> tf.distribute.Server:
-  """Starts the `tf.distribute.Server` of the ps or worker task `config` describes, with `server_config`."""
+                 thread_spinning: bool = cluster_lib.DEFAULT_THREAD_SPINNING,
+                 resolve_timeout_secs: float = cluster_lib.DEFAULT_CONNECT_TIMEOUT_SECS) -> tf.distribute.Server:
+  """Starts the `tf.distribute.Server` of the ps or worker task `config` describes, with `server_config`, once its
+  own host name resolves (`ports.check_resolves`, waiting up to `resolve_timeout_secs`)."""
   if config.task_type not in SERVER_JOBS:
     raise ValueError(f"only ps and worker tasks run a server, not {config.task_type}:{config.task_index}")
   os.environ["GRPC_FAIL_FAST"] = "use_caller"  # else a dead worker is never reported to the coordinator
   ports.check_can_listen(config)
+  ports.check_resolves(config, resolve_timeout_secs)
   try:
     return tf.distribute.Server(tf.train.ClusterSpec(config.training_cluster()), job_name=config.task_type,
                                 task_index=config.task_index, protocol="grpc", start=True,
@@ -48,9 +51,10 @@ def _exit_on_signal(signum, frame):
 
 
 def run_server(config: cluster_lib.ClusterConfig,
-               thread_spinning: bool = cluster_lib.DEFAULT_THREAD_SPINNING) -> NoReturn:
+               thread_spinning: bool = cluster_lib.DEFAULT_THREAD_SPINNING,
+               resolve_timeout_secs: float = cluster_lib.DEFAULT_CONNECT_TIMEOUT_SECS) -> NoReturn:
   """Serves as the ps or worker task of `config` until SIGTERM or SIGINT; exits with status 0 then."""
-  server = build_server(config, thread_spinning)
+  server = build_server(config, thread_spinning, resolve_timeout_secs)
   signal.signal(signal.SIGTERM, _exit_on_signal)
   signal.signal(signal.SIGINT, _exit_on_signal)
   logging.info("Serving %s at %s (idle threads %s)", config.describe(), config.address,

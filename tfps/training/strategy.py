@@ -88,7 +88,8 @@ def wait_for_tasks(config: cluster_lib.ClusterConfig, timeout_secs: float = 60.0
 
 
 def build_strategy(config: cluster_lib.ClusterConfig, num_shards: Optional[int] = None,
-                   min_shard_bytes: int = DEFAULT_MIN_SHARD_BYTES, connect_timeout_secs: float = 60.0,
+                   min_shard_bytes: int = DEFAULT_MIN_SHARD_BYTES,
+                   connect_timeout_secs: float = cluster_lib.DEFAULT_CONNECT_TIMEOUT_SECS,
                    lost_task_timeout_secs: float = watchdog.DEFAULT_TIMEOUT_SECS
                    ) -> Tuple[tf.distribute.experimental.ParameterServerStrategy,
                               tf.distribute.experimental.coordinator.ClusterCoordinator]:
