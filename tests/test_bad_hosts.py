@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+import needs
 import tfps
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import ports
@@ -58,9 +59,9 @@ def test_a_taken_port_is_refused_before_a_server_shares_it():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0, reason="test hosts need root")
 def test_bad_hosts_on_test_hosts_each_give_one_line_and_no_hang():
   """Each role as typed on its host; three failing commands run at once on test hosts."""
+  needs.require_root()
   names = ["chief", "busy", "silent", "idle"]
   python = sys.executable
   common = ["--worker_hosts=idle:2223", "--connect_timeout_secs=3", "--epochs=1", "--steps_per_epoch=1"]
