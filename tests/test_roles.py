@@ -41,12 +41,14 @@ def test_a_missing_role_function_is_named(task, kwargs, message):
     roles.run_task(cluster=CLUSTER.for_task(task), **kwargs)
 
 
-@pytest.mark.parametrize("kwargs,spinning", [({}, False), ({"thread_spinning": True}, True)])
-def test_a_server_task_gets_the_thread_spinning_setting(monkeypatch, kwargs, spinning):
+@pytest.mark.parametrize("kwargs,spinning,timeout", [({}, False, 60.0),
+                                                     ({"thread_spinning": True, "connect_timeout_secs": 5}, True, 5)])
+def test_a_server_task_gets_the_thread_spinning_setting(monkeypatch, kwargs, spinning, timeout):
   from tfps.cluster import server  # pylint: disable=g-import-not-at-top
   served = []
-  monkeypatch.setattr(server, "run_server", lambda config, thread_spinning: served.append((config, thread_spinning)))
+  monkeypatch.setattr(server, "run_server", lambda config, thread_spinning, resolve_timeout_secs: served.append(
+      (config, thread_spinning, resolve_timeout_secs)))
   ps = CLUSTER.for_task("ps")
   roles.run_task(lambda c: "chief", cluster=ps, **kwargs)  # the stand-in returns; a real server never does
-  assert served[0] == (ps, spinning)
+  assert served[0] == (ps, spinning, timeout)  # and how long it waits for its own name to resolve
   assert server.server_config(spinning).experimental.disable_thread_spinning is not spinning
