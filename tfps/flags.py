@@ -14,8 +14,11 @@ cross-field rules), `mode_from_flags` a `TrainingMode`, `strategy_options_from_f
 """
 
 import dataclasses
+import importlib.abc
 import os
+import runpy
 import sys
+import types
 from typing import Callable, Mapping, Optional, Sequence
 
 from absl import flags
@@ -231,6 +234,40 @@ def command_line_parser(program: str) -> Callable[[Sequence[str]], list]:
     except flags.Error as e:
       refuse(program, str(e).splitlines()[0])
   return parse
+
+
+CHECK_RUN_NAME = "__tfps_flag_check__"  # the script's module name while its flags are checked: its main never runs
+_TENSORFLOW_PACKAGES = ("tensorflow", "tf_keras", "tensorflow_recommenders")
+
+
+class _TensorFlowImported(BaseException):  # not caught by a script's `except Exception`
+  """The checked script imports TensorFlow where it defines its flags: too slow for a check; its tasks check them."""
+
+
+class _WithoutTensorFlow(importlib.abc.MetaPathFinder):
+  def find_spec(self, fullname, path, target=None):
+    del path, target
+    if fullname.split(".")[0] in _TENSORFLOW_PACKAGES:
+      raise _TensorFlowImported(fullname)
+    return None
+
+
+def check_script_flags(script: str, args: Sequence[str]) -> None:
+  """Parses `args` as `script` would, in this process (a quick child of tfps-launch, before any task starts): runs
+  the script's module code under another name than `__main__` (its flags are defined, its main does not run) without
+  TensorFlow, then, if it is an absl program (it refers to absl's `flags` or `app`, or to tfps), parses them like
+  `tfps.run_main`: a bad flag ends the process with the script's one line and `EXIT_REFUSED`. A script that needs
+  TensorFlow (or anything else) to define its flags ends it quietly: its tasks check them."""
+  sys.argv = [script, *args]
+  sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as when the script runs: its folder first
+  sys.meta_path.insert(0, _WithoutTensorFlow())
+  try:
+    names = runpy.run_path(script, run_name=CHECK_RUN_NAME)
+  except _TensorFlowImported:
+    return
+  modules = {value.__name__ for value in names.values() if isinstance(value, types.ModuleType)}
+  if modules & {"absl.flags", "absl.app", "tfps"}:
+    command_line_parser(os.path.basename(script))(sys.argv)
 
 
 def run_main(main: Callable[[Sequence[str]], Optional[int]], argv: Optional[Sequence[str]] = None) -> None:
