@@ -314,13 +314,15 @@ def test_progress_is_measured_while_steps_run_and_plotted_record_by_record(clust
   lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch 1/1 | step")]
   assert len(lines) >= 3, lines  # one every 0.25 s while the steps run
   assert all(" ex/s | eta " in line for line in lines)  # 64 examples a step: the dataset's static batch size
-  assert all(line.split(" | loss ")[1].startswith("0.") for line in lines), lines  # the loss of a function that ran
   shown = [int(line.split(" | step ")[1].split("/")[0]) for line in lines]
+  losses = [line.split(" | loss ")[1].split(" ")[0] for line, step in zip(lines, shown) if step >= 10]
+  assert len(losses) >= 2 and all(loss.startswith("0.") for loss in losses), lines  # a function that ran: its loss
   assert shown == sorted(set(shown)) and 0 < shown[0] and shown[-1] <= steps
   assert any(r.getMessage().startswith("epoch 1/1 done | loss ") for r in caplog.records)
   run = run_records.read_run(str(tmp_path))
   train = [r for r in run["progress"] if r["kind"] == "train"]
-  assert [r["step"] for r in train] == shown + [steps]  # a record per line, and the epoch's
+  recorded = [r["step"] for r in train]  # every 0.25 s too (at least the lines' steps), and the epoch's end
+  assert set(shown) <= set(recorded) and len(recorded) > len(shown) and recorded[-1] == steps
   speed, = series_lib.build_series(run).panels["examples/s"]
   assert speed.steps == [r["step"] for r in train] and len(speed.values) == len(train)
 

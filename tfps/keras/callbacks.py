@@ -18,6 +18,7 @@ from tfps.formatting import format_duration, format_rate
 
 
 _MIN_SAMPLE_SECS = 0.05  # `interval_secs=0`: a line whenever the step moved, at most this often
+RECORD_SECS = 1.0  # a progress record (what tfps-report plots) this often while steps run; lines every interval
 
 
 class ProgressLogger(tf_keras.callbacks.Callback):
@@ -27,8 +28,9 @@ class ProgressLogger(tf_keras.callbacks.Callback):
   them), so its batch hooks say nothing about progress. A thread of this callback reads, every interval, the
   optimizer's step from its ps and fetches the loss of the newest function that ran that far (done: no wait); the
   rate is the steps since the previous line (or the epoch's start) over the time, training only. The loss is the
-  epoch's running mean, as tf-keras reports it. With a `recorder`, each line and each epoch's metrics also go to the
-  run records (`model_dir/run/`), and the summary is written when training ends.
+  epoch's running mean, as tf-keras reports it. With a `recorder`, the thread also writes a progress record every
+  `RECORD_SECS` (or `interval_secs` if shorter) while steps run, with the rate since the previous record, and each
+  epoch's metrics go to the run records (`model_dir/run/`); the summary is written when training ends.
   """
 
   def __init__(self, steps_per_epoch: int, epochs: int, batch_size: Optional[int], interval_secs: float = 10.0,
@@ -42,7 +44,8 @@ class ProgressLogger(tf_keras.callbacks.Callback):
     self.batch_size = batch_size
     self.interval_secs = interval_secs
     self._epoch = 0
-    self._last = (0.0, 0)  # (time, global step) of the previous line or of the epoch's start
+    self._last = (0.0, 0)  # (time, global step) of the previous record or of the epoch's start
+    self._last_line = (0.0, 0)  # the same for the previous line
     self._logs_at = {}  # steps into the epoch at a scheduled function's end -> its logs
     self._training = False  # the epoch's steps run (not its validation)
     self._lock = threading.Lock()
@@ -65,7 +68,7 @@ class ProgressLogger(tf_keras.callbacks.Callback):
     with self._lock:
       self._epoch = epoch
       self._began = True
-      self._last = (time.monotonic(), epoch * self.steps_per_epoch)  # evaluation and checkpoints are not training
+      self._last = self._last_line = (time.monotonic(), epoch * self.steps_per_epoch)  # not evaluation, checkpoints
       self._epoch_times = [self._last[0], None]  # start, end of training (the epoch's validation comes after)
       self._logs_at = {}
       self._training = True
@@ -75,7 +78,9 @@ class ProgressLogger(tf_keras.callbacks.Callback):
       self._logs_at[batch + 1] = logs  # scheduled, not run yet: the sampler fetches it once the step got there
 
   def _sample_until_stopped(self):
-    while not self._stop.wait(max(self.interval_secs, _MIN_SAMPLE_SECS)):
+    poll_secs = max(min(self.interval_secs, RECORD_SECS if self.recorder is not None else self.interval_secs),
+                    _MIN_SAMPLE_SECS)
+    while not self._stop.wait(poll_secs):
       try:
         step = int(self.model.optimizer.iterations.numpy())
       except (tf.errors.OpError, RuntimeError, ValueError):  # the cluster is going away: the run's end says why
@@ -83,27 +88,36 @@ class ProgressLogger(tf_keras.callbacks.Callback):
       with self._lock:
         if not self._training or step <= self._last[1]:
           continue
-        first, (last_time, last_step) = self._epoch * self.steps_per_epoch, self._last
-        now = time.monotonic()
+        now, epoch, first = time.monotonic(), self._epoch, self._epoch * self.steps_per_epoch
+        rate = (step - self._last[1]) / (now - self._last[0])
+        line_rate = (step - self._last_line[1]) / (now - self._last_line[0])
+        line = now - self._last_line[0] >= self.interval_secs
         self._last = (now, step)
+        if line:
+          self._last_line = self._last
         done = [at for at in self._logs_at if at <= step - first]
         logs = self._logs_at[max(done)] if done else None
-      self._progress(step, step - first, logs, (step - last_step) / (now - last_time))
+      loss = self._loss_of(logs)
+      if self.recorder is not None:
+        self.recorder.progress(step, {} if loss is None else {"loss": loss},
+                               rate * self.batch_size if self.batch_size else None)
+      if line:
+        self._log_line(epoch, step, loss, line_rate)
 
-  def _progress(self, step: int, batch: int, logs, rate: float) -> None:
-    """One progress line and record: `batch` steps into the epoch, `logs` of a function that ran, `rate` steps/s."""
+  @staticmethod
+  def _loss_of(logs) -> Optional[float]:
     try:
-      loss = _fetch_scalar(_fetch(logs or {}).get("loss"))
+      return _fetch_scalar(_fetch(logs or {}).get("loss"))
     except tf.errors.OpError:  # that function failed on a lost worker and runs again elsewhere
-      loss = None
+      return None
+
+  def _log_line(self, epoch: int, step: int, loss: Optional[float], rate: float) -> None:
+    """The progress line at global `step` of `epoch`, with the loss of a function that ran, `rate` steps/s."""
     speed = f"{format_rate(rate * self.batch_size)} ex/s" if self.batch_size else f"{format_rate(rate)} steps/s"
     eta = (self.epochs * self.steps_per_epoch - step) / rate if rate else 0
     loss_text = "-" if loss is None else f"{loss:.4f}"
-    logging.info("epoch %d/%d | step %d/%d | loss %s | %s | eta %s", self._epoch + 1, self.epochs,
-                 batch, self.steps_per_epoch, loss_text, speed, format_duration(eta))
-    if self.recorder is not None:
-      self.recorder.progress(step, {} if loss is None else {"loss": loss},
-                             rate * self.batch_size if self.batch_size else None)
+    logging.info("epoch %d/%d | step %d/%d | loss %s | %s | eta %s", epoch + 1, self.epochs,
+                 step - epoch * self.steps_per_epoch, self.steps_per_epoch, loss_text, speed, format_duration(eta))
 
   def on_test_begin(self, logs=None):
     with self._lock:
