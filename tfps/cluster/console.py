@@ -62,6 +62,7 @@ class ConsoleFilter:
 
 
 QUIET_ENV = "TFPS_QUIET_CONSOLE"  # set in a task whose stderr goes through the filter (its children inherit both)
+_FILTER_CHILDREN = []  # the filter child of this process (held: it runs as long as the task)
 
 
 def is_lone_task(environ: Mapping[str, str], argv: Sequence[str], user_log_level) -> bool:
@@ -84,7 +85,8 @@ def quiet_task_console(user_log_level=None) -> bool:
   os.environ[QUIET_ENV] = "1"  # before the child starts: it and every later child of this task inherit it
   sys.stderr.flush()
   read_end, write_end = os.pipe()
-  subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__)], stdin=read_end, stdout=2, stderr=2)
+  _FILTER_CHILDREN.append(subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__)], stdin=read_end,
+                                           stdout=2, stderr=2))
   os.dup2(write_end, 2)
   os.close(write_end)
   os.close(read_end)
