@@ -79,7 +79,8 @@ def test_summary_lines(tmp_path):
   assert "of wall time (training with its evaluations and checkpoints), " in lines[0]
   assert "examples/s over it" in lines[0]
   # what tfps-report plots: the progress records' rates, training alone
-  assert lines[1] == "training alone (no evaluations or checkpoints; tfps-report's examples/s): 800-1,000 examples/s"
+  assert lines[1] == ("training alone (no evaluations or checkpoints): 925 examples/s, the median of 4 progress "
+                      "records (tfps-report's examples/s)")
   assert "final training metrics: auc 0.8000 | loss 0.5000" in text
   assert "final validation metrics: auc 0.7900 | loss 0.5100" in text
   assert f"sidecar best checkpoint: {tmp_path}/checkpoints/ckpt-3 (step 300): auc 0.7900" in text

@@ -7,6 +7,7 @@ Imports no TensorFlow.
 """
 
 import os
+import statistics
 from typing import List, Optional, Sequence
 
 from tfps.formatting import format_duration, format_rate
@@ -29,12 +30,13 @@ def _metrics_text(metrics: dict) -> str:
 
 
 def _training_rates(progress: Sequence[dict]) -> List[str]:
-  """The line of the examples/s the progress records measured over training alone (what tfps-report plots)."""
+  """The line of the examples/s the progress records measured over training alone (what tfps-report plots): their
+  median (the first, with the tracing of the step, is far below the rest)."""
   rates = [r["examples_per_sec"] for r in progress if r.get("kind") == "train" and r.get("examples_per_sec")]
   if not rates:
     return []
-  shown = format_rate(rates[0]) if len(rates) == 1 else f"{format_rate(min(rates))}-{format_rate(max(rates))}"
-  return [f"training alone (no evaluations or checkpoints; tfps-report's examples/s): {shown} examples/s"]
+  return [f"training alone (no evaluations or checkpoints): {format_rate(statistics.median(rates))} examples/s, the "
+          f"median of {len(rates)} progress records (tfps-report's examples/s)"]
 
 
 def summary_lines(model_dir: Optional[str], restarts: Sequence[dict], launch_secs: float) -> List[str]:
