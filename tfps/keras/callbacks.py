@@ -85,6 +85,9 @@ class ProgressLogger(tf_keras.callbacks.Callback):
         step = int(self.model.optimizer.iterations.numpy())
       except (tf.errors.OpError, RuntimeError, ValueError):  # the cluster is going away: the run's end says why
         return
+      except TypeError:  # geo mode: the step lives in the rounds' functions, not readable here; epoch ends only
+        logging.debug("Progress lines within an epoch: the optimizer's step cannot be read in this mode")
+        return
       with self._lock:
         if not self._training or step <= self._last[1]:
           continue
