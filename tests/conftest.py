@@ -5,6 +5,7 @@ import pathlib
 
 import pytest
 
+import needs
 import tfps  # sets TF_USE_LEGACY_KERAS before any test imports TensorFlow
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -30,9 +31,10 @@ def kafka_broker():
 
 @pytest.fixture
 def shared_data():
-  """`../shared/data`, or a skip where the checkout has no shared data beside it."""
-  if not SHARED_DATA.is_dir():
-    pytest.skip(f"no shared data at {SHARED_DATA}")
+  """`../shared/data` (MovieLens 100K, the Criteo sample); a skip where the checkout has none beside it, a failure
+  under CI=true (`needs.require`)."""
+  needs.require((SHARED_DATA / "criteo" / "criteo_sample.csv").is_file(),
+                f"the shared data at {SHARED_DATA} (criteo/criteo_sample.csv, ml-100k/)")
   return SHARED_DATA
 
 

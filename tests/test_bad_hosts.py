@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+import needs
 import tfps
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import ports
@@ -58,9 +59,9 @@ def test_a_taken_port_is_refused_before_a_server_shares_it():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0, reason="test hosts need root")
 def test_bad_hosts_on_test_hosts_each_give_one_line_and_no_hang():
   """Each role as typed on its host; three failing commands run at once on test hosts."""
+  needs.require_root()
   names = ["chief", "busy", "silent", "idle"]
   python = sys.executable
   common = ["--worker_hosts=idle:2223", "--connect_timeout_secs=3", "--epochs=1", "--steps_per_epoch=1"]
@@ -103,6 +104,23 @@ def test_bad_hosts_on_test_hosts_each_give_one_line_and_no_hang():
     print(f"{key}: exit 2 after {secs:.1f}s (TensorFlow import included): {last}")
 
 
+def test_a_worker_whose_own_name_does_not_resolve_refuses_in_one_line(subprocess_env):
+  """As typed on its host: the worker's own address is a name no one resolves; it must not serve unreached."""
+  import portpicker
+  address = f"w7.nowhere.invalid:{portpicker.pick_unused_port()}"
+  start = time.monotonic()
+  result = subprocess.run(
+      [sys.executable, SCRIPT, "--ps_hosts=127.0.0.1:1", f"--worker_hosts=127.0.0.1:2,{address}",
+       "--chief_hosts=127.0.0.1:3", "--job_name=worker", "--task_index=1", "--connect_timeout_secs=1"],
+      env=subprocess_env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+  last = result.stderr.strip().splitlines()[-1]
+  assert result.returncode == 2, result.stderr[-2000:]  # refused: started again it would refuse again
+  assert last.startswith(f"train_keras.py: task worker:1 cannot serve at {address} (waited 1s): the name "
+                         "'w7.nowhere.invalid' does not resolve"), last
+  assert "check the host name" in last and "Traceback" not in result.stderr
+  print(f"refused after {time.monotonic() - start:.1f}s (TensorFlow import included)")
+
+
 def test_watchdog_names_a_ps_that_stops_answering():
   from tfps.cluster import watchdog
   with listener() as sock:
@@ -131,3 +149,31 @@ def test_a_lost_ps_in_tensorflows_error_is_named_in_one_line():
   assert message.startswith("task ps:1 at ps-1:2222 became unreachable (failed to connect to all addresses;")
   assert "\n" not in message and "start this task again" in message
   assert failures.describe_lost_task(ValueError(text), config) is None
+
+
+# The shape of a graph function's error in TensorFlow 2.21 (atomic_function.InterpolateRuntimeError): a header, an
+# empty line, the node and the frames that defined it, then the cause; the task is named only further down.
+GRAPH_ERROR = """Graph execution error:
+
+Detected at node StatefulPartitionedCall defined at (most recent call last):
+  File "/work/scripts/train.py", line 88, in <module>
+
+  File "/work/tfps/keras/fitting.py", line 140, in fit
+
+<stack traces unavailable>
+{{function_node __inference_train_function_5821}} failed to connect to all addresses; last error: UNAVAILABLE: \
+ipv4:10.250.60.3:2222: Connection timed out
+Additional GRPC error information from remote target /job:ps/replica:0/task:1/device:CPU:0 while calling \
+/tensorflow.eager.EagerService/Enqueue:
+:{"created":"@1700000000.1","description":"Error received from peer ipv4:10.250.60.3:2222","grpc_status":14}
+\t [[{{node StatefulPartitionedCall}}]] [Op:__inference_train_function_5821]"""
+
+
+def test_a_lost_ps_in_a_graph_functions_error_is_named_with_its_cause():
+  import tensorflow as tf
+  from tfps.cluster import failures
+  config = cluster_lib.from_hosts(ps_hosts="ps-0:2222,ps-1:2222", worker_hosts="w-0:2222", chief_hosts="chief-0:2222")
+  message = failures.describe_lost_task(tf.errors.UnavailableError(None, None, GRAPH_ERROR), config)
+  assert message.startswith("task ps:1 at ps-1:2222 became unreachable (failed to connect to all addresses; last "
+                            "error: UNAVAILABLE: ipv4:10.250.60.3:2222: Connection timed out); check that it runs")
+  assert failures.cause("Graph execution error:\n\n") == "no detail given"

@@ -113,3 +113,35 @@ def test_restarts_go_into_the_run_records_of_the_chiefs_model_dir(tmp_path, quie
   assert "  steps 10 in " in result.stdout, result.stdout
   assert "final training metrics: loss 0.4000" in result.stdout
   assert not (tmp_path / "logs" / "model_dir.json").exists()  # the chief's pointer is cleaned up
+
+
+def test_a_task_started_on_its_own_gets_the_quiet_console(quiet_env):
+  """The many-hosts way and every Kubernetes pod: no launcher; the task's own stderr goes through the filter."""
+  tf_config = {"cluster": {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "chief": ["127.0.0.1:3"]},
+               "task": {"type": "chief", "index": 0}}
+  result = subprocess.run([sys.executable, str(NOISY_TASK)], cwd=REPO, env=dict(quiet_env, TF_CONFIG=json.dumps(
+      tf_config)), capture_output=True, text=True, timeout=180)
+  assert result.returncode == 0, result.stderr
+  assert "chief: tensorflow imported" in result.stdout
+  assert noise_of(result.stderr) == [] and "InitializeLog" not in result.stderr, result.stderr
+
+
+def test_the_filter_child_passes_all_but_the_noise():
+  lines = NOISE + SESSION_DUMP + KEPT
+  result = subprocess.run([sys.executable, "-I", console.__file__], input="\n".join(lines) + "\n",
+                          capture_output=True, text=True, timeout=60)
+  assert result.returncode == 0 and result.stdout.splitlines() == KEPT
+
+
+@pytest.mark.parametrize("environ, argv, level, lone", [
+    ({"TF_CONFIG": "{...}"}, ["train.py"], None, True),
+    ({"TFPS_TASK_TYPE": "worker"}, ["train.py"], None, True),  # a pod that derives its cluster
+    ({}, ["train.py", "--job_name=worker", "--task_index=1"], None, True),  # the many-hosts way
+    ({}, ["train.py", "--job_name", "ps"], None, True),
+    ({}, ["train.py", "--epochs=2"], None, False),  # no role: a notebook, a test, a one-process script
+    ({"TF_CONFIG": "{...}", "TFPS_LAUNCH_LOG_DIR": "/tmp/logs"}, ["train.py"], None, False),  # tfps-launch filters
+    ({"TF_CONFIG": "{...}", "TFPS_QUIET_CONSOLE": "1"}, ["train.py"], None, False),  # filtered already
+    ({"TF_CONFIG": "{...}"}, ["train.py"], "0", False),  # the user's own TF_CPP_MIN_LOG_LEVEL: everything
+])
+def test_which_processes_get_the_quiet_console(environ, argv, level, lone):
+  assert console.is_lone_task(environ, argv, level) is lone

@@ -7,6 +7,8 @@ import sys
 
 import numpy as np
 import pytest
+
+import needs
 import tensorflow as tf
 
 from tfps.data import criteo
@@ -190,8 +192,7 @@ def test_synthetic_tsv_and_reuse(tmp_path):
 @pytest.fixture
 def ml100k(shared_data):
   path = shared_data / "ml-100k"
-  if not (path / "u.data").is_file():
-    pytest.skip(f"no MovieLens 100K at {path}")
+  needs.require((path / "u.data").is_file(), f"MovieLens 100K at {path}")
   return str(path)
 
 

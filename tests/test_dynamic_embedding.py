@@ -69,6 +69,21 @@ def test_distinct_raw_ids_get_distinct_rows_on_both_ps(strategy):
   np.testing.assert_allclose(vectors.numpy(), expected.numpy())
 
 
+def test_a_table_below_the_sharding_threshold_with_num_shards_trains(strategy):
+  """1000 x 8 floats (32 KB) stay whole on one ps; num_shards=2 maps over it share one critical section there."""
+  _, coordinator = strategy
+  layer = make_layer(strategy[0], capacity=1000, num_shards=2)
+  assert not isinstance(layer.embeddings, tf.__internal__.distribute.ShardedVariable)
+  rng = np.random.default_rng(1)
+  ids = rng.choice(10**12, size=600, replace=False).astype(np.int64)
+  train_calls(coordinator, layer, [rng.choice(ids, size=128) for _ in range(10)] + [ids[:300], ids[300:]])
+  rows = rows_of(layer, ids)
+  assert (rows >= 0).all() and len(set(rows.tolist())) == len(ids)  # no two ids share a row
+  assert layer.table_metrics() == {"occupancy": 600, "admitted": 600, "evicted": 0, "fallbacks": 0}
+  assert min(shard.rows - int(shard.num_free.numpy()) for shard in layer.shards) > 200  # both maps admit
+  assert layer.shards[0].lock is layer.shards[1].lock
+
+
 def _before(op):
   """Every op `op` waits for in its graph (inputs and control inputs, transitively)."""
   seen, todo = set(), [op]

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 import tfps
+from tfps import run_records
+from tfps.report import series as series_lib
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.training import strategy as strategy_lib
 import tensorflow as tf
@@ -302,15 +304,27 @@ def test_tfps_evaluate_exact_counts_a_dataset_read_from_files(trained, tmp_path)
   assert tfps.evaluate(trained[0].model, file_fn, exact=True)["count"] == 1_003
 
 
-def test_progress_lines_show_step_loss_and_examples_per_second(cluster, caplog):
+def test_progress_is_measured_while_steps_run_and_plotted_record_by_record(cluster, caplog, tmp_path):
+  """fit schedules an epoch's functions long before they run: progress comes from the step on the ps, every interval,
+  and tfps-report plots each record."""
   caplog.set_level("INFO")
-  tfps.fit(build_model, train_fn, epochs=1, steps_per_epoch=60, steps_per_execution=10, log_every_secs=0,
-           cluster=cluster)
+  steps = 400
+  tfps.fit(build_model, train_fn, epochs=1, steps_per_epoch=steps, steps_per_execution=10, log_every_secs=0.25,
+           cluster=cluster, model_dir=str(tmp_path))
   lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch 1/1 | step")]
-  assert len(lines) >= 3, lines
-  assert lines[-1].startswith("epoch 1/1 | step 60/60 | loss 0.")
+  assert len(lines) >= 3, lines  # one every 0.25 s while the steps run
   assert all(" ex/s | eta " in line for line in lines)  # 64 examples a step: the dataset's static batch size
+  shown = [int(line.split(" | step ")[1].split("/")[0]) for line in lines]
+  losses = [line.split(" | loss ")[1].split(" ")[0] for line, step in zip(lines, shown) if step >= 10]
+  assert len(losses) >= 2 and all(loss.startswith("0.") for loss in losses), lines  # a function that ran: its loss
+  assert shown == sorted(set(shown)) and 0 < shown[0] and shown[-1] <= steps
   assert any(r.getMessage().startswith("epoch 1/1 done | loss ") for r in caplog.records)
+  run = run_records.read_run(str(tmp_path))
+  train = [r for r in run["progress"] if r["kind"] == "train"]
+  recorded = [r["step"] for r in train]  # every 0.25 s too (at least the lines' steps), and the epoch's end
+  assert set(shown) <= set(recorded) and len(recorded) > len(shown) and recorded[-1] == steps
+  speed, = series_lib.build_series(run).panels["examples/s"]
+  assert speed.steps == [r["step"] for r in train] and len(speed.values) == len(train)
 
 
 FIT_SCRIPT = pathlib.Path(__file__).parent / "fixtures" / "fit_script.py"

@@ -39,9 +39,11 @@ def test_flagfile_from_configs():
 
 def test_server_options_come_from_the_flags():
   assert flags_lib.server_options_from_flags(parse()) == {"thread_spinning": False,  # idle threads sleep
-                                                           "lost_chief_timeout_secs": 600.0}
-  assert flags_lib.server_options_from_flags(parse("--thread_spinning", "--lost_chief_timeout_secs=20")) == {
-      "thread_spinning": True, "lost_chief_timeout_secs": 20.0}
+                                                           "lost_chief_timeout_secs": 600.0,
+                                                           "connect_timeout_secs": 60.0}
+  assert flags_lib.server_options_from_flags(parse("--thread_spinning", "--lost_chief_timeout_secs=20",
+                                                   "--connect_timeout_secs=5")) == {
+      "thread_spinning": True, "lost_chief_timeout_secs": 20.0, "connect_timeout_secs": 5.0}
   assert flags_lib.server_options_from_flags(flags.FlagValues()) == {}
 
 

@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+import needs
 from tfps.testing import applied_steps
 from tfps.testing import host_cluster as host_cluster_lib
 from tfps.testing import hosts as hosts_lib
@@ -26,7 +27,11 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 CHIEF = ("chief", 0)
 DELAYS_MS = (2, 10)
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="test hosts need root")
+
+
+@pytest.fixture(autouse=True)
+def root():
+  needs.require_root()
 
 
 def test_round_trip_grows_by_twice_the_delay_and_comes_back():

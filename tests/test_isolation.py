@@ -9,7 +9,6 @@ import json
 import os
 import pathlib
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import time
 import psutil
 import pytest
 
+import needs
 from marked_processes import MARK, kill_marked, marked
 from tfps.cluster import isolation
 from tfps.testing import hosts as hosts_lib
@@ -273,8 +273,7 @@ def test_tfps_config_says_that_a_server_listens_on_every_interface(job, note):
 def test_the_documented_firewall_rules_admit_only_the_cluster_hosts():
   """docs/security.md's iptables recipe, run on a test host: a cluster host connects, another host is refused,
   loopback still works, and the documented removal leaves no rule."""
-  if shutil.which("iptables") is None or shutil.which("ip6tables") is None:
-    pytest.skip("iptables is not installed (apt-get install -y iptables)")
+  needs.require_tools("iptables", "ip6tables", install="apt-get install -y iptables")
   doc = (REPO / "docs" / "security.md").read_text()
   recipe = re.search(r"```sh\n(.*?)```", doc, re.S).group(1)
   removal = re.search(r"To remove the rules:\s*`(.*?)`", doc, re.S).group(1).replace("\n", " ")

@@ -49,11 +49,13 @@ def test_exit_status_is_the_chiefs(tmp_path, marked_env):
 
 
 def test_dead_worker_is_named_with_exit_code_and_log_tail(tmp_path, marked_env):
-  proc = launch(tmp_path, "--max_restarts=0", script_args=["--fail_task=worker:1", "--chief_hang"], env=marked_env)
+  proc = launch(tmp_path, "--max_restarts=0", script_args=["--fail_task=worker:1", "--chief_hang", "--noise"],
+                env=marked_env)
   _, err = proc.communicate(timeout=60)
   assert proc.returncode == 1
   assert "task worker:1 exited with code 3; last lines of" in err
-  assert "  | worker:1 failing on purpose" in err
+  assert "  | started worker:1\n  | worker:1 failing on purpose" in err  # TensorFlow's start-up noise left out
+  assert "cuInit" not in err and "oneDNN" not in err and "InitializeLog" not in err, err
   assert tasks_of(tmp_path) == []
 
 
@@ -159,10 +161,16 @@ def test_dead_evaluator_is_restarted_alone(tmp_path, marked_env):
 def test_a_task_that_refuses_its_input_is_not_restarted(tmp_path, marked_env, failing):
   args = ["--chief_exit=2", "--chief_secs=0.2"] if failing == "chief:0" else ["--fail_task=worker:1", "--fail_code=2",
                                                                                 "--fail_secs=0.1", "--chief_hang"]
-  proc = launch(tmp_path, "--max_restarts=3", script_args=args, env=marked_env)
+  proc = launch(tmp_path, "--max_restarts=3", script_args=[*args, "--noise"], env=marked_env)
   _, err = proc.communicate(timeout=60)
   assert proc.returncode == 2, err
-  assert f"{failing} refused its input (exit status 2; its last line above says why); not restarting it" in err
+  if failing == "chief:0":  # its output is on the console
+    assert "chief:0 refused its input (exit status 2; its last line above says why); not restarting it" in err
+  else:  # its one line, quoted once, without TensorFlow's start-up noise
+    refusal = "fake_task.py: worker:1 refuses --fail_task=worker:1 on purpose"
+    assert f"worker:1 refused its input (exit status 2: {refusal}); not restarting it" in err
+    assert err.count(refusal) == 1, err
+  assert "last lines of" not in err and "cuInit" not in err and "oneDNN" not in err, err
   assert "restart 1/" not in err
   assert tasks_of(tmp_path) == []
 
@@ -176,3 +184,33 @@ def test_restarts_are_bounded(tmp_path, marked_env):
   assert "no restarts left (--max_restarts=2); stopping every task" in err
   assert (tmp_path / "logs" / "worker-0.log").read_text().count("started worker:0") == 3
   assert tasks_of(tmp_path) == []
+
+
+def test_a_flag_the_script_refuses_stops_the_launch_before_any_task_starts(tmp_path, marked_env):
+  proc = launch(tmp_path, "--num_ps=2", "--num_workers=2", script_args=["--chief_exit=many"], env=marked_env)
+  out, err = proc.communicate(timeout=60)
+  assert proc.returncode == 2
+  assert err == "tfps-launch: fake_task.py: flag --chief_exit=many: invalid literal for int() with base 10: 'many'\n"
+  assert not (tmp_path / "logs").exists() or not list((tmp_path / "logs").glob("*.log"))  # no task started
+  assert "started" not in out and tasks_of(tmp_path) == []
+
+
+CHECK = "import sys; from tfps import flags; flags.check_script_flags(sys.argv[1], sys.argv[2:])"
+
+
+@pytest.mark.parametrize("source, args, status, line", [
+    ("from absl import app, flags\nflags.DEFINE_integer('n', 1, 'n')\nif __name__ == '__main__':\n  app.run(print)\n",
+     ["--n=x"], 2, "script.py: flag --n=x: invalid literal for int() with base 10: 'x'"),
+    ("from absl import app, flags\nflags.DEFINE_integer('n', 1, 'n')\nif __name__ == '__main__':\n  app.run(print)\n",
+     ["--n=2"], 0, ""),
+    ("import argparse\nimport sys\nif __name__ == '__main__':\n  print('main ran')\n", ["--anything"], 0, ""),
+    ("import tensorflow\nraise SystemExit('unreachable')\n", ["--n=x"], 0, ""),  # needs TensorFlow: left to its tasks
+])
+def test_the_flag_check_runs_no_main_and_no_tensorflow(tmp_path, source, args, status, line):
+  script = tmp_path / "script.py"
+  script.write_text(source)
+  result = subprocess.run([sys.executable, "-c", CHECK + "; print('tensorflow' in sys.modules)", str(script), *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+  assert result.returncode == status, result.stderr
+  assert result.stderr.strip() == line
+  assert result.stdout == ("" if status else "False\n")  # no main ran, TensorFlow never loaded

@@ -23,6 +23,7 @@ import time
 
 import pytest
 
+import needs
 from tfps.testing import applied_steps
 from tfps.testing import host_cluster as host_cluster_lib
 from tfps.testing import hosts as hosts_lib
@@ -32,7 +33,12 @@ TRAINING = (("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1), ("worker", 2), (
 CHIEF, EVALUATOR, WORKER = ("chief", 0), ("evaluator", 0), ("worker", 1)
 PACE_KBIT = 2000  # per ps: about 8 steps/s of these small models
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="test hosts need root")]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def root():
+  needs.require_root()
 
 
 def wait_for(predicate, timeout_secs, what, cluster):

@@ -5,6 +5,8 @@ import pathlib
 from absl import flags
 import numpy as np
 import pytest
+
+import needs
 import tensorflow as tf
 
 import tfps
@@ -29,8 +31,7 @@ def _data_args(config, shared_data, tmp_path):
     sample = str(shared_data / "criteo" / "criteo_sample.csv")
     return [f"--train_files={sample}", f"--eval_files={sample}", "--num_buckets=1000", "--eval_batch_size=50"]
   if config.endswith("_movielens.cfg"):
-    if not (shared_data / "ml-100k" / "u.data").is_file():
-      pytest.skip("no MovieLens 100K in the shared data")
+    needs.require((shared_data / "ml-100k" / "u.data").is_file(), f"MovieLens 100K at {shared_data / 'ml-100k'}")
     return [f"--data_dir={shared_data / 'ml-100k'}"]
   return [f"--data_dir={tmp_path}", "--synthetic_rows=2000", "--synthetic_vocab_size=100", "--num_buckets=100",
           "--eval_batch_size=250"]

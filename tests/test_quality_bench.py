@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+import needs
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.slow
@@ -16,8 +17,7 @@ pytestmark = pytest.mark.slow
 
 def test_quality_bench_writes_both_sides_metrics(tmp_path, shared_data, subprocess_env, processes_naming):
   data_dir = shared_data / "ml-100k"
-  if not (data_dir / "u1.base").is_file():
-    pytest.skip(f"no MovieLens 100K at {data_dir}")
+  needs.require((data_dir / "u1.base").is_file(), f"MovieLens 100K at {data_dir}")
   out = tmp_path / "quality.json"
   command = [sys.executable, "bench/quality.py", f"--data_dir={data_dir}", "--epochs=1", "--retrieval_epochs=2",
              "--max_rows=2000", "--seeds=0", "--models=wide_deep,retrieval", f"--json_out={out}",

@@ -55,6 +55,7 @@ def test_series_are_the_records(tmp_path):
   assert validation_loss.steps == [100, 200, 300] and validation_loss.values == pytest.approx([0.63, 0.56, 0.51])
   assert sidecar_loss.steps == [e["step"] for e in run["evaluations"]]
   assert [c.values for c in report.panels["auc"]][2] == [0.69, 0.74, 0.79]
+  assert report.panels["examples/s"][0].label == "examples/s while training (no evaluations or checkpoints)"
   assert report.panels["examples/s"][0].steps == [50, 100, 150, 250]
   assert report.panels["examples/s"][0].values == [900.0, 950.0, 1000.0, 800.0]
   assert report.restart_steps == [150] and report.restart_labels == ["ps:0 was killed by SIGKILL"]
@@ -74,7 +75,12 @@ def test_summary_lines(tmp_path):
   lines = summary_lib.summary_lines(str(tmp_path), [{"restart": 1, "cause": "ps:0 was killed by SIGKILL",
                                                      "restarted": "ps, workers, chief"}], launch_secs=75)
   text = "\n".join(lines)
-  assert lines[0].startswith("steps 300 in ") and "examples/s" in lines[0] and "launch wall time 1m15s" in lines[0]
+  assert lines[0].startswith("steps 300 in ") and "launch wall time 1m15s" in lines[0]
+  assert "of wall time (training with its evaluations and checkpoints), " in lines[0]
+  assert "examples/s over it" in lines[0]
+  # what tfps-report plots: the progress records' rates, training alone
+  assert lines[1] == ("training alone (no evaluations or checkpoints): 925 examples/s, the median of 4 progress "
+                      "records (tfps-report's examples/s)")
   assert "final training metrics: auc 0.8000 | loss 0.5000" in text
   assert "final validation metrics: auc 0.7900 | loss 0.5100" in text
   assert f"sidecar best checkpoint: {tmp_path}/checkpoints/ckpt-3 (step 300): auc 0.7900" in text

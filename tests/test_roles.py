@@ -42,15 +42,17 @@ def test_a_missing_role_function_is_named(task, kwargs, message):
 
 
 @pytest.mark.parametrize("kwargs,expected", [
-    ({}, (False, None, 600.0)),
-    ({"thread_spinning": True, "model_dir": "/shared/run", "lost_chief_timeout_secs": 20}, (True, "/shared/run", 20))])
+    ({}, (False, None, 600.0, 60.0)),
+    ({"thread_spinning": True, "model_dir": "/shared/run", "lost_chief_timeout_secs": 20, "connect_timeout_secs": 5},
+     (True, "/shared/run", 20, 5))])
 def test_a_server_task_gets_the_thread_spinning_setting_and_what_ends_it(monkeypatch, kwargs, expected):
   from tfps.cluster import server  # pylint: disable=g-import-not-at-top
   served = []
-  monkeypatch.setattr(server, "run_server", lambda config, *args: served.append((config, *args)))
+  monkeypatch.setattr(server, "run_server", lambda config, *args, resolve_timeout_secs: served.append(
+      (config, *args, resolve_timeout_secs)))
   ps = CLUSTER.for_task("ps")
   roles.run_task(lambda c: "chief", cluster=ps, **kwargs)  # the stand-in returns; a real server never does
-  assert served[0] == (ps, *expected)
+  assert served[0] == (ps, *expected)  # the last: how long it waits for its own name to resolve
   spinning = expected[0]
   assert server.server_config(spinning).experimental.disable_thread_spinning is not spinning
 

@@ -12,6 +12,9 @@ from tfps import _env
 _env.prepare()
 _aliases.install()  # moved modules' old paths (tfps.flags, tfps.cluster.launch, ...) for one release
 
+from tfps.cluster import console as _console  # pylint: disable=g-import-not-at-top,wrong-import-position
+_console.quiet_task_console(_env.USER_LOG_LEVEL)  # a task started on its own: the console tfps-launch gives its tasks
+
 from tfps.cluster.config import ClusterConfig  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tfps.errors import (ArgumentTypeError, CheckpointMismatchError, ClusterConfigError, KerasVersionError, TfpsError,  # pylint: disable=g-import-not-at-top,wrong-import-position
                          UnreachableTaskError, UsageError)

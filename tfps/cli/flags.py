@@ -14,8 +14,11 @@ cross-field rules), `mode_from_flags` a `TrainingMode`, `strategy_options_from_f
 """
 
 import dataclasses
+import importlib.abc
 import os
+import runpy
 import sys
+import types
 from typing import Callable, Mapping, Optional, Sequence
 
 from absl import flags
@@ -47,7 +50,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_integer("task_index", 0, "This task's index within its job.", flag_values=flag_values)
   flags.DEFINE_integer("num_shards", None, "Shards of each large variable (default: the number of ps).",
                        lower_bound=1, flag_values=flag_values)
-  flags.DEFINE_float("connect_timeout_secs", 60.0, "Seconds the chief waits for every ps and worker to answer.",
+  flags.DEFINE_float("connect_timeout_secs", 60.0, "Seconds the chief waits for every ps and worker to answer, and a ps "
+                     "or worker for the name of its own address to resolve.",
                      lower_bound=0.0, flag_values=flag_values)
   flags.DEFINE_float("lost_task_timeout_secs", 30.0, "Seconds a ps may stay silent mid-run before the chief stops "
                      "with an error naming it (to be started again; it resumes from its checkpoint).",
@@ -137,12 +141,13 @@ def strategy_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> 
 
 
 def server_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> dict:
-  """`thread_spinning` and `lost_chief_timeout_secs` from the flags (empty where undefined), for
-  `tfps.run_task(..., **options)`."""
+  """`thread_spinning`, `lost_chief_timeout_secs` and `connect_timeout_secs` from the flags (empty where undefined),
+  for `tfps.run_task(..., **options)`."""
   if "thread_spinning" not in flag_values:
     return {}
   return {"thread_spinning": flag_values["thread_spinning"].value,
-          "lost_chief_timeout_secs": flag_values["lost_chief_timeout_secs"].value}
+          "lost_chief_timeout_secs": flag_values["lost_chief_timeout_secs"].value,
+          "connect_timeout_secs": flag_values["connect_timeout_secs"].value}
 
 
 def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -234,6 +239,40 @@ def command_line_parser(program: str) -> Callable[[Sequence[str]], list]:
     except flags.Error as e:
       refuse(program, str(e).splitlines()[0])
   return parse
+
+
+CHECK_RUN_NAME = "__tfps_flag_check__"  # the script's module name while its flags are checked: its main never runs
+_TENSORFLOW_PACKAGES = ("tensorflow", "tf_keras", "tensorflow_recommenders")
+
+
+class _TensorFlowImported(BaseException):  # not caught by a script's `except Exception`
+  """The checked script imports TensorFlow where it defines its flags: too slow for a check; its tasks check them."""
+
+
+class _WithoutTensorFlow(importlib.abc.MetaPathFinder):
+  def find_spec(self, fullname, path, target=None):
+    del path, target
+    if fullname.split(".")[0] in _TENSORFLOW_PACKAGES:
+      raise _TensorFlowImported(fullname)
+    return None
+
+
+def check_script_flags(script: str, args: Sequence[str]) -> None:
+  """Parses `args` as `script` would, in this process (a quick child of tfps-launch, before any task starts): runs
+  the script's module code under another name than `__main__` (its flags are defined, its main does not run) without
+  TensorFlow, then, if it is an absl program (it refers to absl's `flags` or `app`, or to tfps), parses them like
+  `tfps.run_main`: a bad flag ends the process with the script's one line and `EXIT_REFUSED`. A script that needs
+  TensorFlow (or anything else) to define its flags ends it quietly: its tasks check them."""
+  sys.argv = [script, *args]
+  sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as when the script runs: its folder first
+  sys.meta_path.insert(0, _WithoutTensorFlow())
+  try:
+    names = runpy.run_path(script, run_name=CHECK_RUN_NAME)
+  except _TensorFlowImported:
+    return
+  modules = {value.__name__ for value in names.values() if isinstance(value, types.ModuleType)}
+  if modules & {"absl.flags", "absl.app", "tfps"}:
+    command_line_parser(os.path.basename(script))(sys.argv)
 
 
 def run_main(main: Callable[[Sequence[str]], Optional[int]], argv: Optional[Sequence[str]] = None) -> None:

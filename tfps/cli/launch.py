@@ -11,6 +11,7 @@ import dataclasses
 import os
 import pathlib
 import signal
+import subprocess
 import sys
 import time
 from typing import List, Optional, Sequence
@@ -26,6 +27,7 @@ from tfps.cluster import isolation
 from tfps.cluster import summary
 from tfps.cluster import supervise
 from tfps.cluster import tasks as tasks_lib
+from tfps.errors import EXIT_REFUSED
 from tfps.errors import refuse
 
 PROGRAM = "tfps-launch"
@@ -88,6 +90,30 @@ def task_names(config: LaunchConfig) -> List[tasks_lib.TaskName]:
   if config.evaluator:
     names.append(("evaluator", 0))
   return names
+
+
+_CHECK_TIMEOUT_SECS = 300.0
+
+
+def check_script_flags(config: LaunchConfig) -> None:
+  """Parses the script's flags once, in a child without a cluster, before any task starts
+  (`tfps.flags.check_script_flags`): a flag the script refuses stops the launch within seconds, in the script's one
+  line, instead of after every task imported TensorFlow. A script that is not an absl program, or fails otherwise
+  without a cluster, is left to its tasks.
+
+  Raises:
+    app.UsageError: the script refused its flags (its line).
+  """
+  code = "import sys; from tfps import flags; flags.check_script_flags(sys.argv[1], sys.argv[2:])"
+  environ = {key: value for key, value in os.environ.items() if key not in ("TF_CONFIG", "TFPS_TASK_TYPE")}
+  try:
+    result = subprocess.run([sys.executable, "-c", code, config.script, *config.script_args], env=environ,
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=_CHECK_TIMEOUT_SECS)
+  except subprocess.TimeoutExpired:
+    return
+  if result.returncode == EXIT_REFUSED:
+    lines = result.stderr.strip().splitlines()
+    raise app.UsageError(lines[-1] if lines else f"{config.script} refused its flags {config.script_args}")
 
 
 def launch_tasks(config: LaunchConfig, cluster: cluster_lib.ClusterConfig) -> tasks_lib.TaskGroup:
@@ -160,6 +186,8 @@ def main(argv: Sequence[str], command_line: Optional[Sequence[str]] = None) -> i
   (unparsed; default `sys.argv`) again inside a private network namespace."""
   try:
     config = config_from_args(argv)
+    if not os.environ.get(isolation.INSIDE_ENV):  # once, before the namespace and before any task
+      check_script_flags(config)
     if os.environ.pop(isolation.INSIDE_ENV, None):
       isolation.enter_namespace()
     elif not config.expose_ports:

@@ -26,6 +26,7 @@ DEFAULT_THREAD_SPINNING = False
 # How long a ps or worker waits for a silent chief before it fails (`tfps.cluster.job_end`): long enough for a chief
 # pod to be scheduled again and its image pulled.
 DEFAULT_LOST_CHIEF_TIMEOUT_SECS = 600.0
+DEFAULT_CONNECT_TIMEOUT_SECS = 60.0  # the chief waits this long for every task; a task for its own name to resolve
 
 Hosts = Union[str, Sequence[str], None]
 

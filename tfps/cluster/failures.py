@@ -11,6 +11,10 @@ from tfps.cluster import config as cluster_lib
 
 _TASK = re.compile(r"/job:(ps|worker|chief)/replica:\d+/task:(\d+)")
 _SHOWN_CHARS = 160
+# What TensorFlow writes before the cause: a graph function's header, the node and the Python frames that defined it
+_PREAMBLE = re.compile(r"Graph execution error:|Detected at node .* defined at \(most recent call last\):|"
+                       r"<stack traces unavailable>|\s+File \".*\", line \d+, in .*|\s{4}.*")
+_NODE_TAG = re.compile(r"\{\{[^}]*\}\}\s*")
 
 
 def describe_lost_task(error: BaseException, config: cluster_lib.ClusterConfig) -> Optional[str]:
@@ -28,8 +32,17 @@ def describe_lost_task(error: BaseException, config: cluster_lib.ClusterConfig) 
   index = int(index)
   hosts = config.hosts(job)
   address = hosts[index] if index < len(hosts) else "(not in the cluster)"
-  detail = " ".join(text.split("\n", 1)[0].split())
-  if len(detail) > _SHOWN_CHARS:
-    detail = detail[:_SHOWN_CHARS] + "..."
+  detail = cause(text)
   return (f"task {job}:{index} at {address} became unreachable ({detail}); check that it runs and that its host is "
           "reachable, then start this task again: it resumes from the last checkpoint")
+
+
+def cause(text: str) -> str:
+  """The first line of TensorFlow's error `text` that says what went wrong, at most 160 characters.
+
+  A graph function's error begins with `Graph execution error:`, an empty line and the Python frames that defined the
+  failing node; the cause (e.g. gRPC's `failed to connect to all addresses; ...`) comes after them.
+  """
+  lines = (_NODE_TAG.sub("", line).strip() for line in text.splitlines() if not _PREAMBLE.fullmatch(line))
+  detail = " ".join(next((line for line in lines if line), "no detail given").split())
+  return detail[:_SHOWN_CHARS] + "..." if len(detail) > _SHOWN_CHARS else detail

@@ -12,7 +12,7 @@ from tfps.cluster import watchdog
 from tfps.errors import ArgumentTypeError, UsageError
 
 DEFAULT_MIN_SHARD_BYTES = 256 << 10
-DEFAULT_CONNECT_TIMEOUT_SECS = 60.0
+DEFAULT_CONNECT_TIMEOUT_SECS = cluster_lib.DEFAULT_CONNECT_TIMEOUT_SECS
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,9 +3,11 @@ does not answer. Imports no TensorFlow; every message says what to check."""
 
 import errno
 import socket
+import time
 
 from tfps.cluster import config as cluster_lib
 from tfps.errors import AddressInUseError
+from tfps.errors import ClusterConfigError
 
 _CHECKED = set()  # addresses this process already listens at (a chief may build its strategy twice)
 
@@ -30,6 +32,27 @@ def check_can_listen(config: cluster_lib.ClusterConfig) -> None:
         raise
       raise AddressInUseError(address_in_use_message(config)) from None
   _CHECKED.add(address)
+
+
+def check_resolves(config: cluster_lib.ClusterConfig, timeout_secs: float) -> None:
+  """Raises `ClusterConfigError` unless the host name of this task's own address resolves within `timeout_secs`.
+
+  TensorFlow's server listens on every interface whatever its address says, so a task whose name no one can resolve
+  would serve forever unreached. The name is retried meanwhile: in Kubernetes a pod's name appears once the pod runs.
+  """
+  if config.address is None:
+    return
+  host, port = config.address.rsplit(":", 1)
+  deadline = time.monotonic() + timeout_secs
+  while True:
+    try:
+      socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
+      return
+    except socket.gaierror as e:
+      if time.monotonic() >= deadline:
+        raise ClusterConfigError(f"task {config.task_type}:{config.task_index} cannot serve at {config.address} "
+                                 f"(waited {timeout_secs:g}s): {explain_connect_error(e, host, port)}") from None
+      time.sleep(min(0.5, max(deadline - time.monotonic(), 0)))
 
 
 def address_in_use_message(config: cluster_lib.ClusterConfig) -> str:

@@ -15,7 +15,7 @@ from tfps.cluster import watchdog
 from tfps.errors import UnreachableTaskError
 
 
-def wait_for_tasks(config: cluster_lib.ClusterConfig, timeout_secs: float = 60.0,
+def wait_for_tasks(config: cluster_lib.ClusterConfig, timeout_secs: float = cluster_lib.DEFAULT_CONNECT_TIMEOUT_SECS,
                    jobs: Sequence[str] = ("ps", "worker")) -> None:
   """Waits until every task of `jobs` answers as a TensorFlow (gRPC) server, or raises naming the first one that did
   not. Another program on a task's port would otherwise make the chief hang inside TensorFlow.

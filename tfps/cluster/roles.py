@@ -48,7 +48,8 @@ def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None
              evaluator_fn: Optional[Callable[[Optional[cluster_lib.ClusterConfig]], T]] = None,
              cluster: Optional[cluster_lib.ClusterConfig] = None,
              thread_spinning: bool = cluster_lib.DEFAULT_THREAD_SPINNING, model_dir: Optional[str] = None,
-             lost_chief_timeout_secs: float = cluster_lib.DEFAULT_LOST_CHIEF_TIMEOUT_SECS) -> Optional[T]:
+             lost_chief_timeout_secs: float = cluster_lib.DEFAULT_LOST_CHIEF_TIMEOUT_SECS,
+             connect_timeout_secs: float = cluster_lib.DEFAULT_CONNECT_TIMEOUT_SECS) -> Optional[T]:
   """Runs this process's role; one call serves every role of a user's script.
 
   ps and worker tasks serve and never return: given the run's `model_dir` they exit with status 0 once training has
@@ -67,6 +68,8 @@ def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None
       `tfps.server_options_from_flags()`.
     model_dir: the run's model_dir (on storage every host sees), for ps and workers to see training end.
     lost_chief_timeout_secs: how long a ps or worker waits for a silent chief before it fails (status 3).
+    connect_timeout_secs: how long a ps or worker waits for the host name of its own address to resolve before it
+      refuses to serve (one line naming it); `--connect_timeout_secs`: `tfps.server_options_from_flags()`.
   """
   if chief_fn is None and evaluator_fn is None:
     raise TypeError("run_task needs `chief_fn`, `evaluator_fn` or both")
@@ -76,7 +79,8 @@ def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None
   checks.non_negative_number("lost_chief_timeout_secs", lost_chief_timeout_secs, "number of seconds")
   if config.task_type in ("ps", "worker"):
     from tfps.cluster import server  # pylint: disable=g-import-not-at-top
-    server.run_server(config, thread_spinning, model_dir, lost_chief_timeout_secs)
+    server.run_server(config, thread_spinning, model_dir, lost_chief_timeout_secs,
+                      resolve_timeout_secs=connect_timeout_secs)
   if config.task_type == "evaluator":
     if evaluator_fn is None:
       raise ClusterConfigError("this task is an evaluator but the script gives no evaluation to run; pass "

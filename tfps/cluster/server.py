@@ -27,12 +27,15 @@ def server_config(thread_spinning: bool = cluster_lib.DEFAULT_THREAD_SPINNING) -
 
 
 def build_server(config: cluster_lib.ClusterConfig,
-                 thread_spinning: bool = cluster_lib.DEFAULT_THREAD_SPINNING) -> tf.distribute.Server:
-  """Starts the `tf.distribute.Server` of the ps or worker task `config` describes, with `server_config`."""
+                 thread_spinning: bool = cluster_lib.DEFAULT_THREAD_SPINNING,
+                 resolve_timeout_secs: float = cluster_lib.DEFAULT_CONNECT_TIMEOUT_SECS) -> tf.distribute.Server:
+  """Starts the `tf.distribute.Server` of the ps or worker task `config` describes, with `server_config`, once its
+  own host name resolves (`ports.check_resolves`, waiting up to `resolve_timeout_secs`)."""
   if config.task_type not in SERVER_JOBS:
     raise ValueError(f"only ps and worker tasks run a server, not {config.task_type}:{config.task_index}")
   os.environ["GRPC_FAIL_FAST"] = "use_caller"  # else a dead worker is never reported to the coordinator
   ports.check_can_listen(config)
+  ports.check_resolves(config, resolve_timeout_secs)
   try:
     return tf.distribute.Server(tf.train.ClusterSpec(config.training_cluster()), job_name=config.task_type,
                                 task_index=config.task_index, protocol="grpc", start=True,
@@ -50,10 +53,12 @@ def _exit_on_signal(signum, frame):
 
 def run_server(config: cluster_lib.ClusterConfig,
                thread_spinning: bool = cluster_lib.DEFAULT_THREAD_SPINNING, model_dir: Optional[str] = None,
-               lost_chief_timeout_secs: float = job_end.DEFAULT_LOST_CHIEF_TIMEOUT_SECS) -> NoReturn:
+               lost_chief_timeout_secs: float = job_end.DEFAULT_LOST_CHIEF_TIMEOUT_SECS,
+               resolve_timeout_secs: float = cluster_lib.DEFAULT_CONNECT_TIMEOUT_SECS) -> NoReturn:
   """Serves as the ps or worker task of `config` until SIGTERM or SIGINT (then exits with status 0) or, given the
-  run's `model_dir`, until training ends (status 0) or the chief is gone for good (status 3): `job_end`."""
-  server = build_server(config, thread_spinning)
+  run's `model_dir`, until training ends (status 0) or the chief is gone for good (status 3): `job_end`. A task
+  whose own host name does not resolve within `resolve_timeout_secs` refuses in one line (status 2)."""
+  server = build_server(config, thread_spinning, resolve_timeout_secs)
   signal.signal(signal.SIGTERM, _exit_on_signal)
   signal.signal(signal.SIGINT, _exit_on_signal)
   logging.info("Serving %s at %s (idle threads %s)", config.describe(), config.address,

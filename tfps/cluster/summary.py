@@ -7,6 +7,7 @@ Imports no TensorFlow.
 """
 
 import os
+import statistics
 from typing import List, Optional, Sequence
 
 from tfps.formatting import format_duration, format_rate
@@ -28,6 +29,16 @@ def _metrics_text(metrics: dict) -> str:
   return " | ".join(f"{name} {value:.4f}" for name, value in sorted(metrics.items()))
 
 
+def _training_rates(progress: Sequence[dict]) -> List[str]:
+  """The line of the examples/s the progress records measured over training alone (what tfps-report plots): their
+  median (the first, with the tracing of the step, is far below the rest)."""
+  rates = [r["examples_per_sec"] for r in progress if r.get("kind") == "train" and r.get("examples_per_sec")]
+  if not rates:
+    return []
+  return [f"training alone (no evaluations or checkpoints): {format_rate(statistics.median(rates))} examples/s, the "
+          f"median of {len(rates)} progress records (tfps-report's examples/s)"]
+
+
 def summary_lines(model_dir: Optional[str], restarts: Sequence[dict], launch_secs: float) -> List[str]:
   """The summary as lines of text (restarts: the supervisor's restart records)."""
   lines = []
@@ -35,9 +46,11 @@ def summary_lines(model_dir: Optional[str], restarts: Sequence[dict], launch_sec
   summary = run and run["summary"]
   if summary:
     speed = summary.get("examples_per_sec")
-    speed_text = f", {format_rate(speed)} examples/s" if speed else ""
-    lines.append(f"steps {summary.get('steps')} in {format_duration(summary.get('wall_secs', 0))} of training"
-                 f"{speed_text} (launch wall time {format_duration(launch_secs)})")
+    speed_text = f", {format_rate(speed)} examples/s over it" if speed else ""
+    lines.append(f"steps {summary.get('steps')} in {format_duration(summary.get('wall_secs', 0))} of wall time "
+                 f"(training with its evaluations and checkpoints){speed_text} (launch wall time "
+                 f"{format_duration(launch_secs)})")
+    lines += _training_rates(run["progress"])
     train, validation = run_records.split_metrics(summary.get("final_metrics", {}))
     if train:
       lines.append(f"final training metrics: {_metrics_text(train)}")

@@ -63,13 +63,15 @@ class Supervisor:
     if job in ("evaluator", "ps", "worker") and code == 0:  # a server ends by itself once training has ended
       logging.info("%s finished", task.label)
       return None
-    _say(self.group.describe_exit(task))
     refused = code == EXIT_REFUSED  # its flags, cluster or checkpoint: started again, it would refuse them again
-    if refused:
-      _say(f"{task.label} refused its input (exit status {EXIT_REFUSED}; its last line above says why); not restarting "
-           "it: stopping every task")
-    elif self.restarts >= self.max_restarts and self.max_restarts:
-      _say(f"no restarts left (--max_restarts={self.max_restarts}); stopping every task")
+    if refused:  # its one line, once: on the console already if streamed, else quoted from its log
+      lines = [] if task.stream else [line.strip() for line in task.tail(quiet=True) if line.strip()][-1:]
+      why = f": {lines[0]}" if lines else "; its last line above says why"
+      _say(f"{task.label} refused its input (exit status {EXIT_REFUSED}{why}); not restarting it: stopping every task")
+    else:
+      _say(self.group.describe_exit(task))
+      if self.restarts >= self.max_restarts and self.max_restarts:
+        _say(f"no restarts left (--max_restarts={self.max_restarts}); stopping every task")
     if refused or self.restarts >= self.max_restarts:
       if job == "evaluator":
         self.evaluator_failed = True

@@ -87,11 +87,13 @@ class Task:
       self._pump.join(timeout=5)
     return code
 
-  def tail(self, lines: int = TAIL_LINES) -> List[str]:
-    """The last `lines` lines of the task's log."""
+  def tail(self, lines: int = TAIL_LINES, quiet: bool = False) -> List[str]:
+    """The last `lines` lines of the task's log; `quiet`: of those `console.ConsoleFilter` keeps (no TensorFlow
+    start-up noise)."""
+    keep = console.ConsoleFilter(quiet=quiet).keep
     try:
-      with open(self.log_path, errors="replace") as f:
-        return list(collections.deque(f, maxlen=lines))
+      with open(self.log_path, "rb") as f:
+        return list(collections.deque((line.decode(errors="replace") for line in f if keep(line)), maxlen=lines))
     except OSError:
       return []
 
@@ -156,8 +158,8 @@ class TaskGroup:
     return next((task for task in self.tasks if task.name == name), None)
 
   def describe_exit(self, task: Task) -> str:
-    """Which task ended, how, and the last lines of its log."""
-    lines = "".join("  | " + line for line in task.tail())
+    """Which task ended, how, and the last lines of its log (without TensorFlow's noise unless verbose)."""
+    lines = "".join("  | " + line for line in task.tail(quiet=not self.verbose))
     return (f"task {task.label} {describe_returncode(task.poll())}; last lines of {task.log_path}:\n"
             f"{lines.rstrip() or '  | (empty log)'}")
 

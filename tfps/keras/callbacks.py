@@ -2,6 +2,7 @@
 epoch."""
 
 import os
+import threading
 import time
 from typing import Optional
 
@@ -16,14 +17,20 @@ from tfps.training import tables
 from tfps.formatting import format_duration, format_rate
 
 
+_MIN_SAMPLE_SECS = 0.05  # `interval_secs=0`: a line whenever the step moved, at most this often
+RECORD_SECS = 1.0  # a progress record (what tfps-report plots) this often while steps run; lines every interval
+
+
 class ProgressLogger(tf_keras.callbacks.Callback):
   """Logs `epoch | step | loss | ex/s` every `interval_secs` on the chief, without slowing training down.
 
-  Under ParameterServerStrategy the logs of a step are remote values; fetching the newest one would wait for every
-  function scheduled before it. This callback fetches the loss of the function scheduled one before the newest, once
-  per interval, which has finished or nearly: the coordinator waits for it at most that once. The loss is the epoch's
-  running mean, as tf-keras reports it. With a `recorder`, each line and each epoch's metrics also go to the run
-  records (`model_dir/run/`), and the summary is written when training ends.
+  Under ParameterServerStrategy `fit` schedules an epoch's functions long before they run (the coordinator queues
+  them), so its batch hooks say nothing about progress. A thread of this callback reads, every interval, the
+  optimizer's step from its ps and fetches the loss of the newest function that ran that far (done: no wait); the
+  rate is the steps since the previous line (or the epoch's start) over the time, training only. The loss is the
+  epoch's running mean, as tf-keras reports it. With a `recorder`, the thread also writes a progress record every
+  `RECORD_SECS` (or `interval_secs` if shorter) while steps run, with the rate since the previous record, and each
+  epoch's metrics go to the run records (`model_dir/run/`); the summary is written when training ends.
   """
 
   def __init__(self, steps_per_epoch: int, epochs: int, batch_size: Optional[int], interval_secs: float = 10.0,
@@ -37,10 +44,20 @@ class ProgressLogger(tf_keras.callbacks.Callback):
     self.batch_size = batch_size
     self.interval_secs = interval_secs
     self._epoch = 0
-    self._last = (0.0, 0)  # (time, global step) of the previous line or of the epoch's start
-    self._previous_logs = None  # the logs of the previous scheduled function
+    self._last = (0.0, 0)  # (time, global step) of the previous record or of the epoch's start
+    self._last_line = (0.0, 0)  # the same for the previous line
+    self._logs_at = {}  # steps into the epoch at a scheduled function's end -> its logs
+    self._training = False  # the epoch's steps run (not its validation)
+    self._lock = threading.Lock()
+    self._stop = threading.Event()
+    self._sampler = None
     self._epoch_times = [time.monotonic(), None]
     self._began = False  # an epoch began in this run (the first one > 0 means a resumed run)
+
+  def on_train_begin(self, logs=None):
+    self._stop.clear()
+    self._sampler = threading.Thread(target=self._sample_until_stopped, name="tfps-progress", daemon=True)
+    self._sampler.start()
 
   def on_epoch_begin(self, epoch, logs=None):
     if not self._began and epoch > 0:
@@ -48,36 +65,72 @@ class ProgressLogger(tf_keras.callbacks.Callback):
                    epoch * self.steps_per_epoch)
       if self.recorder is not None:
         self.recorder.start_step = epoch * self.steps_per_epoch
-    self._epoch = epoch
-    self._began = True
-    self._last = (time.monotonic(), epoch * self.steps_per_epoch)  # evaluation and checkpoints are not training
-    self._epoch_times = [self._last[0], None]  # start, end of training (the epoch's validation comes after)
-    self._previous_logs = None
+    with self._lock:
+      self._epoch = epoch
+      self._began = True
+      self._last = self._last_line = (time.monotonic(), epoch * self.steps_per_epoch)  # not evaluation, checkpoints
+      self._epoch_times = [self._last[0], None]  # start, end of training (the epoch's validation comes after)
+      self._logs_at = {}
+      self._training = True
 
   def on_train_batch_end(self, batch, logs=None):
-    now = time.monotonic()
-    last_time, last_step = self._last
-    previous_logs, self._previous_logs = self._previous_logs, logs
-    if now - last_time < self.interval_secs:
-      return
-    step = self._epoch * self.steps_per_epoch + batch + 1
-    loss = _fetch_scalar(_fetch(previous_logs or {}).get("loss"))  # one function back: done, or nearly
-    self._last = (now, step)
-    rate = (step - last_step) / (now - last_time)
+    with self._lock:
+      self._logs_at[batch + 1] = logs  # scheduled, not run yet: the sampler fetches it once the step got there
+
+  def _sample_until_stopped(self):
+    poll_secs = max(min(self.interval_secs, RECORD_SECS if self.recorder is not None else self.interval_secs),
+                    _MIN_SAMPLE_SECS)
+    while not self._stop.wait(poll_secs):
+      try:
+        step = int(self.model.optimizer.iterations.numpy())
+      except (tf.errors.OpError, RuntimeError, ValueError):  # the cluster is going away: the run's end says why
+        return
+      except TypeError:  # geo mode: the step lives in the rounds' functions, not readable here; epoch ends only
+        logging.debug("Progress lines within an epoch: the optimizer's step cannot be read in this mode")
+        return
+      with self._lock:
+        if not self._training or step <= self._last[1]:
+          continue
+        now, epoch, first = time.monotonic(), self._epoch, self._epoch * self.steps_per_epoch
+        rate = (step - self._last[1]) / (now - self._last[0])
+        line_rate = (step - self._last_line[1]) / (now - self._last_line[0])
+        line = now - self._last_line[0] >= self.interval_secs
+        self._last = (now, step)
+        if line:
+          self._last_line = self._last
+        done = [at for at in self._logs_at if at <= step - first]
+        logs = self._logs_at[max(done)] if done else None
+      loss = self._loss_of(logs)
+      if self.recorder is not None:
+        self.recorder.progress(step, {} if loss is None else {"loss": loss},
+                               rate * self.batch_size if self.batch_size else None)
+      if line:
+        self._log_line(epoch, step, loss, line_rate)
+
+  @staticmethod
+  def _loss_of(logs) -> Optional[float]:
+    try:
+      return _fetch_scalar(_fetch(logs or {}).get("loss"))
+    except tf.errors.OpError:  # that function failed on a lost worker and runs again elsewhere
+      return None
+
+  def _log_line(self, epoch: int, step: int, loss: Optional[float], rate: float) -> None:
+    """The progress line at global `step` of `epoch`, with the loss of a function that ran, `rate` steps/s."""
     speed = f"{format_rate(rate * self.batch_size)} ex/s" if self.batch_size else f"{format_rate(rate)} steps/s"
     eta = (self.epochs * self.steps_per_epoch - step) / rate if rate else 0
     loss_text = "-" if loss is None else f"{loss:.4f}"
-    logging.info("epoch %d/%d | step %d/%d | loss %s | %s | eta %s", self._epoch + 1, self.epochs,
-                 batch + 1, self.steps_per_epoch, loss_text, speed, format_duration(eta))
-    if self.recorder is not None:
-      self.recorder.progress(step, {} if loss is None else {"loss": loss},
-                             rate * self.batch_size if self.batch_size else None)
+    logging.info("epoch %d/%d | step %d/%d | loss %s | %s | eta %s", epoch + 1, self.epochs,
+                 step - epoch * self.steps_per_epoch, self.steps_per_epoch, loss_text, speed, format_duration(eta))
 
   def on_test_begin(self, logs=None):
-    if self._epoch_times[1] is None:
-      self._epoch_times[1] = time.monotonic()
+    with self._lock:
+      self._training = False
+      if self._epoch_times[1] is None:
+        self._epoch_times[1] = time.monotonic()
 
   def on_epoch_end(self, epoch, logs=None):
+    with self._lock:
+      self._training = False
     values = {name: _fetch_scalar(value) for name, value in (logs or {}).items()}
     values = {name: value for name, value in values.items() if value is not None}
     logging.info("epoch %d/%d done | %s", epoch + 1, self.epochs,
@@ -93,6 +146,9 @@ class ProgressLogger(tf_keras.callbacks.Callback):
         self.recorder.validation(step, validation)
 
   def on_train_end(self, logs=None):
+    self._stop.set()
+    if self._sampler is not None:
+      self._sampler.join(timeout=30)
     if self.recorder is not None:
       step = int(self.model.optimizer.iterations.numpy())
       summary = self.recorder.finish(step, self._final_logs, tensorboard=os.path.join(self.recorder.model_dir, "logs"))

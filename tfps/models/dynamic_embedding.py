@@ -26,6 +26,7 @@ import tensorflow as tf
 import tf_keras
 
 from tfps import _tf_private
+from tfps.models import dynamic_rows
 from tfps.models.dynamic_rows import RowShard
 from tfps.training import distinct_rows
 from tfps.training import tables
@@ -146,8 +147,14 @@ class DynamicEmbedding(tf_keras.layers.Layer):
       raise ValueError(f"{self.name}: `num_shards` ({self.num_shards}) differs from the {len(sizes)} shard(s) the "
                        f"strategy's partitioner made of the {self.capacity}-row table")
     offsets = [sum(sizes[:index]) for index in range(len(sizes))]
+    # Maps over one whole variable (a table below the partitioner's threshold) write the same rows and slots: one
+    # critical section for all (TensorFlow refuses two that touch one resource), on the variable's ps
+    lock = None
+    if strategy and not sharded and len(sizes) > 1:
+      with tf.init_scope(), tf.device(embeddings.device):
+        lock = dynamic_rows.build_lock(0)
     shards = [RowShard(size, 0 if sharded else offset, self.key_dtype, variable.device if strategy else "", strategy,
-                     variable, index)
+                       variable, index, lock)
               for index, (size, offset, variable) in enumerate(zip(sizes, offsets, variables))]
     return _Table(self.name, embeddings, shards, variables, offsets)
 

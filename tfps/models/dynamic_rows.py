@@ -36,6 +36,12 @@ def _hold_in_turn(lock, inputs, body):
   return held
 
 
+def build_lock(index: int) -> tf.CriticalSection:
+  """A shard's critical section, on the current device, with a shared name of its own: by default every table's
+  shard `index` would share one mutex (named `lock_{index}/`) on a ps, and two tables of one model hang a step on it."""
+  return tf.CriticalSection(name=f"lock_{index}", shared_name=f"tfps_table_lock_{uuid.uuid4().hex}")
+
+
 def shaped_lookup(table, keys):
   """`table.lookup(keys)` with the shape of `keys` (a hash table's lookup loses it while traced)."""
   return tf.reshape(table.lookup(keys), tf.shape(keys))
@@ -44,7 +50,10 @@ def shaped_lookup(table, keys):
 class RowShard(tf.Module):
   """The id-to-row bookkeeping of one row shard, on that shard's ps."""
 
-  def __init__(self, rows: int, base: int, key_dtype, device: str, strategy, colocate_with, index: int):
+  def __init__(self, rows: int, base: int, key_dtype, device: str, strategy, colocate_with, index: int,
+               lock: Optional[tf.CriticalSection] = None):
+    """`lock`: the critical section of a shard that shares its rows' variable with other shards (a table the
+    partitioner kept whole, with `num_shards` maps over it); by default one of its own."""
     super().__init__(name=f"shard_{index}")
     self.rows = rows
     self.base = base  # where the shard's rows start in the variable holding them
@@ -56,10 +65,7 @@ class RowShard(tf.Module):
                                                             name=f"counts_{index}")
       # Concurrent steps of several workers take turns; a copy outside a strategy (serving) runs one at a time, and a
       # mutex, not being trackable, could not be saved in its SavedModel.
-      # A shared name of its own: by default every table's shard `index` would share one mutex (named
-      # `lock_{index}/`) on a ps, and two tables of one model hang a step on it.
-      self.lock = (tf.CriticalSection(name=f"lock_{index}", shared_name=f"tfps_table_lock_{uuid.uuid4().hex}")
-                   if strategy else None)
+      self.lock = lock or (build_lock(index) if strategy else None)
     scope = strategy.extended.colocate_vars_with(colocate_with) if strategy else contextlib.nullcontext()
     with scope:
       def variable(name, make, dtype=tf.int64):  # `make()` inside the initializer: a model_fn may build in a trace

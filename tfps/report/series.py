@@ -5,6 +5,9 @@ import dataclasses
 from typing import Dict, List, Optional, Sequence
 
 LOSS = "loss"
+# The progress records measure training alone; the launcher's summary also gives examples/s over the training call's
+# wall time, evaluations and checkpoints included
+SPEED_LABEL = "examples/s while training (no evaluations or checkpoints)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +63,6 @@ def build_series(run: dict) -> ReportSeries:
               _curve(f"sidecar {metric}", run["evaluations"], metric)]
     panels[metric] = [curve for curve in curves if curve.steps]
   speed = [r for r in train if r.get("examples_per_sec") is not None]
-  panels["examples/s"] = [Curve("examples/s", [r["step"] for r in speed], [r["examples_per_sec"] for r in speed])]
+  panels["examples/s"] = [Curve(SPEED_LABEL, [r["step"] for r in speed], [r["examples_per_sec"] for r in speed])]
   return ReportSeries(panels=panels, restart_steps=restart_steps(run["progress"], run["restarts"]),
                       restart_labels=[r.get("cause", "restart") for r in run["restarts"]])
