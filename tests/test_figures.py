@@ -339,7 +339,7 @@ def unsourced_numbers(first: str, row: str) -> list:
   return re.findall(r"\d[\d,.]*", _CONTEXT.sub("", re.sub(r"\([^()]*\.md[^()]*\)|`[^`]*`", "", measured)))
 
 
-@pytest.mark.parametrize("template,source,values", PERFORMANCE_PROSE, ids=lambda x: str(x)[:40])
+@pytest.mark.parametrize("template,source,values", PERFORMANCE_PROSE, ids=[p[0][:40] for p in PERFORMANCE_PROSE])
 def test_each_figure_in_performance_md_prose_is_its_results_value(template, source, values):
   text = " ".join((REPO / "docs" / "performance.md").read_text(encoding="utf-8").split())
   quoted = template.format(*values())
