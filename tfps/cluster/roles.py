@@ -55,17 +55,15 @@ def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None
   ps and worker tasks serve and never return: given the run's `model_dir` they exit with status 0 once training has
   ended (the chief's FINAL marker, the chief gone) and with status 3 when the chief has not answered for
   `lost_chief_timeout_secs` before that (`tfps.cluster.job_end`); without it they serve until stopped. The chief
-  returns `chief_fn(cluster)`; the evaluator
-  returns `evaluator_fn(cluster)`. A script that only evaluates (no `chief_fn`) and is given no cluster anywhere runs
-  `evaluator_fn(None)`: a standalone sidecar evaluator needs no cluster.
+  returns `chief_fn(cluster)`; the evaluator returns `evaluator_fn(cluster)`. A script that only evaluates (no
+  `chief_fn`) and is given no cluster anywhere runs `evaluator_fn(None)`: a standalone sidecar needs no cluster.
 
   Args:
     chief_fn: trains (e.g. calls `tfps.fit(..., cluster=cluster)`); called on the chief.
     evaluator_fn: evaluates (e.g. `tfps.run_sidecar_evaluator`); called on the evaluator task.
     cluster: the cluster (e.g. `tfps.config_from_flags()`); default: TF_CONFIG.
     thread_spinning: whether a ps or worker's idle threads spin waiting for work (TensorFlow's default) instead of
-      sleeping (the default here: spinning takes CPU from tasks that share cores); `--thread_spinning`:
-      `tfps.server_options_from_flags()`.
+      sleeping (the default here: spinning takes CPU from tasks that share cores); `--thread_spinning`.
     model_dir: the run's model_dir (on storage every host sees), for ps and workers to see training end.
     lost_chief_timeout_secs: how long a ps or worker waits for a silent chief before it fails (status 3).
     connect_timeout_secs: how long a ps or worker waits for the host name of its own address to resolve before it

@@ -145,10 +145,16 @@ class ProgressLogger(tf_keras.callbacks.Callback):
       if validation:
         self.recorder.validation(step, validation)
 
-  def on_train_end(self, logs=None):
+  def stop(self) -> None:
+    """Stops the sampling thread: at the end of training, and where fit ends with an error (tf-keras then calls no
+    `on_train_end`, and the thread would go on reading the step of a model that is gone)."""
     self._stop.set()
     if self._sampler is not None:
       self._sampler.join(timeout=30)
+      self._sampler = None
+
+  def on_train_end(self, logs=None):
+    self.stop()
     if self.recorder is not None:
       step = int(self.model.optimizer.iterations.numpy())
       summary = self.recorder.finish(step, self._final_logs, tensorboard=os.path.join(self.recorder.model_dir, "logs"))

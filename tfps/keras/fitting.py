@@ -271,6 +271,9 @@ def _fit(model: tf_keras.Model, run: _Run, initial_epoch: int, validation, all_c
     raise
   finally:
     logging_lib.getLogger("tensorflow").removeHandler(ran_out)
+    for callback in all_callbacks:
+      if isinstance(callback, callbacks_lib.ProgressLogger):
+        callback.stop()
 
 
 class _InputRanOut(logging_lib.Handler):
