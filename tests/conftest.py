@@ -27,13 +27,23 @@ def shared_data():
   return SHARED_DATA
 
 
-@pytest.fixture
-def subprocess_env():
-  """Environment for tfps subprocesses started by tests."""
+def _subprocess_environ() -> dict:
   env = dict(os.environ)
   env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
   env["TF_CPP_MIN_LOG_LEVEL"] = "2"
   return env
+
+
+@pytest.fixture
+def subprocess_env():
+  """Environment for tfps subprocesses started by tests."""
+  return _subprocess_environ()
+
+
+@pytest.fixture(scope="module")
+def module_subprocess_env():
+  """`subprocess_env` for a module-scoped fixture (a run several tests of a file share)."""
+  return _subprocess_environ()
 
 
 @pytest.fixture
@@ -52,3 +62,4 @@ def processes_naming():
     return found
 
   return find
+
