@@ -72,9 +72,9 @@ def processes_naming():
 # loadfile --no-loadscope-reorder); xdist's own order (most tests first) started these last, and a long file started
 # last keeps one process busy while the other has nothing left to run. The other files follow as collected.
 LONGEST_FIRST = (
-    "test_throughput_bench.py",  # 95 s CPU, 363 s wall: six runs of the bench one after another
+    "test_chaos.py",  # 311 s CPU, 713 s wall: ten tfps-launch runs with kills
+    "test_throughput_bench.py",  # 95, 363: six runs of the bench one after another
     "test_dynamic_embedding_chaos.py",  # 179, 409
-    "test_chaos.py",  # ten tfps-launch runs with kills
     "test_many_hosts.py",  # 89, 335: network cuts of 15-30 s
     "test_transfers_bench.py",  # 55, 515
     "test_dynamic_embedding_modes.py",  # 74, 444
