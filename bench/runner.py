@@ -4,8 +4,9 @@ While a cluster runs, every task process (found by its TF_CONFIG) is sampled eve
 (`VmHWM` of /proc/<pid>/status, through psutil), and the bytes its TCP sockets sent and received (`ss -tinp`: the
 kernel's per-connection `bytes_sent`/`bytes_received`; gRPC keeps its connections open, so nothing is lost between
 samples). The result is the chief's JSON plus, per task, `peak_rss_bytes`, and over the chief's measured span `cores`
-(CPU seconds per second) and `network_bytes` (between the first and last samples inside the span), and
-`span_network_bytes` (over the whole span, interpolated between the samples around its ends). One process run alone reports its own `process_cores` over its windows,
+(CPU seconds per second; between the first and last samples inside the span, or, where fewer than two fall inside a
+short span, interpolated between the samples around its ends) and `network_bytes` (between the first and last samples
+inside the span), and `span_network_bytes` (over the whole span, interpolated between the samples around its ends). One process run alone reports its own `process_cores` over its windows,
 which is taken as its `cores`: its short windows can fall between two samples. Imports no TensorFlow.
 """
 
@@ -185,6 +186,10 @@ def _task_summary(series: List[tuple], span: Optional[Sequence[float]]) -> dict:
       summary["cores"] = (last[1] - first[1]) / (last[0] - first[0])
       summary["network_bytes"] = last[3] - first[3]
       summary["network_secs"] = last[0] - first[0]
+    else:  # a span shorter than the sampling period (a loaded sampler can fall behind): its CPU at its ends
+      span_cpu = [_at(series, moment, 1) for moment in span]
+      if None not in span_cpu and span[1] > span[0]:
+        summary["cores"] = (span_cpu[1] - span_cpu[0]) / (span[1] - span[0])
     span_bytes = [_at(series, moment, 3) for moment in span]
     if None not in span_bytes:
       summary["span_network_bytes"] = span_bytes[1] - span_bytes[0]

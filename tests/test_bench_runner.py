@@ -1,10 +1,12 @@
 """bench/runner.py: a process run alone whose measured windows are shorter than the sampling period still gets its
-CPU (its own count)."""
+CPU (its own count); a task whose span holds fewer than two samples gets its CPU at the span's ends, interpolated."""
 
 import json
 import pathlib
 import sys
 import textwrap
+
+import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -34,3 +36,12 @@ def test_a_short_window_alone_gets_the_process_own_cpu(tmp_path):
   single = result["tasks"]["single:0"]
   assert single["peak_rss_bytes"] > 0
   assert single["cores"] == result["process_cores"] > 0.3  # a busy loop: most of a core
+
+
+def test_a_span_between_two_samples_gets_the_cpu_interpolated_at_its_ends():
+  # (time, CPU seconds, peak RSS, network bytes): 0.5 cores until t=10.5, then 1 core; the span holds no sample.
+  series = [(10.0, 2.0, 1, 0), (10.5, 2.25, 1, 0), (11.0, 2.75, 1, 0)]
+  assert runner._task_summary(series, [10.6, 10.9])["cores"] == pytest.approx(1.0)
+  assert runner._task_summary(series, [10.25, 10.75])["cores"] == pytest.approx(0.75)  # 0.125 + 0.25 CPU s in 0.5 s
+  assert runner._task_summary(series, [10.0, 10.5])["cores"] == pytest.approx(0.5)  # two samples inside: theirs
+  assert "cores" not in runner._task_summary(series, [10.6, 11.2])  # no sample after the span's end

@@ -6,6 +6,8 @@ The run (tests/fixtures/dynamic_kills_train.py) sees the same 8 raw ids in every
 sighted `n * b` times, and each admitted row (min_count 3, so admitted in the batch that sights it a third time)
 received exactly one update of gradient 1 per step from the first step whose batches all see its row (its Adagrad
 accumulator says how many). The same holds after a ps restart that resumes from the last epoch's backup.
+
+The three runs (one per mode) start together once for the file; the async run's ps kill comes after its worker kills.
 """
 
 import concurrent.futures
@@ -55,14 +57,14 @@ def _wait_for(condition, what: str, launcher: subprocess.Popen, out: pathlib.Pat
   return found
 
 
-def _run(tmp_path, env, kills, sync_mode="async", steps_per_epoch=STEPS) -> tuple:
+def _run(tmp_path, env, kills, sync_mode="async", steps_per_epoch=STEPS, epochs=EPOCHS) -> tuple:
   """Trains the fixture under tfps-launch, SIGKILLing task `name` 0.2 s after checkpoint `epoch` for each
   `(epoch, name)` of `kills`; returns the launcher's output and the counts the chief wrote."""
   tmp_path.mkdir(parents=True, exist_ok=True)
   counts, out, model_dir = tmp_path / "counts.json", tmp_path / "out.txt", tmp_path / "run"
   command = [sys.executable, "-m", "tfps.cluster.launch", "--num_workers=2", "--num_ps=2", "--max_restarts=5",
              f"--log_dir={tmp_path / 'logs'}", "tests/fixtures/dynamic_kills_train.py", "--",
-             f"--model_dir={model_dir}", f"--counts_json={counts}", f"--epochs={EPOCHS}",
+             f"--model_dir={model_dir}", f"--counts_json={counts}", f"--epochs={epochs}",
              f"--steps_per_epoch={steps_per_epoch}", f"--sync_mode={sync_mode}"]
   with open(out, "w", encoding="utf-8") as output:
     launcher = subprocess.Popen(command, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT,
@@ -90,8 +92,8 @@ def _run(tmp_path, env, kills, sync_mode="async", steps_per_epoch=STEPS) -> tupl
   return out.read_text(), result
 
 
-def _assert_each_step_counted_once(result, sync_mode="async", steps_per_epoch=STEPS):
-  steps, per_step = EPOCHS * steps_per_epoch, BATCHES_PER_STEP[sync_mode]
+def _assert_each_step_counted_once(result, sync_mode="async", steps_per_epoch=STEPS, epochs=EPOCHS):
+  steps, per_step = epochs * steps_per_epoch, BATCHES_PER_STEP[sync_mode]
   batches = steps * per_step
   assert result["iterations"] == steps, result
   assert result["applied_by_ps"] == {"ps:0": steps, "ps:1": steps}, result  # each ps's step counter
@@ -103,27 +105,42 @@ def _assert_each_step_counted_once(result, sync_mode="async", steps_per_epoch=ST
   assert result["counting"]["admitted"] == 0, result
 
 
-def test_worker_kills_neither_double_count_sightings_nor_double_apply_table_updates(tmp_path, subprocess_env):
-  """The async run, and beside it (side by side, to save time) the sync and the geo run with the same kills.
+# mode -> (steps per epoch, epochs, kills): each run's workers are killed after checkpoints 1 and 2; the async run's
+# ps:0 after checkpoint 3, once the counts of the worker kills' epochs are in the backup it resumes from.
+RUNS = {"async": (STEPS, EPOCHS + 1, [(1, "worker:1"), (2, "worker:0"), (3, "ps:0")]),
+        "sync": (40, EPOCHS, [(1, "worker:1"), (2, "worker:0")]),
+        "geo": (40, EPOCHS, [(1, "worker:1"), (2, "worker:0")])}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, module_subprocess_env) -> dict:
+  """mode -> (launcher output, counts) of RUNS, run side by side (each run costs a cluster's start-up)."""
+  tmp_path = tmp_path_factory.mktemp("kills")
+  with concurrent.futures.ThreadPoolExecutor(len(RUNS)) as pool:
+    futures = {mode: pool.submit(_run, tmp_path / mode, module_subprocess_env, kills, mode, steps_per_epoch=steps,
+                                 epochs=epochs)
+               for mode, (steps, epochs, kills) in RUNS.items()}
+    return {mode: future.result() for mode, future in futures.items()}
+
+
+def test_worker_kills_neither_double_count_sightings_nor_double_apply_table_updates(runs):
+  """The async run, and beside it the sync and the geo run with the same kills.
 
   Sync: a gradient function run again for a worker slot whose first run reached a shard only looks up there (and a
   batch filling a dead worker's slot counts where the dead worker's batch did not). Geo: a round cut short runs again
   from its pull, its discovery only looking up where its first run did the bookkeeping, and pushes once."""
-  runs = {"async": STEPS, "sync": 40, "geo": 40}  # steps per epoch
-  kills = [(1, "worker:1"), (2, "worker:0")]
-  with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
-    futures = {mode: pool.submit(_run, tmp_path / mode, subprocess_env, kills, mode, steps_per_epoch=steps)
-               for mode, steps in runs.items()}
-    done = {mode: future.result() for mode, future in futures.items()}
-  for mode, (output, result) in done.items():
+  for mode, (output, result) in runs.items():
     assert output.count("restarting worker:") == 2, mode
-    _assert_each_step_counted_once(result, mode, steps_per_epoch=runs[mode])
+    steps, epochs, _ = RUNS[mode]
+    _assert_each_step_counted_once(result, mode, steps_per_epoch=steps, epochs=epochs)
 
 
-def test_ps_restart_restores_maps_counts_and_rows_with_the_step(tmp_path, subprocess_env):
-  """A ps killed mid-epoch: the cluster restarts and resumes from the last epoch's backup, whose rows, maps, counts
-  and clocks were saved with the optimizer's step, so every count still equals the applied steps."""
-  output, result = _run(tmp_path, subprocess_env, [(1, "ps:0")])
+def test_ps_restart_restores_maps_counts_and_rows_with_the_step(runs):
+  """A ps killed mid-epoch (the async run's last kill): the cluster restarts and resumes from the last epoch's backup,
+  whose rows, maps, counts and clocks were saved with the optimizer's step, so every count still equals the applied
+  steps."""
+  output, result = runs["async"]
   assert "ps:0 failed; restarting the training cluster" in output
-  assert "Resumed from the backup at epoch" in output
-  _assert_each_step_counted_once(result)
+  assert "Resumed from the backup at epoch 4/4" in output
+  steps, epochs, _ = RUNS["async"]
+  _assert_each_step_counted_once(result, steps_per_epoch=steps, epochs=epochs)

@@ -22,9 +22,15 @@ def _count(path: str, out: pathlib.Path, env: dict, *flags: str) -> dict:
   return json.loads(out.read_text())
 
 
-def test_estimator_step_moves_no_more_tensors_than_the_keras_step(tmp_path, subprocess_env):
+@pytest.fixture(scope="module")
+def default_fit(tmp_path_factory, module_subprocess_env) -> dict:
+  """The counts of tfps.fit with tfps's defaults (one run each test compares with)."""
+  return _count("fit", tmp_path_factory.mktemp("fit") / "fit.json", module_subprocess_env)
+
+
+def test_estimator_step_moves_no_more_tensors_than_the_keras_step(tmp_path, subprocess_env, default_fit):
   estimator = _count("estimator", tmp_path / "estimator.json", subprocess_env)
-  fit = _count("fit", tmp_path / "fit.json", subprocess_env)
+  fit = default_fit
   for counted in (estimator, fit):
     assert "job:ps" in counted["file"] and "_steps_" in counted["file"]
     # Every step reads the dense weights (packed: one tensor) and looks up the 2 tables on the ps, and sends their
@@ -58,12 +64,13 @@ def test_with_four_ps_no_ps_waits_for_another_ps_gradients(tmp_path, subprocess_
     assert total <= 33, one["per_step_names"]
 
 
-def test_unrolled_steps_move_fewer_tensors_per_step_than_one_step_per_loop_iteration(tmp_path, subprocess_env):
+def test_unrolled_steps_move_fewer_tensors_per_step_than_one_step_per_loop_iteration(tmp_path, subprocess_env,
+                                                                                     default_fit):
   """Each iteration of the step loop moves its condition and control signals between the ps and the worker: with 4
   steps per iteration a step moves at least 4 tensors fewer than with 1 (20.5 against 25; the default's function has
   one loop only: no second loop for the steps left over)."""
   unrolled = _count("fit", tmp_path / "unrolled.json", subprocess_env, "--unrolled_steps=4")
-  single = _count("fit", tmp_path / "single.json", subprocess_env)
+  single = default_fit
   total = lambda counted: counted["per_step"]["send"] + counted["per_step"]["recv"]
   assert unrolled["unrolled_steps"] == 4 and single["unrolled_steps"] == 1
   assert total(unrolled) <= total(single) - 4, (unrolled["per_step"], single["per_step_names"])
@@ -71,10 +78,10 @@ def test_unrolled_steps_move_fewer_tensors_per_step_than_one_step_per_loop_itera
   assert not single["per_leftover_step"] and unrolled["per_leftover_step"]
 
 
-def test_packed_reads_send_each_ps_dense_weights_in_one_tensor_per_step(tmp_path, subprocess_env):
+def test_packed_reads_send_each_ps_dense_weights_in_one_tensor_per_step(tmp_path, subprocess_env, default_fit):
   """By default (`--packed_reads`) the ps sends 4 tensors per step (the packed dense weights, 2 lookups and a control
   signal); with `--nopacked_reads` it sends the 10 dense weights one by one. The gradients reach it either way."""
-  packed = _count("fit", tmp_path / "packed.json", subprocess_env)
+  packed = default_fit
   sends = [name for name in packed["per_step_names"] if name.startswith("_Send")]
   assert packed["per_step"]["send"] == 4, sends
   assert not [name for name in sends if "ReadVariableOp" in name], sends
@@ -85,13 +92,13 @@ def test_packed_reads_send_each_ps_dense_weights_in_one_tensor_per_step(tmp_path
   assert unpacked["per_step"]["recv"] == packed["per_step"]["recv"], (unpacked["per_step"], packed["per_step"])
 
 
-def test_bf16_rows_move_the_rows_and_their_gradients_as_bfloat16(tmp_path, subprocess_env):
+def test_bf16_rows_move_the_rows_and_their_gradients_as_bfloat16(tmp_path, subprocess_env, default_fit):
   """With `--bf16_rows` the ps sends each table's rows and receives their gradients as bfloat16 (as float32 by
   default), and moves no more tensors per step than without it."""
   rows = lambda counted: [name for name in counted["per_step_names"]
                           if "_stacked/" in name and ("_Send" in name or "gradient_tape" in name)]
   narrow = _count("fit", tmp_path / "bf16.json", subprocess_env, "--bf16_rows")
-  default = _count("fit", tmp_path / "default.json", subprocess_env)
+  default = default_fit
   # 2 tables (deep and wide): each one's rows out and its gradient in.
   assert len(rows(narrow)) == 4 and all(name.endswith(" BFLOAT16") for name in rows(narrow)), rows(narrow)
   assert len(rows(default)) == 4 and all(name.endswith(" FLOAT") for name in rows(default)), rows(default)
