@@ -26,9 +26,11 @@ LAYERS = {
     # setup.cfg (tfps-launch, tfps-config, tfps-k8s) are command lines, so they belong here too.
     "tfps.flags": ("flags", 5), "tfps.models.flags": ("flags", 5), "tfps.cluster.launch": ("flags", 5),
     "tfps.cluster.config_cli": ("flags", 5), "tfps.cluster.k8s_cli": ("flags", 5),
+    "tfps.cluster.delta_cli": ("flags", 5),  # tfps-delta, a console script
     "tfps.report": ("flags", 5),  # tfps-report, a console script
     "tfps": ("facade", 6),  # tfps/__init__.py: the public names, imported lazily
     "tfps.layers": ("facade", 6),  # public re-export of tfps.models.dynamic_embedding
+    "tfps.delta": ("facade", 6),  # public re-export of the serving side of delta exports
 }
 SHIM = "tfps._tf_private"
 PRIVATE_PREFIXES = ("tensorflow.python", "tf_keras.src", "keras.src", "tensorflow.core")
@@ -80,7 +82,7 @@ SOURCES = sources()
 
 def test_every_module_has_a_layer():
   assert {name: layer_of(name) for name in SOURCES}  # layer_of raises on a module outside every layer
-  assert all(layer_of(name)[0] != "facade" for name in SOURCES if name not in ("tfps", "tfps.layers"))
+  assert all(layer_of(name)[0] != "facade" for name in SOURCES if name not in ("tfps", "tfps.layers", "tfps.delta"))
 
 
 def test_no_module_imports_a_higher_layer_or_another_path():

@@ -20,6 +20,7 @@ from tfps.keras import callbacks as callbacks_lib
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.cluster import config as cluster_lib
 from tfps.training import dataset_fns
+from tfps.keras import deltas
 from tfps.keras import evaluation
 from tfps.training import exactly_once
 from tfps.keras import steps as keras_steps
@@ -43,7 +44,8 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
         log_every_secs: float = 10.0, batch_size: Optional[int] = None, keep_checkpoint_max: Optional[int] = 5,
         sync_mode=None, cluster: Optional[cluster_lib.ClusterConfig] = None, num_shards: Optional[int] = None,
         min_shard_bytes: int = strategy_lib.DEFAULT_MIN_SHARD_BYTES, connect_timeout_secs: float = 60.0,
-        lost_task_timeout_secs: float = watchdog.DEFAULT_TIMEOUT_SECS, verbose: int = 0) -> tf_keras.callbacks.History:
+        lost_task_timeout_secs: float = watchdog.DEFAULT_TIMEOUT_SECS, verbose: int = 0,
+        delta_export_secs: Optional[float] = None) -> tf_keras.callbacks.History:
   """Trains `build_model()` on the parameter-server cluster from its chief; returns the `History`.
 
   Call it on the chief only: on a ps, worker or evaluator task it raises a `UsageError` saying to dispatch the roles
@@ -74,10 +76,13 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
     connect_timeout_secs: seconds to wait for every ps and worker to answer.
     lost_task_timeout_secs: seconds a ps may stay silent mid-run before training stops with an error naming it.
     verbose: tf-keras's verbosity (0: only tfps's progress lines).
+    delta_export_secs: write a base export to `model_dir/deltas` when training starts, then a delta of the changed
+      rows and the dense variables at the first epoch end this many seconds after the last (docs/delta_export.md).
   """
   _check_fit_args(build_model, train_dataset_fn, epochs, steps_per_epoch, validation_dataset_fn, validation_steps,
                   exact_evaluation, steps_per_execution)
   mode = modes.as_mode(sync_mode)
+  callbacks = list(callbacks) + deltas.delta_callbacks(build_model, model_dir, delta_export_secs, mode)
   strategy_options = {"num_shards": checks.positive_int("num_shards", num_shards, allow_none=True),
                       "min_shard_bytes": checks.non_negative_int("min_shard_bytes", min_shard_bytes),
                       "connect_timeout_secs": checks.non_negative_number("connect_timeout_secs", connect_timeout_secs,

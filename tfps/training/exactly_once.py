@@ -40,6 +40,7 @@ import tensorflow as tf
 from tfps import _tf_private
 from tfps.training import packing
 from tfps.training import strategy as strategy_lib
+from tfps.training import touched_rows
 from tfps.training import wire
 
 SLOTS = 16_384  # more than the functions scheduled between two joins of the coordinator
@@ -323,19 +324,23 @@ class OncePerPs:
     gradient) runs only if its ps has not applied the mark yet (`run`)."""
 
     def conditional(update, var, fn, args, kwargs, group):
-      done = self.run(var, lambda: update(var, fn, args=args, kwargs=kwargs, group=group))
+      gradient = args[0] if args else None
+      done = self.run(var, lambda: update(var, fn, args=args, kwargs=kwargs, group=group), gradient)
       return done if group else (done,)  # as ParameterServerStrategy returns them
 
     with _tf_private.intercepting_updates(strategy, conditional):
       yield
 
-  def run(self, variable, update) -> tf.Tensor:
-    """`update()` (the ops updating `variable`, made on its ps) unless its ps applied the mark; True where it ran."""
+  def run(self, variable, update, gradient=None) -> tf.Tensor:
+    """`update()` (the ops updating `variable`, made on its ps) unless its ps applied the mark; True where it ran.
+    Where the update applies a sparse `gradient`, its rows are marked touched with it (`touched_rows`)."""
     device, vector = variable.device, self._records.vector_for(variable)
 
     def apply():
       result = update()
       with tf.control_dependencies([r for r in tf.nest.flatten(result) if r is not None]):
+        marks = touched_rows.mark_updated(variable, gradient)
+      with tf.control_dependencies([r for r in tf.nest.flatten(result) if r is not None] + marks):
         return tf.constant(True)
 
     with tf.device(device):

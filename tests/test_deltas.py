@@ -1,0 +1,182 @@
+"""Delta exports: a base plus its deltas equals a full export at the same step; bad chains are refused in one line."""
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+import tfps
+from tfps.training import deltas
+from tfps.training import touched_rows
+
+VOCAB, NUM_IDS = 50_000, 4  # a 50k x 8 float table (1.6 MB): sharded over both ps
+EPOCHS, STEPS = 3, 20
+
+
+def examples(rows, seed):
+  rng = np.random.default_rng(seed)
+  ids = np.minimum(rng.zipf(1.3, size=(rows, NUM_IDS)) - 1, VOCAB - 1).astype(np.int64)
+  dense = rng.normal(size=(rows, 1)).astype(np.float32)
+  labels = (rng.random(rows) < 1 / (1 + np.exp(-(ids % 7 - 3).sum(axis=1) / 4 - dense[:, 0]))).astype(np.float32)
+  return {"ids": ids, "dense_in": dense}, labels
+
+
+def build_model():
+  ids = tf_keras.Input((NUM_IDS,), dtype="int64", name="ids")
+  dense = tf_keras.Input((1,), name="dense_in")
+  embedded = tf_keras.layers.Flatten()(tf_keras.layers.Embedding(VOCAB, 8, name="table")(ids))
+  hidden = tf_keras.layers.Dense(16, activation="relu")(tf_keras.layers.Concatenate()([embedded, dense]))
+  model = tf_keras.Model({"ids": ids, "dense_in": dense}, tf_keras.layers.Dense(1, activation="sigmoid")(hidden))
+  model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "binary_crossentropy")
+  return model
+
+
+def train_fn(input_context):
+  features, labels = examples(4_000, seed=1 + input_context.input_pipeline_id)
+  return tf.data.Dataset.from_tensor_slices((features, labels)).shuffle(4_000).repeat().batch(32, drop_remainder=True)
+
+
+@pytest.fixture(scope="module")
+def trained(cluster, tmp_path_factory):
+  """A run writing a delta at every epoch's end; and a full export at its last step."""
+  root = tmp_path_factory.mktemp("deltas")
+  model_dir = str(root / "run")
+  history = tfps.fit(build_model, train_fn, epochs=EPOCHS, steps_per_epoch=STEPS, model_dir=model_dir,
+                     cluster=cluster, delta_export_secs=0)
+  full = tfps.export_saved_model(build_model, str(root / "full"), model=history.model)
+  return os.path.join(model_dir, "deltas"), full, root
+
+
+def chain(folder):
+  names = sorted(os.listdir(folder))
+  return os.path.join(folder, names[0]), [os.path.join(folder, name) for name in names[1:]]
+
+
+def test_base_plus_deltas_answers_as_the_full_export(trained, tmp_path):
+  folder, full, _ = trained
+  base, delta_paths = chain(folder)
+  assert [os.path.basename(path) for path in [base] + delta_paths] == [
+      "base-000000", "delta-000001", "delta-000002", "delta-000003"]
+  manifests = [deltas.read_manifest(path) for path in delta_paths]
+  assert [m["step"] for m in manifests] == [STEPS, 2 * STEPS, 3 * STEPS]
+  table = manifests[0]["variables"][0]
+  assert table["shape"] == [VOCAB, 8] and table["shipped"] == "rows" and 0 < table["rows"] < VOCAB // 10
+  assert all(m["shipped"] == "whole" for m in manifests[0]["variables"][1:])  # the dense layers
+  applied = tfps.delta.apply(base, delta_paths, str(tmp_path / "served"))
+  served, expected = (tf_keras.models.load_model(path, compile=False) for path in (applied, full))
+  for got, want in zip(served.weights, expected.weights):
+    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-6, rtol=0)
+  base_model = tf_keras.models.load_model(base, compile=False)
+  assert np.abs(base_model.weights[0].numpy() - expected.weights[0].numpy()).max() > 1e-3  # training moved rows
+  features, _ = examples(200, seed=5)
+  np.testing.assert_allclose(served.predict(features, verbose=0), expected.predict(features, verbose=0), atol=1e-6)
+  # The result is itself a base at the last delta's version: the deltas after it apply to it in turn.
+  assert deltas.read_manifest(applied)["version"] == 3
+  again = tfps.delta.apply(str(tmp_path / "served"), [], str(tmp_path / "again"))
+  assert deltas.read_manifest(again)["step"] == 3 * STEPS
+
+
+def copy_delta(path, tmp_path, name, edit=None):
+  target = tmp_path / name
+  shutil.copytree(path, target)
+  if edit is not None:
+    manifest = json.loads((target / deltas.MANIFEST).read_text())
+    edit(manifest)
+    (target / deltas.MANIFEST).write_text(json.dumps(manifest))
+  return str(target)
+
+
+def test_bad_chains_are_refused_in_one_line(trained, tmp_path):
+  folder, _, _ = trained
+  base, (first, second, third) = chain(folder)
+  out = str(tmp_path / "out")
+  with pytest.raises(deltas.DeltaError, match=r"^the delta chain has a gap: delta-000003 follows version 2, but the "
+                     r"version before it here is 1; give every delta from 2 on$"):
+    tfps.delta.apply(base, [first, third], out)
+  with pytest.raises(deltas.DeltaError, match=r"the delta chain has a gap: delta-000002 follows version 1, but the "
+                     r"version before it here is 0"):
+    tfps.delta.apply(base, [second], out)
+  other_run = copy_delta(first, tmp_path, "other_run", lambda m: m["base"].update(id="feedbeef0000"))
+  with pytest.raises(deltas.DeltaError, match=r"^delta-000001 follows base base-000000 of another run \(id "
+                     r"feedbeef0000\), not base-000000 \(id [0-9a-f]{12}\)$"):
+    tfps.delta.apply(base, [other_run], out)
+  other_model = copy_delta(first, tmp_path, "other_model", lambda m: m.update(model="0123456789abcdef"))
+  with pytest.raises(deltas.DeltaError, match=r"^delta-000001 is from another model \(fingerprint 0123456789abcdef, "
+                     r"the base's [0-9a-f]{16}\); it cannot be applied to base-000000$"):
+    tfps.delta.apply(base, [other_model], out)
+  cut_short = copy_delta(first, tmp_path, "cut_short")
+  os.remove(os.path.join(cut_short, deltas.MANIFEST))
+  with pytest.raises(deltas.DeltaError, match=r"has no manifest.json: not a complete export"):
+    tfps.delta.apply(base, [cut_short], out)
+  temporary = copy_delta(first, tmp_path, ".tmp-delta-000001-0000abcd")
+  with pytest.raises(deltas.DeltaError, match=r"is a delta still being written or cut short"):
+    tfps.delta.apply(base, [temporary], out)
+  assert not os.path.exists(out)
+
+
+@pytest.mark.slow  # two processes importing TensorFlow
+def test_command_line_applies_and_refuses_a_gap(trained, tmp_path):
+  folder, full, _ = trained
+  base, (first, second, third) = chain(folder)
+  command = [sys.executable, "-m", "tfps.cluster.delta_cli", "apply", base, first, third, f"--out={tmp_path}/gap"]
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+  refused = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
+  assert refused.returncode == 2
+  assert "Traceback" not in refused.stderr and not os.path.exists(f"{tmp_path}/gap")
+  assert refused.stderr.strip().splitlines()[-1] == (  # after TensorFlow's start-up lines
+      "tfps-delta: the delta chain has a gap: delta-000003 follows version 2, but the version before it here is 1; "
+      "give every delta from 2 on")
+  command[-2:-1] = [second, third]
+  done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
+  assert done.returncode == 0, done.stderr
+  assert deltas.read_manifest(f"{tmp_path}/gap")["step"] == 3 * STEPS
+
+
+def test_a_failed_write_keeps_the_last_delta_and_the_marks(tmp_path, monkeypatch):
+  """A full disk while writing: no folder appears, the last delta stays valid, and the next delta carries the rows."""
+  table, dense = tf.Variable(tf.zeros([100, 4])), tf.Variable(tf.zeros([3]))
+  touched = touched_rows.TouchedRows(tf.distribute.get_strategy())
+  writer = deltas.DeltaWriter(str(tmp_path), [table, dense], touched)
+  touched.mark(table, tf.constant([0]))  # before the base: not in any delta
+  writer.write_base(os.makedirs, step=0)
+
+  def update(rows, value, step):
+    table.scatter_update(tf.IndexedSlices(tf.fill([len(rows), 4], value), tf.constant(rows, tf.int64)))
+    touched.mark(table, tf.constant(rows))
+    dense.assign_add(tf.ones([3]))
+    return writer.write_delta(step)
+
+  first = update([3, 7], 1.0, step=1)
+
+  def full_disk(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(deltas.np, "savez", full_disk)
+  with pytest.raises(OSError, match="No space left"):
+    update([7, 9], 2.0, step=2)
+  assert sorted(os.listdir(tmp_path)) == ["base-000000", "delta-000001"]  # nothing half written
+  assert deltas.read_manifest(first)["version"] == 1
+  monkeypatch.undo()
+  second = update([11], 3.0, step=3)
+  manifest = deltas.read_manifest(second)
+  assert (manifest["version"], manifest["previous"], manifest["step"]) == (2, 1, 3)
+  with np.load(os.path.join(second, deltas.TENSORS)) as tensors:
+    assert tensors["0/ids"].tolist() == [7, 9, 11]  # the failed delta's rows, and the new one
+    assert tensors["0/rows"][:, 0].tolist() == [2.0, 2.0, 3.0]
+    assert tensors["1/value"].tolist() == [3.0, 3.0, 3.0]
+  with np.load(os.path.join(first, deltas.TENSORS)) as tensors:
+    assert tensors["0/ids"].tolist() == [3, 7]
+
+
+def test_fit_refuses_delta_export_without_model_dir(cluster):
+  with pytest.raises(tfps.UsageError, match=r"^`delta_export_secs` \(5\) needs a `model_dir`"):
+    tfps.fit(build_model, train_fn, epochs=1, steps_per_epoch=1, cluster=cluster, delta_export_secs=5)
+  with pytest.raises(tfps.UsageError, match=r"^`delta_export_secs` \(-1\) must be a non-negative number of seconds"):
+    tfps.fit(build_model, train_fn, epochs=1, steps_per_epoch=1, cluster=cluster, delta_export_secs=-1)
