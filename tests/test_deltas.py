@@ -180,3 +180,42 @@ def test_fit_refuses_delta_export_without_model_dir(cluster):
     tfps.fit(build_model, train_fn, epochs=1, steps_per_epoch=1, cluster=cluster, delta_export_secs=5)
   with pytest.raises(tfps.UsageError, match=r"^`delta_export_secs` \(-1\) must be a non-negative number of seconds"):
     tfps.fit(build_model, train_fn, epochs=1, steps_per_epoch=1, cluster=cluster, delta_export_secs=-1)
+
+
+def test_sync_mode_deltas_equal_the_full_export(cluster, tmp_path):
+  model_dir = str(tmp_path / "run")
+  history = tfps.fit(build_model, train_fn, epochs=2, steps_per_epoch=5, model_dir=model_dir, cluster=cluster,
+                     sync_mode="sync", delta_export_secs=0)
+  full = tfps.export_saved_model(build_model, str(tmp_path / "full"), model=history.model)
+  base, delta_paths = chain(os.path.join(model_dir, "deltas"))
+  assert [deltas.read_manifest(path)["step"] for path in delta_paths] == [5, 10]
+  served = tf_keras.models.load_model(tfps.delta.apply(base, delta_paths, str(tmp_path / "served")), compile=False)
+  for got, want in zip(served.weights, tf_keras.models.load_model(full, compile=False).weights):
+    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-6, rtol=0)
+
+
+def test_fit_refuses_delta_export_of_table_layers(cluster, tmp_path):
+  def build_dynamic():
+    ids = tf_keras.Input((NUM_IDS,), dtype="int64", name="ids")
+    dense = tf_keras.Input((1,), name="dense_in")
+    embedded = tf_keras.layers.Flatten()(tfps.layers.DynamicEmbedding(1_000, 4, name="dynamic")(ids))
+    output = tf_keras.layers.Dense(1, activation="sigmoid")(tf_keras.layers.Concatenate()([embedded, dense]))
+    model = tf_keras.Model({"ids": ids, "dense_in": dense}, output)
+    model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "binary_crossentropy")
+    return model
+
+  with pytest.raises(tfps.UsageError, match=r"^`delta_export_secs` \(0\) cannot export table layers yet \(dynamic\)"):
+    tfps.fit(build_dynamic, train_fn, epochs=1, steps_per_epoch=2, model_dir=str(tmp_path / "run"), cluster=cluster,
+             delta_export_secs=0)
+  assert not os.path.exists(tmp_path / "run" / "deltas")
+
+
+def test_command_line_usage_errors_are_one_line(capsys):
+  from tfps.cluster import delta_cli  # pylint: disable=g-import-not-at-top
+  assert delta_cli.main(["tfps-delta", "apply", "base-000000", "delta-000001"]) == 2
+  assert capsys.readouterr().err == ("tfps-delta: give --out=DIR once; usage: tfps-delta apply BASE [DELTA ...] "
+                                     "--out=DIR\n")
+  assert delta_cli.main(["tfps-delta", "watch", "deltas"]) == 2
+  assert capsys.readouterr().err.startswith("tfps-delta: unknown command 'watch' (known: apply)")
+  assert delta_cli.main(["tfps-delta", "--help"]) == 0
+  assert "usage: tfps-delta apply BASE" in capsys.readouterr().out

@@ -16,6 +16,7 @@ from tfps import checks
 from tfps.errors import UsageError
 from tfps.keras import export
 from tfps.training import deltas
+from tfps.training import tables
 from tfps.training import touched_rows
 
 DELTAS_SUBDIR = "deltas"
@@ -48,6 +49,11 @@ class DeltaExport(tf_keras.callbacks.Callback):
     self._last, self._step = 0.0, -1
 
   def on_train_begin(self, logs=None):
+    layers = tables.tables_of(self.model)
+    if layers:
+      raise UsageError(f"`delta_export_secs` ({self.secs}) cannot export table layers yet (" + ", ".join(
+          layer.name for layer in layers) + "): their id maps are not in the deltas; export whole SavedModels "
+          "(tfps.export_saved_model) for them")
     # Before the first step is traced: its updates mark the rows they change from then on.
     touched = touched_rows.track(self.model.distribute_strategy)
     self.writer = deltas.DeltaWriter(self.directory, deltas.whole_variables(self.model, self.model.weights), touched)
