@@ -219,3 +219,16 @@ def test_command_line_usage_errors_are_one_line(capsys):
   assert capsys.readouterr().err.startswith("tfps-delta: unknown command 'watch' (known: apply)")
   assert delta_cli.main(["tfps-delta", "--help"]) == 0
   assert "usage: tfps-delta apply BASE" in capsys.readouterr().out
+
+
+def test_docs_figures_come_from_the_bench_results():
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(repo, "bench", "results", "delta_export.json"), encoding="utf-8") as f:
+    results = json.load(f)
+  with open(os.path.join(repo, "docs", "delta_export.md"), encoding="utf-8") as f:
+    text = f.read()
+  assert f"| base-000000 (full SavedModel) | all {results['rows']:,} | {results['base_bytes']:,} | 1x |" in text
+  for delta in results["deltas"]:
+    assert (f"| {delta['name']} | {delta['rows']:,} ({delta['rows_share']:.2%}) | {delta['bytes']:,} | "
+            f"{delta['ratio_to_full']}x | {delta['write_secs']} |") in text
+    assert delta["ratio_to_full"] <= 0.05 and delta["rows_share"] <= results["changed_at_most"]
