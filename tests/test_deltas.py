@@ -16,26 +16,9 @@ import tfps
 from tfps.training import deltas
 from tfps.training import touched_rows
 
-VOCAB, NUM_IDS = 50_000, 4  # a 50k x 8 float table (1.6 MB): sharded over both ps
+from test_fit import NUM_IDS, VOCAB, build_model, examples  # a 50k x 8 table, sharded over both ps
+
 EPOCHS, STEPS = 3, 20
-
-
-def examples(rows, seed):
-  rng = np.random.default_rng(seed)
-  ids = np.minimum(rng.zipf(1.3, size=(rows, NUM_IDS)) - 1, VOCAB - 1).astype(np.int64)
-  dense = rng.normal(size=(rows, 1)).astype(np.float32)
-  labels = (rng.random(rows) < 1 / (1 + np.exp(-(ids % 7 - 3).sum(axis=1) / 4 - dense[:, 0]))).astype(np.float32)
-  return {"ids": ids, "dense_in": dense}, labels
-
-
-def build_model():
-  ids = tf_keras.Input((NUM_IDS,), dtype="int64", name="ids")
-  dense = tf_keras.Input((1,), name="dense_in")
-  embedded = tf_keras.layers.Flatten()(tf_keras.layers.Embedding(VOCAB, 8, name="table")(ids))
-  hidden = tf_keras.layers.Dense(16, activation="relu")(tf_keras.layers.Concatenate()([embedded, dense]))
-  model = tf_keras.Model({"ids": ids, "dense_in": dense}, tf_keras.layers.Dense(1, activation="sigmoid")(hidden))
-  model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "binary_crossentropy")
-  return model
 
 
 def train_fn(input_context):
@@ -71,6 +54,7 @@ def test_base_plus_deltas_answers_as_the_full_export(trained, tmp_path):
   assert all(m["shipped"] == "whole" for m in manifests[0]["variables"][1:])  # the dense layers
   applied = tfps.delta.apply(base, delta_paths, str(tmp_path / "served"))
   served, expected = (tf_keras.models.load_model(path, compile=False) for path in (applied, full))
+  assert len(served.weights) == len(expected.weights) == len(manifests[0]["variables"])
   for got, want in zip(served.weights, expected.weights):
     np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-6, rtol=0)
   base_model = tf_keras.models.load_model(base, compile=False)
@@ -182,6 +166,7 @@ def test_fit_refuses_delta_export_without_model_dir(cluster):
     tfps.fit(build_model, train_fn, epochs=1, steps_per_epoch=1, cluster=cluster, delta_export_secs=-1)
 
 
+@pytest.mark.slow  # a run of its own in sync mode
 def test_sync_mode_deltas_equal_the_full_export(cluster, tmp_path):
   model_dir = str(tmp_path / "run")
   history = tfps.fit(build_model, train_fn, epochs=2, steps_per_epoch=5, model_dir=model_dir, cluster=cluster,
@@ -232,3 +217,38 @@ def test_docs_figures_come_from_the_bench_results():
     assert (f"| {delta['name']} | {delta['rows']:,} ({delta['rows_share']:.2%}) | {delta['bytes']:,} | "
             f"{delta['ratio_to_full']}x | {delta['write_secs']} |") in text
     assert delta["ratio_to_full"] <= 0.05 and delta["rows_share"] <= results["changed_at_most"]
+
+
+@pytest.mark.slow  # a run of its own
+def test_stacked_wide_deep_deltas_equal_the_full_export(cluster, tmp_path):
+  """Wide&Deep with its tables stacked (a wide and a deep table, sharded): the rows changed reach serving."""
+  from tfps import models  # pylint: disable=g-import-not-at-top
+  categorical, dense = {"a": 20_000, "b": 30_000, "c": 50}, {"dense": 2}
+
+  def build_wide_deep():
+    return models.compile_model(models.build_model("wide_deep", categorical, dense, embedding_dim=4,
+                                                   deep_layers=(8,), stack_tables=True), learning_rate=0.5)
+
+  def dataset_fn(input_context):
+    rng = np.random.default_rng(input_context.input_pipeline_id)
+    features = {name: rng.integers(0, size, 2_000) for name, size in categorical.items()}
+    features["dense"] = rng.random((2_000, 2)).astype(np.float32)
+    labels = (features["c"] % 2).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(64)
+
+  model_dir = str(tmp_path / "run")
+  history = tfps.fit(build_wide_deep, dataset_fn, epochs=2, steps_per_epoch=5, model_dir=model_dir, cluster=cluster,
+                     min_shard_bytes=0, delta_export_secs=0)
+  full = tfps.export_saved_model(build_wide_deep, str(tmp_path / "full"), model=history.model,
+                                 dataset_fn=dataset_fn)
+  base, delta_paths = chain(os.path.join(model_dir, "deltas"))
+  shipped = [(v["shape"], v["shipped"]) for v in deltas.read_manifest(delta_paths[0])["variables"]]
+  assert ([50_050, 4], "rows") in shipped and ([50_050, 1], "rows") in shipped
+  served = tf_keras.models.load_model(tfps.delta.apply(base, delta_paths, str(tmp_path / "served")), compile=False)
+  expected = tf_keras.models.load_model(full, compile=False)
+  assert len(served.weights) == len(expected.weights) == len(shipped)
+  for got, want in zip(served.weights, expected.weights):
+    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-6, rtol=0)
+  features = {name: np.arange(10) % size for name, size in categorical.items()}
+  features["dense"] = np.ones((10, 2), np.float32)
+  np.testing.assert_allclose(served.predict(features, verbose=0), expected.predict(features, verbose=0), atol=1e-6)

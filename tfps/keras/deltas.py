@@ -22,9 +22,10 @@ from tfps.training import touched_rows
 DELTAS_SUBDIR = "deltas"
 
 
-def delta_callbacks(build_model: Callable, model_dir: Optional[str], delta_export_secs: Optional[float],
-                    mode) -> list:
-  """The `DeltaExport` callback `tfps.fit` adds for `delta_export_secs` (none where it is None)."""
+def delta_callbacks(build_model: Callable, dataset_fn: Callable, model_dir: Optional[str],
+                    delta_export_secs: Optional[float], mode) -> list:
+  """The `DeltaExport` callback `tfps.fit` adds for `delta_export_secs` (none where it is None); `dataset_fn` gives
+  a batch to build a model whose inputs are not declared, for the base export."""
   if delta_export_secs is None:
     return []
   checks.non_negative_number("delta_export_secs", delta_export_secs, "number of seconds")
@@ -34,7 +35,7 @@ def delta_callbacks(build_model: Callable, model_dir: Optional[str], delta_expor
   if mode.sync_mode == "geo":
     raise UsageError(f"`delta_export_secs` ({delta_export_secs}) works with sync_mode 'async' or 'sync', not "
                      "'geo' (its pushes do not record the rows they change yet)")
-  return [DeltaExport(build_model, os.path.join(model_dir, DELTAS_SUBDIR), delta_export_secs)]
+  return [DeltaExport(build_model, dataset_fn, os.path.join(model_dir, DELTAS_SUBDIR), delta_export_secs)]
 
 
 class DeltaExport(tf_keras.callbacks.Callback):
@@ -42,9 +43,9 @@ class DeltaExport(tf_keras.callbacks.Callback):
   after the last one, and one at the end of training if anything was trained since. A delta that cannot be written
   (a full disk) is logged and its rows stay marked: the next delta carries them, and the previous one stays valid."""
 
-  def __init__(self, build_model: Callable, directory: str, secs: float):
+  def __init__(self, build_model: Callable, dataset_fn: Callable, directory: str, secs: float):
     super().__init__()
-    self.build_model, self.directory, self.secs = build_model, directory, secs
+    self.build_model, self.dataset_fn, self.directory, self.secs = build_model, dataset_fn, directory, secs
     self.writer: Optional[deltas.DeltaWriter] = None
     self._last, self._step = 0.0, -1
 
@@ -58,8 +59,8 @@ class DeltaExport(tf_keras.callbacks.Callback):
     touched = touched_rows.track(self.model.distribute_strategy)
     self.writer = deltas.DeltaWriter(self.directory, deltas.whole_variables(self.model, self.model.weights), touched)
     self._step = self._current_step()
-    path = self.writer.write_base(lambda folder: export.export_saved_model(self.build_model, folder, model=self.model),
-                                  self._step)
+    path = self.writer.write_base(lambda folder: export.export_saved_model(
+        self.build_model, folder, model=self.model, dataset_fn=self.dataset_fn), self._step)
     logging.info("Wrote the base export %s at step %d", path, self._step)
     self._last = time.monotonic()
 
