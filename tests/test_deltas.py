@@ -88,8 +88,8 @@ def test_bad_chains_are_refused_in_one_line(trained, tmp_path):
                      r"version before it here is 0"):
     tfps.delta.apply(base, [second], out)
   other_run = copy_delta(first, tmp_path, "other_run", lambda m: m["base"].update(id="feedbeef0000"))
-  with pytest.raises(deltas.DeltaError, match=r"^delta-000001 follows base base-000000 of another run \(id "
-                     r"feedbeef0000\), not base-000000 \(id [0-9a-f]{12}\)$"):
+  with pytest.raises(deltas.DeltaError, match=r"^delta-000001 belongs to base-000000 \(id feedbeef0000\), not to "
+                     r"base-000000 \(id [0-9a-f]{12}\)$"):
     tfps.delta.apply(base, [other_run], out)
   other_model = copy_delta(first, tmp_path, "other_model", lambda m: m.update(model="0123456789abcdef"))
   with pytest.raises(deltas.DeltaError, match=r"^delta-000001 is from another model \(fingerprint 0123456789abcdef, "
@@ -252,3 +252,27 @@ def test_stacked_wide_deep_deltas_equal_the_full_export(cluster, tmp_path):
   features = {name: np.arange(10) % size for name, size in categorical.items()}
   features["dense"] = np.ones((10, 2), np.float32)
   np.testing.assert_allclose(served.predict(features, verbose=0), expected.predict(features, verbose=0), atol=1e-6)
+
+
+@pytest.mark.slow  # a run of its own
+def test_a_resumed_run_writes_a_new_base_and_numbers_on(trained, cluster, tmp_path):
+  """Training resumed for one more epoch: a new base at the resumed step, the next delta after it; the old chain's
+  deltas do not apply to the new base."""
+  folder, _, _ = trained
+  model_dir = str(tmp_path / "run")
+  shutil.copytree(os.path.dirname(folder), model_dir)
+  history = tfps.fit(build_model, train_fn, epochs=EPOCHS + 1, steps_per_epoch=STEPS, model_dir=model_dir,
+                     cluster=cluster, delta_export_secs=0)
+  full = tfps.export_saved_model(build_model, str(tmp_path / "full"), model=history.model)
+  exports = os.path.join(model_dir, "deltas")
+  assert sorted(os.listdir(exports))[-2:] == ["delta-000003", "delta-000005"] and "base-000004" in os.listdir(exports)
+  new_base = deltas.read_manifest(os.path.join(exports, "base-000004"))
+  assert (new_base["step"], deltas.read_manifest(os.path.join(exports, "delta-000005"))["previous"]) == (60, 4)
+  served = tfps.delta.apply(os.path.join(exports, "base-000004"), [os.path.join(exports, "delta-000005")],
+                            str(tmp_path / "served"))
+  for got, want in zip(*(tf_keras.models.load_model(path, compile=False).weights for path in (served, full))):
+    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-6, rtol=0)
+  with pytest.raises(deltas.DeltaError, match=r"^delta-000003 belongs to base-000000 \(id [0-9a-f]{12}\), "
+                     r"not to base-000004 \(id [0-9a-f]{12}\)$"):
+    tfps.delta.apply(os.path.join(exports, "base-000004"), [os.path.join(exports, "delta-000003")],
+                     str(tmp_path / "mixed"))

@@ -149,8 +149,8 @@ def check_chain(base: dict, deltas: Sequence[dict], paths: Sequence[str]) -> Non
       raise DeltaError(f"{label} is from another model (fingerprint {manifest['model']}, the base's "
                        f"{base['model']}); it cannot be applied to {name_of('base', base['base']['version'])}")
     if manifest["base"]["id"] != base["base"]["id"]:
-      raise DeltaError(f"{label} follows base {name_of('base', manifest['base']['version'])} of another run "
-                       f"(id {manifest['base']['id']}), not {name_of('base', base['base']['version'])} "
+      raise DeltaError(f"{label} belongs to {name_of('base', manifest['base']['version'])} (id "
+                       f"{manifest['base']['id']}), not to {name_of('base', base['base']['version'])} "
                        f"(id {base['base']['id']})")
     if manifest["previous"] != previous:
       raise DeltaError(f"the delta chain has a gap: {label} follows version {manifest['previous']}, but the version "
