@@ -1,6 +1,6 @@
 """Bytes and time of a delta export against the full export, when about 1% of a table's rows changed.
 
-  .venv/bin/python bench/delta_export.py             # ~2 min; --rows, --dim, --changed, --steps
+  .venv/bin/python bench/delta_export.py   # ~6 min; --rows, --dim, --changed, --steps, --throughput_repeats
 
 Trains, on an in-process cluster (1 ps, 1 worker), a model with one `--rows` x `--dim` table and a small dense
 layer, with `tfps.fit(..., delta_export_secs=0)`: the base export is written before the first step, a delta after each
@@ -8,7 +8,9 @@ of the 2 epochs. Every id a batch looks up is one of `--changed` x `--rows` fixe
 rows changes. Prints and writes to `--out` (default bench/results/delta_export.json): the base's bytes (the full
 SavedModel), each delta's bytes and rows, their ratio, the seconds each write took on the chief (training waits for
 them: they run at an epoch's end) beside the seconds of each epoch's checkpoint, and the seconds `tfps.delta.apply`
-takes to apply both deltas to the base.
+takes to apply both deltas to the base. Then, `--throughput_repeats` times alternating, the seconds of an epoch of 100
+steps with the rows marked for deltas and without (medians of epochs 2-4; the table is the same, each epoch's
+checkpoint included in both), and the ratio of their medians.
 """
 
 import json
@@ -36,6 +38,8 @@ _DIM = flags.DEFINE_integer("dim", 16, "Width of the table.", lower_bound=1)
 _CHANGED = flags.DEFINE_float("changed", 0.01, "Share of the rows the batches look up (an upper bound of the rows "
                               "changed).", lower_bound=0.0, upper_bound=1.0)
 _STEPS = flags.DEFINE_integer("steps", 20, "Steps per epoch (2 epochs, a delta after each).", lower_bound=1)
+_REPEATS = flags.DEFINE_integer("throughput_repeats", 3, "Alternating runs with and without delta export whose step "
+                                "time is compared (0: none).", lower_bound=0)
 _OUT = flags.DEFINE_string("out", os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                "delta_export.json"), "Where to write the results.")
 IDS, BATCH = 8, 256
@@ -77,6 +81,35 @@ def timed(owner, name: str, seconds: list):
   setattr(owner, name, wrapper)
 
 
+class EpochTimes(tf_keras.callbacks.Callback):
+  """Seconds from each epoch's start to its end, the epoch's checkpoint included (as in both variants)."""
+
+  def __init__(self):
+    super().__init__()
+    self.seconds, self._start = [], 0.0
+
+  def on_epoch_begin(self, epoch, logs=None):
+    self._start = time.perf_counter()
+
+  def on_epoch_end(self, epoch, logs=None):
+    self.seconds.append(time.perf_counter() - self._start)
+
+
+def step_times(cluster, scratch: str) -> dict:
+  """Median seconds per epoch (of 100 steps, the first left out) with the rows marked (a delta only at the end)
+  and without, `--throughput_repeats` alternating runs each."""
+  times = {"without": [], "with_deltas": []}
+  for repeat in range(_REPEATS.value):
+    for variant in times:
+      timer = EpochTimes()
+      tfps.fit(build_model, train_fn, epochs=4, steps_per_epoch=100, cluster=cluster, num_shards=1,
+               model_dir=os.path.join(scratch, f"{variant}_{repeat}"), callbacks=[timer],
+               delta_export_secs=3600 if variant == "with_deltas" else None)
+      times[variant].append(round(float(np.median(timer.seconds[1:])), 3))
+  return {"epoch_secs": times, "ratio_of_medians": round(float(np.median(times["with_deltas"]) /
+                                                              np.median(times["without"])), 3)}
+
+
 def main(argv):
   del argv
   cluster = tfps.testing.local_cluster(num_workers=1, num_ps=1)
@@ -111,6 +144,11 @@ def main(argv):
           f"written in {delta['write_secs']} s (the full export: {results['base_write_secs']} s)")
   print(f"applying both deltas to the base: {results['apply_secs_both_deltas']} s; the epochs' checkpoints took "
         f"{results['checkpoint_secs']} s")
+  if _REPEATS.value:
+    with tempfile.TemporaryDirectory() as scratch:
+      results["training"] = step_times(cluster, scratch)
+    print(f"seconds per epoch of 100 steps, with rows marked for deltas: {results['training']['epoch_secs']}; "
+          f"with / without: {results['training']['ratio_of_medians']}x")
   os.makedirs(os.path.dirname(_OUT.value), exist_ok=True)
   with open(_OUT.value, "w", encoding="utf-8") as f:
     json.dump(results, f, indent=1)

@@ -164,6 +164,10 @@ def test_fit_refuses_delta_export_without_model_dir(cluster):
     tfps.fit(build_model, train_fn, epochs=1, steps_per_epoch=1, cluster=cluster, delta_export_secs=5)
   with pytest.raises(tfps.UsageError, match=r"^`delta_export_secs` \(-1\) must be a non-negative number of seconds"):
     tfps.fit(build_model, train_fn, epochs=1, steps_per_epoch=1, cluster=cluster, delta_export_secs=-1)
+  with pytest.raises(tfps.UsageError, match=r"^`delta_export_secs` \(5\) works with sync_mode 'async' or 'sync', "
+                     r"not 'geo'"):
+    tfps.fit(build_model, train_fn, epochs=1, steps_per_epoch=1, cluster=cluster, model_dir="unused",
+             sync_mode="geo", delta_export_secs=5)
 
 
 @pytest.mark.slow  # a run of its own in sync mode
@@ -217,6 +221,9 @@ def test_docs_figures_come_from_the_bench_results():
     assert (f"| {delta['name']} | {delta['rows']:,} ({delta['rows_share']:.2%}) | {delta['bytes']:,} | "
             f"{delta['ratio_to_full']}x | {delta['write_secs']} |") in text
     assert delta["ratio_to_full"] <= 0.05 and delta["rows_share"] <= results["changed_at_most"]
+  training = results["training"]
+  assert (f"{', '.join(map(str, training['epoch_secs']['with_deltas']))} with the rows marked, "
+          f"{', '.join(map(str, training['epoch_secs']['without']))}\nwithout; {training['ratio_of_medians']}x") in text
 
 
 @pytest.mark.slow  # a run of its own
