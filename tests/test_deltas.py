@@ -164,17 +164,14 @@ def test_fit_refuses_delta_export_without_model_dir(cluster):
     tfps.fit(build_model, train_fn, epochs=1, steps_per_epoch=1, cluster=cluster, delta_export_secs=5)
   with pytest.raises(tfps.UsageError, match=r"^`delta_export_secs` \(-1\) must be a non-negative number of seconds"):
     tfps.fit(build_model, train_fn, epochs=1, steps_per_epoch=1, cluster=cluster, delta_export_secs=-1)
-  with pytest.raises(tfps.UsageError, match=r"^`delta_export_secs` \(5\) works with sync_mode 'async' or 'sync', "
-                     r"not 'geo'"):
-    tfps.fit(build_model, train_fn, epochs=1, steps_per_epoch=1, cluster=cluster, model_dir="unused",
-             sync_mode="geo", delta_export_secs=5)
 
 
-@pytest.mark.slow  # a run of its own in sync mode
-def test_sync_mode_deltas_equal_the_full_export(cluster, tmp_path):
+@pytest.mark.slow  # a run of its own
+@pytest.mark.parametrize("mode", ["sync", "geo"])
+def test_sync_and_geo_deltas_equal_the_full_export(cluster, tmp_path, mode):
   model_dir = str(tmp_path / "run")
   history = tfps.fit(build_model, train_fn, epochs=2, steps_per_epoch=5, model_dir=model_dir, cluster=cluster,
-                     sync_mode="sync", delta_export_secs=0)
+                     sync_mode=tfps.TrainingMode(mode, geo_steps=5) if mode == "geo" else mode, delta_export_secs=0)
   full = tfps.export_saved_model(build_model, str(tmp_path / "full"), model=history.model)
   base, delta_paths = chain(os.path.join(model_dir, "deltas"))
   assert [deltas.read_manifest(path)["step"] for path in delta_paths] == [5, 10]

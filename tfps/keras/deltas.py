@@ -23,7 +23,7 @@ DELTAS_SUBDIR = "deltas"
 
 
 def delta_callbacks(build_model: Callable, dataset_fn: Callable, model_dir: Optional[str],
-                    delta_export_secs: Optional[float], mode) -> list:
+                    delta_export_secs: Optional[float]) -> list:
   """The `DeltaExport` callback `tfps.fit` adds for `delta_export_secs` (none where it is None); `dataset_fn` gives
   a batch to build a model whose inputs are not declared, for the base export."""
   if delta_export_secs is None:
@@ -32,9 +32,6 @@ def delta_callbacks(build_model: Callable, dataset_fn: Callable, model_dir: Opti
   if not model_dir:
     raise UsageError(f"`delta_export_secs` ({delta_export_secs}) needs a `model_dir` to write the deltas into "
                      f"(model_dir/{DELTAS_SUBDIR})")
-  if mode.sync_mode == "geo":
-    raise UsageError(f"`delta_export_secs` ({delta_export_secs}) works with sync_mode 'async' or 'sync', not "
-                     "'geo' (its pushes do not record the rows they change yet)")
   return [DeltaExport(build_model, dataset_fn, os.path.join(model_dir, DELTAS_SUBDIR), delta_export_secs)]
 
 

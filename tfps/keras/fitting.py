@@ -82,8 +82,7 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
   _check_fit_args(build_model, train_dataset_fn, epochs, steps_per_epoch, validation_dataset_fn, validation_steps,
                   exact_evaluation, steps_per_execution)
   mode = modes.as_mode(sync_mode)
-  callbacks = list(callbacks) + deltas.delta_callbacks(build_model, train_dataset_fn, model_dir,
-                                                            delta_export_secs, mode)
+  callbacks = list(callbacks) + deltas.delta_callbacks(build_model, train_dataset_fn, model_dir, delta_export_secs)
   strategy_options = {"num_shards": checks.positive_int("num_shards", num_shards, allow_none=True),
                       "min_shard_bytes": checks.non_negative_int("min_shard_bytes", min_shard_bytes),
                       "connect_timeout_secs": checks.non_negative_number("connect_timeout_secs", connect_timeout_secs,

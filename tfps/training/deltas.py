@@ -171,6 +171,7 @@ class DeltaWriter:
     self.directory = directory
     self.weights = list(weights)
     self.touched = touched
+    touched.watch([shard for weight in self.weights for shard in strategy_lib.shards_of(weight)])
     self.model = fingerprint(self.weights)
     self.base: Optional[dict] = None
     self.version = 0

@@ -354,17 +354,18 @@ class OncePerPs:
   def run_all(self, updates) -> List[tf.Tensor]:
     """`run` for each `(variable, inputs, update)` of `updates`: `update(*inputs)`, reading copies of `inputs` made on
     the variable's ps. A ps starts its updates once all of its inputs are there, so a worker that dies while sending
-    them leaves none of that ps's updates applied (not some of them, which a run again would apply twice)."""
+    them leaves none of that ps's updates applied (not some of them, which a run again would apply twice). An update
+    given as `(variable, [values, rows], update, True)` changes rows `rows` only (marked as a sparse gradient's)."""
     moved, arrived = [], {}
-    for variable, inputs, update in updates:
+    for variable, inputs, update, *sparse in updates:
       with tf.device(variable.device):
         copies = [tf.identity(tensor) for tensor in inputs]
       arrived.setdefault(variable.device, []).extend(copies)
-      moved.append((variable, copies, update))
+      moved.append((variable, copies, update, tf.IndexedSlices(*copies) if sparse and sparse[0] else None))
     done = []
-    for variable, copies, update in moved:
+    for variable, copies, update, rows in moved:
       with tf.control_dependencies(arrived[variable.device]):
-        done.append(self.run(variable, lambda update=update, copies=copies: update(*copies)))
+        done.append(self.run(variable, lambda update=update, copies=copies: update(*copies), rows))
     return done
 
   def records(self) -> List[tf.Operation]:

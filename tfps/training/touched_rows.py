@@ -3,7 +3,7 @@
 A `TouchedRows` keeps, beside every variable shard that takes sparse updates (an embedding table's shard), a bool
 vector with one entry per row: the step's update of the shard sets the entries of the rows it changes, in the same
 conditional branch on the ps (`exactly_once.OncePerPs.run`, the one place async and sync training apply a variable's
-update), so a step skipped there marks nothing. The delta exporter reads, per shard, the ids marked and their rows
+update and geo training pushes a round's rows), so a step skipped there marks nothing. The delta exporter reads, per shard, the ids marked and their rows
 (gathered on the ps: only those rows cross the network), and clears the marks it shipped once the delta is written.
 
 A variable updated densely gets no record: it is shipped whole in every delta.
@@ -26,6 +26,14 @@ class TouchedRows:
   def __init__(self, strategy):
     self._strategy = strategy
     self._records: Dict[int, Tuple[tf.Variable, tf.Variable]] = {}  # id(shard) -> (shard, record)
+    self._watched: Dict[int, object] = {}  # id(shard) -> shard: those `mark_updated` marks
+
+  def watch(self, shards) -> None:
+    """`mark_updated` marks the rows of `shards` (a model's variables; not, say, the optimizer's slots)."""
+    self._watched.update({id(shard): shard for shard in shards})
+
+  def watches(self, shard) -> bool:
+    return id(shard) in self._watched
 
   def record_of(self, shard) -> Optional[tf.Variable]:
     """The record beside `shard`, or None where no sparse update of it was traced."""
@@ -85,4 +93,6 @@ def mark_updated(variable, gradient) -> list:
   if not isinstance(gradient, tf.IndexedSlices) or not tf.distribute.has_strategy():
     return []
   records = _active.get(tf.distribute.get_strategy().extended)
-  return [] if records is None else [records.mark(variable, gradient.indices)]
+  if records is None or not records.watches(variable):
+    return []
+  return [records.mark(variable, gradient.indices)]
