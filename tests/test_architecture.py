@@ -26,10 +26,11 @@ LAYERS = {
     "tfps.models": ("models", 4),  # recommender models for both paths: `model_fns` builds Estimator model_fns
     "tfps.testing": ("testing", 4),
     # The command-line layer: reads absl flags and builds the settings the layers below take; the console scripts of
-    # setup.cfg (tfps-launch, tfps-config, tfps-k8s, tfps-report).
+    # setup.cfg (tfps-launch, tfps-config, tfps-k8s, tfps-report, tfps-delta).
     "tfps.cli": ("cli", 5),
     "tfps": ("facade", 6),  # tfps/__init__.py: the public names, imported lazily
     "tfps.layers": ("facade", 6),  # public re-export of tfps.models.dynamic_embedding
+    "tfps.delta": ("facade", 6),  # public re-export of the serving side of delta exports
 }
 SHIM = "tfps._tf_private"
 PRIVATE_PREFIXES = ("tensorflow.python", "tf_keras.src", "keras.src", "tensorflow.core")
@@ -81,7 +82,7 @@ SOURCES = sources()
 
 def test_every_module_has_a_layer():
   assert {name: layer_of(name) for name in SOURCES}  # layer_of raises on a module outside every layer
-  assert all(layer_of(name)[0] != "facade" for name in SOURCES if name not in ("tfps", "tfps.layers"))
+  assert all(layer_of(name)[0] != "facade" for name in SOURCES if name not in ("tfps", "tfps.layers", "tfps.delta"))
 
 
 def test_no_module_imports_a_higher_layer_or_another_path():

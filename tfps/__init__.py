@@ -36,6 +36,7 @@ _LAZY = {
     "export_saved_model": "tfps.keras.export",
     "run_sidecar_evaluator": "tfps.keras.evaluation",
     "testing": None,
+    "delta": None,
     "layers": None,
     "estimator": None,
     "Estimator": "tfps.estimator",

@@ -23,6 +23,7 @@ from tfps.cluster import config as cluster_lib
 from tfps.cluster import options as options_lib
 from tfps.training import chief as chief_lib
 from tfps.training import dataset_fns
+from tfps.keras import deltas
 from tfps.keras import evaluation
 from tfps.training import exactly_once
 from tfps.keras import steps as keras_steps
@@ -48,6 +49,7 @@ class FitOptions:
   batch_size: Optional[int] = None
   keep_checkpoint_max: Optional[int] = 5
   verbose: int = 0
+  delta_export_secs: Optional[float] = None
 
   def __post_init__(self):
     checks.positive_int("steps_per_execution", self.steps_per_execution, allow_none=True)
@@ -103,13 +105,19 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
         size; without either the line shows steps/s).
       keep_checkpoint_max: checkpoints kept in `model_dir/checkpoints` (5; None keeps all).
       verbose: tf-keras's verbosity (0: only tfps's progress lines).
+      delta_export_secs: write a base export to `model_dir/deltas` when training starts, then a delta of the
+        changed rows and the dense variables at the first epoch end this many seconds after the last
+        (docs/delta_export.md; None: no deltas).
   """
   unknown = sorted(set(options) - set(_FIT_OPTIONS) - set(options_lib.FIELDS))
   if unknown:
     raise TypeError(f"fit() got an unexpected keyword argument {unknown[0]!r}")
   fit_options = {name: options.pop(name) for name in list(options) if name in _FIT_OPTIONS}
+  fit_options = FitOptions(**fit_options)
+  callbacks = (*callbacks, *deltas.delta_callbacks(build_model, train_dataset_fn, model_dir,
+                                                  fit_options.delta_export_secs))
   run = _Run(build_model, train_dataset_fn, epochs, steps_per_epoch, validation_dataset_fn, validation_steps,
-             model_dir, tuple(callbacks), FitOptions(**fit_options))
+             model_dir, callbacks, fit_options)
   _check_run(run)
   mode = modes.as_mode(sync_mode)
   strategy_options = options_lib.as_strategy_options(strategy_options, **options)

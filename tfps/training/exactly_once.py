@@ -40,6 +40,7 @@ import tensorflow as tf
 from tfps import _tf_private
 from tfps.training import packing
 from tfps.training import strategy as strategy_lib
+from tfps.training import touched_rows
 from tfps.training import wire
 
 SLOTS = 16_384  # more than the functions scheduled between two joins of the coordinator
@@ -323,19 +324,23 @@ class OncePerPs:
     gradient) runs only if its ps has not applied the mark yet (`run`)."""
 
     def conditional(update, var, fn, args, kwargs, group):
-      done = self.run(var, lambda: update(var, fn, args=args, kwargs=kwargs, group=group))
+      gradient = args[0] if args else None
+      done = self.run(var, lambda: update(var, fn, args=args, kwargs=kwargs, group=group), gradient)
       return done if group else (done,)  # as ParameterServerStrategy returns them
 
     with _tf_private.intercepting_updates(strategy, conditional):
       yield
 
-  def run(self, variable, update) -> tf.Tensor:
-    """`update()` (the ops updating `variable`, made on its ps) unless its ps applied the mark; True where it ran."""
+  def run(self, variable, update, gradient=None) -> tf.Tensor:
+    """`update()` (the ops updating `variable`, made on its ps) unless its ps applied the mark; True where it ran.
+    Where the update applies a sparse `gradient`, its rows are marked touched with it (`touched_rows`)."""
     device, vector = variable.device, self._records.vector_for(variable)
 
     def apply():
       result = update()
       with tf.control_dependencies([r for r in tf.nest.flatten(result) if r is not None]):
+        marks = touched_rows.mark_updated(variable, gradient)
+      with tf.control_dependencies([r for r in tf.nest.flatten(result) if r is not None] + marks):
         return tf.constant(True)
 
     with tf.device(device):
@@ -349,17 +354,18 @@ class OncePerPs:
   def run_all(self, updates) -> List[tf.Tensor]:
     """`run` for each `(variable, inputs, update)` of `updates`: `update(*inputs)`, reading copies of `inputs` made on
     the variable's ps. A ps starts its updates once all of its inputs are there, so a worker that dies while sending
-    them leaves none of that ps's updates applied (not some of them, which a run again would apply twice)."""
+    them leaves none of that ps's updates applied (not some of them, which a run again would apply twice). An update
+    given as `(variable, [values, rows], update, True)` changes rows `rows` only (marked as a sparse gradient's)."""
     moved, arrived = [], {}
-    for variable, inputs, update in updates:
+    for variable, inputs, update, *sparse in updates:
       with tf.device(variable.device):
         copies = [tf.identity(tensor) for tensor in inputs]
       arrived.setdefault(variable.device, []).extend(copies)
-      moved.append((variable, copies, update))
+      moved.append((variable, copies, update, tf.IndexedSlices(*copies) if sparse and sparse[0] else None))
     done = []
-    for variable, copies, update in moved:
+    for variable, copies, update, rows in moved:
       with tf.control_dependencies(arrived[variable.device]):
-        done.append(self.run(variable, lambda update=update, copies=copies: update(*copies)))
+        done.append(self.run(variable, lambda update=update, copies=copies: update(*copies), rows))
     return done
 
   def records(self) -> List[tf.Operation]:

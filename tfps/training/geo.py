@@ -127,7 +127,7 @@ class _Table:
     return tf.reshape(tf.gather(tf.constant(self.offsets[:-1], tf.int64), shard) + position, tf.shape(ids))
 
   def updates(self) -> List[tuple]:
-    """The push: `(variable, [difference, rows], add)` per cached variable, for `OncePerPs.run_all`."""
+    """The push: `(variable, [difference, rows], add, True)` per cached variable, for `OncePerPs.run_all`."""
     pushes = []
     locals_ = []
     for variable, handle, local_ids, filled, fill, k in self.caches:
@@ -144,7 +144,7 @@ class _Table:
       if k in kept:
         delta, local_ids = tf.boolean_mask(delta, kept[k]), tf.boolean_mask(local_ids, kept[k])
       pushes.append((variable, [delta, local_ids],
-                     lambda delta, rows, variable=variable: variable.scatter_add(tf.IndexedSlices(delta, rows))))
+                     lambda delta, rows, variable=variable: variable.scatter_add(tf.IndexedSlices(delta, rows)), True))
     return pushes
 
 

@@ -1,0 +1,282 @@
+"""Delta exports: a base plus its deltas equals a full export at the same step; bad chains are refused in one line."""
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+import tfps
+from tfps.training import deltas
+from tfps.training import touched_rows
+
+from test_fit import NUM_IDS, VOCAB, build_model, examples  # a 50k x 8 table, sharded over both ps
+
+EPOCHS, STEPS = 3, 20
+
+
+def train_fn(input_context):
+  features, labels = examples(4_000, seed=1 + input_context.input_pipeline_id)
+  return tf.data.Dataset.from_tensor_slices((features, labels)).shuffle(4_000).repeat().batch(32, drop_remainder=True)
+
+
+@pytest.fixture(scope="module")
+def trained(cluster, tmp_path_factory):
+  """A run writing a delta at every epoch's end; and a full export at its last step."""
+  root = tmp_path_factory.mktemp("deltas")
+  model_dir = str(root / "run")
+  history = tfps.fit(build_model, train_fn, epochs=EPOCHS, steps_per_epoch=STEPS, model_dir=model_dir,
+                     cluster=cluster, delta_export_secs=0)
+  full = tfps.export_saved_model(build_model, str(root / "full"), model=history.model)
+  return os.path.join(model_dir, "deltas"), full, root
+
+
+def chain(folder):
+  names = sorted(os.listdir(folder))
+  return os.path.join(folder, names[0]), [os.path.join(folder, name) for name in names[1:]]
+
+
+def test_base_plus_deltas_answers_as_the_full_export(trained, tmp_path):
+  folder, full, _ = trained
+  base, delta_paths = chain(folder)
+  assert [os.path.basename(path) for path in [base] + delta_paths] == [
+      "base-000000", "delta-000001", "delta-000002", "delta-000003"]
+  manifests = [deltas.read_manifest(path) for path in delta_paths]
+  assert [m["step"] for m in manifests] == [STEPS, 2 * STEPS, 3 * STEPS]
+  table = manifests[0]["variables"][0]
+  assert table["shape"] == [VOCAB, 8] and table["shipped"] == "rows" and 0 < table["rows"] < VOCAB // 10
+  assert all(m["shipped"] == "whole" for m in manifests[0]["variables"][1:])  # the dense layers
+  applied = tfps.delta.apply(base, delta_paths, str(tmp_path / "served"))
+  served, expected = (tf_keras.models.load_model(path, compile=False) for path in (applied, full))
+  assert len(served.weights) == len(expected.weights) == len(manifests[0]["variables"])
+  for got, want in zip(served.weights, expected.weights):
+    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-6, rtol=0)
+  base_model = tf_keras.models.load_model(base, compile=False)
+  assert np.abs(base_model.weights[0].numpy() - expected.weights[0].numpy()).max() > 1e-3  # training moved rows
+  features, _ = examples(200, seed=5)
+  np.testing.assert_allclose(served.predict(features, verbose=0), expected.predict(features, verbose=0), atol=1e-6)
+  # The result is itself a base at the last delta's version: the deltas after it apply to it in turn.
+  assert deltas.read_manifest(applied)["version"] == 3
+  again = tfps.delta.apply(str(tmp_path / "served"), [], str(tmp_path / "again"))
+  assert deltas.read_manifest(again)["step"] == 3 * STEPS
+
+
+def copy_delta(path, tmp_path, name, edit=None):
+  target = tmp_path / name
+  shutil.copytree(path, target)
+  if edit is not None:
+    manifest = json.loads((target / deltas.MANIFEST).read_text())
+    edit(manifest)
+    (target / deltas.MANIFEST).write_text(json.dumps(manifest))
+  return str(target)
+
+
+def test_bad_chains_are_refused_in_one_line(trained, tmp_path):
+  folder, _, _ = trained
+  base, (first, second, third) = chain(folder)
+  out = str(tmp_path / "out")
+  with pytest.raises(deltas.DeltaError, match=r"^the delta chain has a gap: delta-000003 follows version 2, but the "
+                     r"version before it here is 1; give every delta from 2 on$"):
+    tfps.delta.apply(base, [first, third], out)
+  with pytest.raises(deltas.DeltaError, match=r"the delta chain has a gap: delta-000002 follows version 1, but the "
+                     r"version before it here is 0"):
+    tfps.delta.apply(base, [second], out)
+  other_run = copy_delta(first, tmp_path, "other_run", lambda m: m["base"].update(id="feedbeef0000"))
+  with pytest.raises(deltas.DeltaError, match=r"^delta-000001 belongs to base-000000 \(id feedbeef0000\), not to "
+                     r"base-000000 \(id [0-9a-f]{12}\)$"):
+    tfps.delta.apply(base, [other_run], out)
+  other_model = copy_delta(first, tmp_path, "other_model", lambda m: m.update(model="0123456789abcdef"))
+  with pytest.raises(deltas.DeltaError, match=r"^delta-000001 is from another model \(fingerprint 0123456789abcdef, "
+                     r"the base's [0-9a-f]{16}\); it cannot be applied to base-000000$"):
+    tfps.delta.apply(base, [other_model], out)
+  cut_short = copy_delta(first, tmp_path, "cut_short")
+  os.remove(os.path.join(cut_short, deltas.MANIFEST))
+  with pytest.raises(deltas.DeltaError, match=r"has no manifest.json: not a complete export"):
+    tfps.delta.apply(base, [cut_short], out)
+  temporary = copy_delta(first, tmp_path, ".tmp-delta-000001-0000abcd")
+  with pytest.raises(deltas.DeltaError, match=r"is a delta still being written or cut short"):
+    tfps.delta.apply(base, [temporary], out)
+  assert not os.path.exists(out)
+
+
+@pytest.mark.slow  # two processes importing TensorFlow
+def test_command_line_applies_and_refuses_a_gap(trained, tmp_path):
+  folder, full, _ = trained
+  base, (first, second, third) = chain(folder)
+  command = [sys.executable, "-m", "tfps.cli.delta", "apply", base, first, third, f"--out={tmp_path}/gap"]
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+  refused = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
+  assert refused.returncode == 2
+  assert "Traceback" not in refused.stderr and not os.path.exists(f"{tmp_path}/gap")
+  assert refused.stderr.strip().splitlines()[-1] == (  # after TensorFlow's start-up lines
+      "tfps-delta: the delta chain has a gap: delta-000003 follows version 2, but the version before it here is 1; "
+      "give every delta from 2 on")
+  command[-2:-1] = [second, third]
+  done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
+  assert done.returncode == 0, done.stderr
+  assert deltas.read_manifest(f"{tmp_path}/gap")["step"] == 3 * STEPS
+
+
+def test_a_failed_write_keeps_the_last_delta_and_the_marks(tmp_path, monkeypatch):
+  """A full disk while writing: no folder appears, the last delta stays valid, and the next delta carries the rows."""
+  table, dense = tf.Variable(tf.zeros([100, 4])), tf.Variable(tf.zeros([3]))
+  touched = touched_rows.TouchedRows(tf.distribute.get_strategy())
+  writer = deltas.DeltaWriter(str(tmp_path), [table, dense], touched)
+  touched.mark(table, tf.constant([0]))  # before the base: not in any delta
+  writer.write_base(os.makedirs, step=0)
+
+  def update(rows, value, step):
+    table.scatter_update(tf.IndexedSlices(tf.fill([len(rows), 4], value), tf.constant(rows, tf.int64)))
+    touched.mark(table, tf.constant(rows))
+    dense.assign_add(tf.ones([3]))
+    return writer.write_delta(step)
+
+  first = update([3, 7], 1.0, step=1)
+
+  def full_disk(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(deltas.np, "savez", full_disk)
+  with pytest.raises(OSError, match="No space left"):
+    update([7, 9], 2.0, step=2)
+  assert sorted(os.listdir(tmp_path)) == ["base-000000", "delta-000001"]  # nothing half written
+  assert deltas.read_manifest(first)["version"] == 1
+  monkeypatch.undo()
+  second = update([11], 3.0, step=3)
+  manifest = deltas.read_manifest(second)
+  assert (manifest["version"], manifest["previous"], manifest["step"]) == (2, 1, 3)
+  with np.load(os.path.join(second, deltas.TENSORS)) as tensors:
+    assert tensors["0/ids"].tolist() == [7, 9, 11]  # the failed delta's rows, and the new one
+    assert tensors["0/rows"][:, 0].tolist() == [2.0, 2.0, 3.0]
+    assert tensors["1/value"].tolist() == [3.0, 3.0, 3.0]
+  with np.load(os.path.join(first, deltas.TENSORS)) as tensors:
+    assert tensors["0/ids"].tolist() == [3, 7]
+
+
+def test_fit_refuses_delta_export_without_model_dir(cluster):
+  with pytest.raises(tfps.UsageError, match=r"^`delta_export_secs` \(5\) needs a `model_dir`"):
+    tfps.fit(build_model, train_fn, epochs=1, steps_per_epoch=1, cluster=cluster, delta_export_secs=5)
+  with pytest.raises(tfps.UsageError, match=r"^`delta_export_secs` \(-1\) must be a non-negative number of seconds"):
+    tfps.fit(build_model, train_fn, epochs=1, steps_per_epoch=1, cluster=cluster, delta_export_secs=-1)
+
+
+@pytest.mark.slow  # a run of its own
+@pytest.mark.parametrize("mode", ["sync", "geo"])
+def test_sync_and_geo_deltas_equal_the_full_export(cluster, tmp_path, mode):
+  model_dir = str(tmp_path / "run")
+  history = tfps.fit(build_model, train_fn, epochs=2, steps_per_epoch=5, model_dir=model_dir, cluster=cluster,
+                     sync_mode=tfps.TrainingMode(mode, geo_steps=5) if mode == "geo" else mode, delta_export_secs=0)
+  full = tfps.export_saved_model(build_model, str(tmp_path / "full"), model=history.model)
+  base, delta_paths = chain(os.path.join(model_dir, "deltas"))
+  assert [deltas.read_manifest(path)["step"] for path in delta_paths] == [5, 10]
+  served = tf_keras.models.load_model(tfps.delta.apply(base, delta_paths, str(tmp_path / "served")), compile=False)
+  for got, want in zip(served.weights, tf_keras.models.load_model(full, compile=False).weights):
+    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-6, rtol=0)
+
+
+def test_fit_refuses_delta_export_of_table_layers(cluster, tmp_path):
+  def build_dynamic():
+    ids = tf_keras.Input((NUM_IDS,), dtype="int64", name="ids")
+    dense = tf_keras.Input((1,), name="dense_in")
+    embedded = tf_keras.layers.Flatten()(tfps.layers.DynamicEmbedding(1_000, 4, name="dynamic")(ids))
+    output = tf_keras.layers.Dense(1, activation="sigmoid")(tf_keras.layers.Concatenate()([embedded, dense]))
+    model = tf_keras.Model({"ids": ids, "dense_in": dense}, output)
+    model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "binary_crossentropy")
+    return model
+
+  with pytest.raises(tfps.UsageError, match=r"^`delta_export_secs` \(0\) cannot export table layers yet \(dynamic\)"):
+    tfps.fit(build_dynamic, train_fn, epochs=1, steps_per_epoch=2, model_dir=str(tmp_path / "run"), cluster=cluster,
+             delta_export_secs=0)
+  assert not os.path.exists(tmp_path / "run" / "deltas")
+
+
+def test_command_line_usage_errors_are_one_line(capsys):
+  from tfps.cli import delta as delta_cli  # pylint: disable=g-import-not-at-top
+  assert delta_cli.main(["tfps-delta", "apply", "base-000000", "delta-000001"]) == 2
+  assert capsys.readouterr().err == ("tfps-delta: give --out=DIR once; usage: tfps-delta apply BASE [DELTA ...] "
+                                     "--out=DIR\n")
+  assert delta_cli.main(["tfps-delta", "watch", "deltas"]) == 2
+  assert capsys.readouterr().err.startswith("tfps-delta: unknown command 'watch' (known: apply)")
+  assert delta_cli.main(["tfps-delta", "--help"]) == 0
+  assert "usage: tfps-delta apply BASE" in capsys.readouterr().out
+
+
+def test_docs_figures_come_from_the_bench_results():
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(repo, "bench", "results", "delta_export.json"), encoding="utf-8") as f:
+    results = json.load(f)
+  with open(os.path.join(repo, "docs", "delta_export.md"), encoding="utf-8") as f:
+    text = f.read()
+  assert f"| base-000000 (full SavedModel) | all {results['rows']:,} | {results['base_bytes']:,} | 1x |" in text
+  for delta in results["deltas"]:
+    assert (f"| {delta['name']} | {delta['rows']:,} ({delta['rows_share']:.2%}) | {delta['bytes']:,} | "
+            f"{delta['ratio_to_full']}x | {delta['write_secs']} |") in text
+    assert delta["ratio_to_full"] <= 0.05 and delta["rows_share"] <= results["changed_at_most"]
+  training = results["training"]
+  assert (f"{', '.join(map(str, training['epoch_secs']['with_deltas']))} with the rows marked, "
+          f"{', '.join(map(str, training['epoch_secs']['without']))}\nwithout; {training['ratio_of_medians']}x") in text
+
+
+@pytest.mark.slow  # a run of its own
+def test_stacked_wide_deep_deltas_equal_the_full_export(cluster, tmp_path):
+  """Wide&Deep with its tables stacked (a wide and a deep table, sharded): the rows changed reach serving."""
+  from tfps import models  # pylint: disable=g-import-not-at-top
+  categorical, dense = {"a": 20_000, "b": 30_000, "c": 50}, {"dense": 2}
+
+  def build_wide_deep():
+    return models.compile_model(models.build_model("wide_deep", categorical, dense, embedding_dim=4,
+                                                   deep_layers=(8,), stack_tables=True), learning_rate=0.5)
+
+  def dataset_fn(input_context):
+    rng = np.random.default_rng(input_context.input_pipeline_id)
+    features = {name: rng.integers(0, size, 2_000) for name, size in categorical.items()}
+    features["dense"] = rng.random((2_000, 2)).astype(np.float32)
+    labels = (features["c"] % 2).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(64)
+
+  model_dir = str(tmp_path / "run")
+  history = tfps.fit(build_wide_deep, dataset_fn, epochs=2, steps_per_epoch=5, model_dir=model_dir, cluster=cluster,
+                     min_shard_bytes=0, delta_export_secs=0)
+  full = tfps.export_saved_model(build_wide_deep, str(tmp_path / "full"), model=history.model,
+                                 dataset_fn=dataset_fn)
+  base, delta_paths = chain(os.path.join(model_dir, "deltas"))
+  shipped = [(v["shape"], v["shipped"]) for v in deltas.read_manifest(delta_paths[0])["variables"]]
+  assert ([50_050, 4], "rows") in shipped and ([50_050, 1], "rows") in shipped
+  served = tf_keras.models.load_model(tfps.delta.apply(base, delta_paths, str(tmp_path / "served")), compile=False)
+  expected = tf_keras.models.load_model(full, compile=False)
+  assert len(served.weights) == len(expected.weights) == len(shipped)
+  for got, want in zip(served.weights, expected.weights):
+    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-6, rtol=0)
+  features = {name: np.arange(10) % size for name, size in categorical.items()}
+  features["dense"] = np.ones((10, 2), np.float32)
+  np.testing.assert_allclose(served.predict(features, verbose=0), expected.predict(features, verbose=0), atol=1e-6)
+
+
+@pytest.mark.slow  # a run of its own
+def test_a_resumed_run_writes_a_new_base_and_numbers_on(trained, cluster, tmp_path):
+  """Training resumed for one more epoch: a new base at the resumed step, the next delta after it; the old chain's
+  deltas do not apply to the new base."""
+  folder, _, _ = trained
+  model_dir = str(tmp_path / "run")
+  shutil.copytree(os.path.dirname(folder), model_dir)
+  history = tfps.fit(build_model, train_fn, epochs=EPOCHS + 1, steps_per_epoch=STEPS, model_dir=model_dir,
+                     cluster=cluster, delta_export_secs=0)
+  full = tfps.export_saved_model(build_model, str(tmp_path / "full"), model=history.model)
+  exports = os.path.join(model_dir, "deltas")
+  assert sorted(os.listdir(exports))[-2:] == ["delta-000003", "delta-000005"] and "base-000004" in os.listdir(exports)
+  new_base = deltas.read_manifest(os.path.join(exports, "base-000004"))
+  assert (new_base["step"], deltas.read_manifest(os.path.join(exports, "delta-000005"))["previous"]) == (60, 4)
+  served = tfps.delta.apply(os.path.join(exports, "base-000004"), [os.path.join(exports, "delta-000005")],
+                            str(tmp_path / "served"))
+  for got, want in zip(*(tf_keras.models.load_model(path, compile=False).weights for path in (served, full))):
+    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-6, rtol=0)
+  with pytest.raises(deltas.DeltaError, match=r"^delta-000003 belongs to base-000000 \(id [0-9a-f]{12}\), "
+                     r"not to base-000004 \(id [0-9a-f]{12}\)$"):
+    tfps.delta.apply(os.path.join(exports, "base-000004"), [os.path.join(exports, "delta-000003")],
+                     str(tmp_path / "mixed"))

@@ -1,0 +1,5 @@
+"""Serving side of delta exports: `tfps.delta.apply(base, deltas, out)` gives a SavedModel that answers as a full
+export at the last delta's step would (docs/delta_export.md). The same on the command line: `tfps-delta apply`."""
+
+from tfps.keras.deltas import apply  # pylint: disable=unused-import
+from tfps.training.deltas import DeltaError  # pylint: disable=unused-import

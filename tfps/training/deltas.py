@@ -1,0 +1,257 @@
+"""Delta exports: what changed since the last export, versioned and atomic, and how a chain of them is checked.
+
+A folder of exports holds one base (`base-000000`, a full SavedModel with a manifest) and the deltas after it
+(`delta-000001`, ...), each numbered after the one before it. A delta holds, for each variable of the model in
+`model.weights` order, either the rows that changed (their ids and values: a table's touched rows,
+`tfps.training.touched_rows`) or the whole value (a variable updated densely), in `tensors.npz`, and `manifest.json`:
+its version, the version it follows, the base it belongs to (version and id), the training step, the model's
+fingerprint (its variables' shapes and dtypes) and each variable's name, shape and how it is shipped.
+
+A delta is written in a hidden temporary folder (`.tmp-...`), its files synced to disk, then renamed to its name in
+one step: a reader sees a whole delta or none. A folder without a manifest is never read.
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import uuid
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tfps.errors import UsageError
+from tfps.training import strategy as strategy_lib
+
+FORMAT = "tfps-delta/1"
+MANIFEST = "manifest.json"
+BASE_MANIFEST = "tfps_delta.json"  # inside a base SavedModel folder
+TENSORS = "tensors.npz"
+_NAME = re.compile(r"^(base|delta)-(\d{6,})$")
+
+
+class DeltaError(UsageError):
+  """A delta or a chain of deltas that cannot be applied (one line naming the versions)."""
+
+
+def whole_variables(model, weights) -> list:
+  """`weights` (a model's `weights`, which list a sharded variable's shards one by one) with each sharded variable's
+  shards replaced by the `ShardedVariable` itself: the variables of the same model built outside a strategy, in
+  order."""
+  sharded = {}
+  for value in tf.train.TrackableView(model).descendants():
+    if isinstance(value, tf.__internal__.distribute.ShardedVariable):
+      sharded.update({id(shard): value for shard in value.variables})
+  result, seen = [], set()
+  for weight in weights:
+    whole = sharded.get(id(weight), weight)
+    if id(whole) not in seen:
+      seen.add(id(whole))
+      result.append(whole)
+  return result
+
+
+def fingerprint(weights) -> str:
+  """The model's identity for deltas: a hash of its variables' shapes and dtypes, in order."""
+  described = [[list(map(int, weight.shape)), weight.dtype.name] for weight in weights]
+  return hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
+
+
+def describe(weights) -> List[dict]:
+  return [{"name": weight.name, "shape": list(map(int, weight.shape)), "dtype": weight.dtype.name}
+          for weight in weights]
+
+
+def name_of(kind: str, version: int) -> str:
+  return f"{kind}-{version:06d}"
+
+
+def versions_in(directory: str) -> Dict[int, str]:
+  """`{version: folder}` of the complete exports (base or delta) in `directory`."""
+  found = {}
+  for entry in os.listdir(directory) if os.path.isdir(directory) else ():
+    match = _NAME.match(entry)
+    if match and os.path.exists(os.path.join(directory, entry, _manifest_name(match.group(1)))):
+      found[int(match.group(2))] = os.path.join(directory, entry)
+  return found
+
+
+def _manifest_name(kind: str) -> str:
+  return BASE_MANIFEST if kind == "base" else MANIFEST
+
+
+def write_atomically(directory: str, name: str, fill: Callable[[str], None]) -> str:
+  """Runs `fill(folder)` on a hidden temporary folder in `directory`, syncs what it wrote and renames it to `name`;
+  on any error removes the temporary folder (nothing half written stays) and raises. Returns the final path."""
+  os.makedirs(directory, exist_ok=True)
+  final = os.path.join(directory, name)
+  if os.path.exists(final):
+    raise DeltaError(f"export {final!r} exists already; an export is never overwritten")
+  scratch = os.path.join(directory, f".tmp-{name}-{uuid.uuid4().hex[:8]}")
+  try:
+    fill(scratch)
+    _sync_tree(scratch)
+    os.rename(scratch, final)
+    _sync(directory)
+  except BaseException:
+    shutil.rmtree(scratch, ignore_errors=True)
+    raise
+  return final
+
+
+def _sync_tree(folder: str) -> None:
+  for root, _, files in os.walk(folder):
+    for name in files:
+      with open(os.path.join(root, name), "rb+") as f:
+        os.fsync(f.fileno())
+    _sync(root)
+
+
+def _sync(folder: str) -> None:
+  descriptor = os.open(folder, os.O_RDONLY)
+  try:
+    os.fsync(descriptor)
+  finally:
+    os.close(descriptor)
+
+
+def write_json(path: str, value: dict) -> None:
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(value, f, indent=1, sort_keys=True)
+
+
+def read_manifest(path: str) -> dict:
+  """The manifest of the export (base or delta) at `path`; a `DeltaError` where it is not a complete export."""
+  name = os.path.basename(os.path.normpath(path))
+  if name.startswith(".tmp-"):
+    raise DeltaError(f"{path!r} is a delta still being written or cut short (a temporary folder); it is never read")
+  for candidate in (MANIFEST, BASE_MANIFEST):
+    if os.path.exists(os.path.join(path, candidate)):
+      with open(os.path.join(path, candidate), encoding="utf-8") as f:
+        manifest = json.load(f)
+      if manifest.get("format") != FORMAT:
+        raise DeltaError(f"{path!r} is not a {FORMAT} export (format {manifest.get('format')!r})")
+      return manifest
+  raise DeltaError(f"{path!r} has no {MANIFEST}: not a complete export (a delta cut short is never read)")
+
+
+def check_chain(base: dict, deltas: Sequence[dict], paths: Sequence[str]) -> None:
+  """Raises a one-line `DeltaError` unless `deltas` (manifests, in order) follow `base` one after another, each
+  written for that base and the same model."""
+  previous = base["version"]
+  for manifest, path in zip(deltas, paths):
+    if manifest.get("kind") != "delta":
+      raise DeltaError(f"{path!r} is a {manifest.get('kind')}, not a delta")
+    label = name_of("delta", manifest["version"])
+    if manifest["model"] != base["model"]:
+      raise DeltaError(f"{label} is from another model (fingerprint {manifest['model']}, the base's "
+                       f"{base['model']}); it cannot be applied to {name_of('base', base['base']['version'])}")
+    if manifest["base"]["id"] != base["base"]["id"]:
+      raise DeltaError(f"{label} belongs to {name_of('base', manifest['base']['version'])} (id "
+                       f"{manifest['base']['id']}), not to {name_of('base', base['base']['version'])} "
+                       f"(id {base['base']['id']})")
+    if manifest["previous"] != previous:
+      raise DeltaError(f"the delta chain has a gap: {label} follows version {manifest['previous']}, but the version "
+                       f"before it here is {previous}; give every delta from {previous + 1} on")
+    previous = manifest["version"]
+
+
+class DeltaWriter:
+  """Writes a base, then the deltas after it, of a model's `weights` into `directory`.
+
+  Args:
+    directory: the folder of exports.
+    weights: the model's variables (`model.weights`, sharded or not), in order.
+    touched: the `touched_rows.TouchedRows` recording the tables' changed rows.
+  """
+
+  def __init__(self, directory: str, weights, touched):
+    self.directory = directory
+    self.weights = list(weights)
+    self.touched = touched
+    touched.watch([shard for weight in self.weights for shard in strategy_lib.shards_of(weight)])
+    self.model = fingerprint(self.weights)
+    self.base: Optional[dict] = None
+    self.version = 0
+
+  def write_base(self, export: Callable[[str], None], step: int) -> str:
+    """A full export (`export(folder)` writes the SavedModel) at `step`, the base of the deltas written next."""
+    existing = versions_in(self.directory)
+    version = max(existing, default=-1) + 1
+    base = {"version": version, "id": uuid.uuid4().hex[:12]}
+    manifest = {"format": FORMAT, "kind": "base", "version": version, "base": base, "step": step,
+                "model": self.model, "variables": describe(self.weights)}
+    for weight in self.weights:  # what changes from here on goes into the deltas
+      for shard in strategy_lib.shards_of(weight):
+        rows, _ = self.touched.changed(shard)
+        if rows is not None:
+          self.touched.clear(shard, rows)
+
+    def fill(folder):
+      export(folder)
+      write_json(os.path.join(folder, BASE_MANIFEST), manifest)
+
+    path = write_atomically(self.directory, name_of("base", version), fill)
+    self.base, self.version = base, version
+    return path
+
+  def write_delta(self, step: int) -> str:
+    """A delta of what changed since the last export (base or delta), at `step`; marks cleared only once written."""
+    if self.base is None:
+      raise RuntimeError("write_base comes before the first delta")
+    tensors, described, shipped = {}, describe(self.weights), []
+    for index, weight in enumerate(self.weights):
+      rows = self._changed_rows(weight, shipped)
+      if rows is None:
+        tensors[f"{index}/value"] = np.asarray(weight.numpy())
+        described[index]["shipped"] = "whole"
+      else:
+        tensors[f"{index}/ids"], tensors[f"{index}/rows"] = rows
+        described[index]["shipped"] = "rows"
+        described[index]["rows"] = int(len(rows[0]))
+    version = self.version + 1
+    manifest = {"format": FORMAT, "kind": "delta", "version": version, "previous": self.version, "base": self.base,
+                "step": step, "model": self.model, "variables": described}
+
+    def fill(folder):
+      os.makedirs(folder)
+      with open(os.path.join(folder, TENSORS), "wb") as f:
+        np.savez(f, **tensors)
+      write_json(os.path.join(folder, MANIFEST), manifest)  # last: a folder without it is never read
+
+    path = write_atomically(self.directory, name_of("delta", version), fill)
+    self.version = version
+    for shard, rows in shipped:
+      self.touched.clear(shard, rows)
+    return path
+
+  def _changed_rows(self, weight, shipped: list):
+    """`(ids, rows)` of `weight` changed since the last export, ids over the whole variable; None where a shard has
+    no touched-row record (the variable is shipped whole). Appends `(shard, shard rows)` to `shipped`."""
+    ids, rows, offset, found = [], [], 0, []
+    for shard in strategy_lib.shards_of(weight):
+      local, values = self.touched.changed(shard)
+      if local is None:
+        return None
+      found.append((shard, local))
+      ids.append(local + offset)
+      rows.append(values)
+      offset += int(shard.shape[0])
+    shipped.extend(found)
+    return np.concatenate(ids), np.concatenate(rows)
+
+
+def apply_delta(weights, path: str) -> dict:
+  """Applies the delta at `path` to `weights` (unsharded variables of the same model, in order); returns its
+  manifest."""
+  manifest = read_manifest(path)
+  with np.load(os.path.join(path, TENSORS)) as tensors:
+    for index, (weight, described) in enumerate(zip(weights, manifest["variables"])):
+      if described["shipped"] == "whole":
+        weight.assign(tensors[f"{index}/value"])
+      elif len(tensors[f"{index}/ids"]):
+        weight.scatter_update(tf.IndexedSlices(tf.constant(tensors[f"{index}/rows"]),
+                                               tf.constant(tensors[f"{index}/ids"], tf.int64)))
+  return manifest
