@@ -105,19 +105,13 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
         size; without either the line shows steps/s).
       keep_checkpoint_max: checkpoints kept in `model_dir/checkpoints` (5; None keeps all).
       verbose: tf-keras's verbosity (0: only tfps's progress lines).
-      delta_export_secs: write a base export to `model_dir/deltas` when training starts, then a delta of the
-        changed rows and the dense variables at the first epoch end this many seconds after the last
-        (docs/delta_export.md; None: no deltas).
+      delta_export_secs: seconds between exports of the changed rows to `model_dir/deltas` (None: none; the
+        first epoch end that long after the last; docs/delta_export.md).
   """
-  unknown = sorted(set(options) - set(_FIT_OPTIONS) - set(options_lib.FIELDS))
-  if unknown:
-    raise TypeError(f"fit() got an unexpected keyword argument {unknown[0]!r}")
-  fit_options = {name: options.pop(name) for name in list(options) if name in _FIT_OPTIONS}
-  fit_options = FitOptions(**fit_options)
-  callbacks = (*callbacks, *deltas.delta_callbacks(build_model, train_dataset_fn, model_dir,
-                                                  fit_options.delta_export_secs))
+  fit_options = _fit_options(options)  # what remains in `options`: strategy fields given one by one
+  exports = deltas.delta_callbacks(build_model, train_dataset_fn, model_dir, fit_options.delta_export_secs)
   run = _Run(build_model, train_dataset_fn, epochs, steps_per_epoch, validation_dataset_fn, validation_steps,
-             model_dir, callbacks, fit_options)
+             model_dir, (*callbacks, *exports), fit_options)
   _check_run(run)
   mode = modes.as_mode(sync_mode)
   strategy_options = options_lib.as_strategy_options(strategy_options, **options)
@@ -129,6 +123,14 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
 
 
 _FIT_OPTIONS = tuple(field.name for field in dataclasses.fields(FitOptions))
+
+
+def _fit_options(options: dict) -> FitOptions:
+  """Takes `fit`'s `FitOptions` out of its keyword `options` (an unknown keyword is a `TypeError`, as Python's)."""
+  unknown = sorted(set(options) - set(_FIT_OPTIONS) - set(options_lib.FIELDS))
+  if unknown:
+    raise TypeError(f"fit() got an unexpected keyword argument {unknown[0]!r}")
+  return FitOptions(**{name: options.pop(name) for name in list(options) if name in _FIT_OPTIONS})
 
 
 def _chief_cluster(cluster: Optional[cluster_lib.ClusterConfig]) -> cluster_lib.ClusterConfig:

@@ -22,6 +22,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tfps import _tf_private
+
 from tfps.errors import UsageError
 from tfps.training import strategy as strategy_lib
 
@@ -42,7 +44,7 @@ def whole_variables(model, weights) -> list:
   order."""
   sharded = {}
   for value in tf.train.TrackableView(model).descendants():
-    if isinstance(value, tf.__internal__.distribute.ShardedVariable):
+    if _tf_private.is_sharded_variable(value):
       sharded.update({id(shard): value for shard in value.variables})
   result, seen = [], set()
   for weight in weights:
