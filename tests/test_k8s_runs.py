@@ -3,8 +3,8 @@ on a test host of its own (`tfps.testing.k8s_pods`, which also plays the control
 the manifest states them). One run per kind, on one shared set of 5 hosts (2 ps, 2 workers, the chief): a worker
 killed after the first checkpoint, a ps killed after the second (JobSet: its Job fails and the whole set is started
 again; TFJob and plain: the ps is started again alone, the chief exits 3 and is started again), and the run ends with
-every step applied exactly once on each ps (bench/worker_kills_train.py: a weight per ps whose Adagrad accumulator
-counts the updates that reached it) and every process exited 0 by itself."""
+every step applied exactly once on each ps (bench/worker_kills_train.py: a step counter on each ps,
+`tfps.testing.applied_steps`, read from the final checkpoint) and every process exited 0 by itself."""
 
 import json
 import os
@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from tfps.cluster import k8s_cli
+from tfps.cli import k8s as k8s_cli
+from tfps.testing import applied_steps
 from tfps.testing import hosts as hosts_lib
 from tfps.testing import k8s_pods
 
@@ -46,7 +47,7 @@ def manifests(tmp_path, kind):
   out = tmp_path / "job.yaml"
   command = [sys.executable, str(REPO / "bench" / "worker_kills_train.py"), "--ps_hosts=a:2222,b:2222",
              "--worker_hosts=c:2222,d:2222", "--chief_hosts=e:2222", f"--model_dir={tmp_path}/shared/run",
-             f"--counts_json={tmp_path}/shared/counts.json", f"--epochs={EPOCHS}", f"--steps_per_epoch={STEPS}"]
+             f"--epochs={EPOCHS}", f"--steps_per_epoch={STEPS}"]
   code = k8s_cli.main(["tfps-k8s", "--name=ctr", "--namespace=team", "--image=registry.example/tfps:1",
                        "--claim=tfps-models", f"--mount_path={tmp_path}/shared", f"--kind={kind}", f"--output={out}",
                        "--", *command], cwd=str(REPO))
@@ -97,9 +98,9 @@ def test_each_kind_survives_a_worker_and_a_ps_failure_and_ends_exact(hosts, tmp_
     assert pods.events[1:] == ["ps-1 exited -9", "chief-0 exited 3"], pods.events
     assert pods.set_restarts == 0
   assert "Resumed from the backup" in pods.log(("chief", 0))
-  counts = json.loads((tmp_path / "shared" / "counts.json").read_text())
-  assert counts["iterations"] == EPOCHS * STEPS, counts
-  assert sorted(name.split(" on ")[1] for name in counts["applied_by_weight"]) == ["task:0", "task:1"], counts
-  assert set(counts["applied_by_weight"].values()) == {EPOCHS * STEPS}, counts
+  final = json.loads((tmp_path / "shared" / "run" / "checkpoints" / "FINAL").read_text())
+  assert final["step"] == EPOCHS * STEPS, final
+  assert applied_steps.applied_per_ps(final["last_checkpoint"], pods.log(("chief", 0))) == {
+      "ps:0": EPOCHS * STEPS, "ps:1": EPOCHS * STEPS}
   print(f"{kind}: succeeded after {succeeded - started:.0f}s, every pod ended {ended - succeeded:.1f}s later; "
         f"events {pods.events}")
