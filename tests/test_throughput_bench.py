@@ -22,10 +22,11 @@ throughput = bench_module("throughput")
 
 # tfps modules the peer may load: the workload's model (tfps.models) and what importing the tfps package brings
 # (its layer packages, whose __init__ holds only a docstring, its cluster description, its mode names and the console
-# filter every process that imports tfps gets).
+# filter every process that imports tfps gets, with the base modules it reads: run_records).
 _PEER_PACKAGES = ("tfps", "tfps.cluster", "tfps.training", "tfps.cli")
 _PEER_ALLOWED = ("tfps.models", "tfps.data", "tfps.checks", "tfps.errors", "tfps._env", "tfps._aliases",
-                 "tfps.cli.flags", "tfps.cluster.config", "tfps.cluster.console", "tfps.training.modes")
+                 "tfps.cli.flags", "tfps.cluster.config", "tfps.cluster.console", "tfps.run_records",
+                 "tfps.training.modes")
 
 
 @contextlib.contextmanager
