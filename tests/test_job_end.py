@@ -3,7 +3,6 @@ before that (`tfps.cluster.job_end`); on 6 test hosts every task of a run exits 
 and started again finds its ps and workers still there, and the sidecar's last record is the FINAL checkpoint."""
 
 import json
-import os
 import pathlib
 import re
 import subprocess
@@ -13,6 +12,7 @@ import time
 import portpicker
 import pytest
 
+import needs
 from tfps.cluster import job_end
 from tfps.errors import EXIT_LOST_TASK
 from tfps.testing import host_cluster as host_cluster_lib
@@ -125,8 +125,8 @@ SIX = (("ps", 2), ("worker", 2), ("chief", 1), ("evaluator", 1))
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0 and os.environ.get("CI") != "true", reason="test hosts need root")
 def test_six_hosts_every_task_exits_0_by_itself_after_a_chief_restart(tmp_path, subprocess_env):
+  needs.require_root()
   epochs, steps = 3, 40
   model_dir = tmp_path / "shared" / "model"
   cluster = host_cluster_lib.HostCluster(str(REPO / "scripts/train_keras.py"), [

@@ -7,13 +7,13 @@ every step applied exactly once on each ps (bench/worker_kills_train.py: a step 
 `tfps.testing.applied_steps`, read from the final checkpoint) and every process exited 0 by itself."""
 
 import json
-import os
 import pathlib
 import sys
 import time
 
 import pytest
 
+import needs
 from tfps.cli import k8s as k8s_cli
 from tfps.testing import applied_steps
 from tfps.testing import hosts as hosts_lib
@@ -23,8 +23,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 EPOCHS, STEPS = 4, 100
 TASKS = [("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1), ("chief", 0)]
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(os.geteuid() != 0 and os.environ.get("CI") != "true", reason="test hosts need root")]
+pytestmark = pytest.mark.slow
 
 
 def dns_names(task):
@@ -35,6 +34,7 @@ def dns_names(task):
 
 @pytest.fixture(scope="module")
 def hosts():
+  needs.require_root()
   made = hosts_lib.TestHosts([k8s_pods.K8sPods.host_name(task) for task in TASKS],
                              aliases={k8s_pods.K8sPods.host_name(task): dns_names(task) for task in TASKS})
   yield made
