@@ -28,7 +28,7 @@ DOC = os.path.join(ROOT, "docs", "performance.md")
 _CHECK = flags.DEFINE_boolean("check", False, "Only compare: exit 1 if a block differs from its results.")
 
 # The series of the defaults measured today (3 alternating repetitions each, medians).
-DEFAULTS = ("packed_default/b256_1x1", "packed_default/b256_more", "packed_default/b4096")
+DEFAULTS = ("tutorial_peer/b256_1x1", "tutorial_peer/b256_more", "tutorial_peer/b4096")
 _PATHS = {"fit": "tfps.fit", "estimator": "Estimator path", "keras_pss": "plain PSS `Model.fit`",
           "keras_pss_fixed": "plain PSS `Model.fit`, FixedShards", "ps_floor": "the ps's floor",
           "single": "one process"}
