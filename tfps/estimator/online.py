@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from tfps import checks
 from tfps.errors import UsageError
+from tfps.estimator import stream_evaluation
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.training import loop
 from tfps.training import online
@@ -16,7 +17,9 @@ from tfps.training import tables
 
 def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[int] = None,
                     checkpoint_every_secs: Optional[float] = None, stop=None,
-                    after_checkpoint: Optional[Callable[[int], None]] = None) -> int:
+                    after_checkpoint: Optional[Callable[[int], None]] = None,
+                    evaluate_every_steps: Optional[int] = None, evaluate_every_secs: Optional[float] = None,
+                    eval_batch_size: int = 1024) -> int:
   """Trains `estimator` (a `tfps.Estimator`, on the cluster) on a stream until SIGTERM (or `stop`, a
   `threading.Event`, is set; or the global step reaches `max_steps`), in async mode; returns the final step.
 
@@ -31,12 +34,18 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
     max_steps: stop when the global step reaches it (None: never).
     checkpoint_every_secs: a checkpoint at least this often while steps are trained (None: by steps alone).
     stop: an event that ends training (None: SIGTERM does).
-    after_checkpoint: `fn(step)`, called after each checkpoint (e.g. an evaluation on the newest window).
+    after_checkpoint: `fn(step)`, called after each checkpoint.
+    evaluate_every_steps, evaluate_every_secs: evaluate the newest checkpoint on the newest held-out window this
+      often (a checkpoint is saved for it; `tfps.estimator.stream_evaluation`); the batches need a held-out share
+      (`StreamBatches(held_out=...)`).
+    eval_batch_size: examples per batch of those evaluations.
   """
   checks.positive_int("max_steps", max_steps, allow_none=True)
   config = estimator.config
   _check_mode(config.mode)
   batches = make_batches(_newest_positions(estimator.model_dir))
+  after_checkpoint, evaluation_due = _with_window_evaluation(estimator, batches, after_checkpoint,
+                                                             evaluate_every_steps, evaluate_every_secs, eval_batch_size)
   spec = batches.element_spec
 
   def placeholder_input_fn():  # a batch of zeros on each worker, only to trace the step that creates the variables
@@ -48,7 +57,8 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
   logging.info("Training on %s from step %d (%s)", batches.source.name, int(model.global_step.numpy()),
                config.mode.describe(model.cluster.num_workers))
   stream_loop = online.StreamLoop(
-      batches=batches, checkpoint_every_secs=checkpoint_every_secs, runner=model.runner, checkpoint_manager=manager,
+      batches=batches, checkpoint_every_secs=checkpoint_every_secs, evaluation_due=evaluation_due,
+      runner=model.runner, checkpoint_manager=manager,
       config=loop.LoopConfig(log_every_steps=config.log_step_count_steps,
                              checkpoint_every_steps=config.save_checkpoints_steps),
       model_dir=estimator.model_dir, metrics=lambda: tables.table_metrics(model.model.variables.tables))
@@ -63,6 +73,27 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
   if max_steps is not None and step >= max_steps:
     manager.finish()
   return step
+
+
+def _with_window_evaluation(estimator, batches, after_checkpoint, every_steps, every_secs, batch_size):
+  """`(after_checkpoint, evaluation_due)` for the loop: `after_checkpoint` then the inline evaluation on the newest
+  held-out window where one is asked for (`evaluation_due`: None where none is)."""
+  if every_steps is None and every_secs is None:
+    return after_checkpoint, None
+  if batches.held_out is None:
+    batches.source.close()
+    raise UsageError("evaluating on the newest held-out window needs a held-out share of the stream "
+                     "(--stream_holdout_every, or StreamBatches(held_out=HeldOut(...)))")
+  inline = stream_evaluation.InlineWindowEvaluation(
+      stream_evaluation.WindowEvaluator(estimator, batches.spec, batch_size=batch_size), every_steps=every_steps,
+      every_secs=every_secs)
+
+  def after(step: int) -> None:
+    if after_checkpoint is not None:
+      after_checkpoint(step)
+    inline(step)
+
+  return after, inline.due
 
 
 def _check_mode(mode) -> None:

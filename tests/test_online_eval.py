@@ -1,0 +1,132 @@
+"""A stream run without end on the in-process cluster (a folder stream): a pause trains the partial batch with every
+message still applied once; the held-out share is never trained on, its newest window is evaluated inline and by
+the sidecar; the run records, the summary and tfps-report show the stream."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+import online_stream
+import tfps
+from tfps import run_records
+from tfps.cli import report
+from tfps.cluster import summary as summary_lib
+from tfps.data.stream import batches as batches_lib
+from tfps.data.stream import folder as folder_lib
+from tfps.data.stream import holdout
+from tfps.data.stream.sources import Record
+from tfps.estimator import online
+from tfps.estimator import stream_evaluation
+from tfps.training import stream_positions
+
+BATCH = 8
+
+
+def _model_fn(features, labels, mode):
+  """tests/online_stream.py's counting model (row i: how often message i was applied), with an AUC in EVAL mode: a
+  message never trained on has the logit 0 and the loss -0."""
+  rows = tf_keras.layers.Embedding(online_stream.MAX_MESSAGES, 1, embeddings_initializer="zeros",
+                                   name=online_stream.TABLE)(features["id"])
+  metrics = {}
+  if mode == tfps.ModeKeys.EVAL:
+    metrics["auc"] = tf_keras.metrics.AUC(from_logits=True, name="auc")
+    metrics["auc"].update_state(tf.reshape(labels, [-1, 1]), tf.reshape(rows, [-1, 1]))
+  return tfps.EstimatorSpec(mode, loss=-tf.reduce_sum(rows), optimizer=tf_keras.optimizers.legacy.SGD(1.0),
+                            eval_metric_ops=metrics)
+
+
+def _write_slice(folder, name: str, ids) -> None:
+  """A slice of one message per id, written under a hidden name and renamed (complete once renamed)."""
+  hidden = folder / f".{name}"
+  hidden.write_text("".join(f"{i},{i % 2},1.5\n" for i in ids))
+  hidden.rename(folder / name)
+
+
+def _batches(folder, **kwargs):
+  def make(positions):
+    source = folder_lib.FolderSource(str(folder), pattern="*.csv", complete="rename", positions=positions,
+                                     poll_secs=0.05)
+    return batches_lib.StreamBatches(source, online_stream.SPEC, batch_size=BATCH, **kwargs)
+  return make
+
+
+def _estimator(cluster, model_dir, model_fn=online_stream.model_fn):
+  config = tfps.RunConfig(steps_per_execution=4, save_checkpoints_steps=100, log_step_count_steps=3)
+  return tfps.Estimator(model_fn, model_dir=str(model_dir), config=config, cluster=cluster)
+
+
+def test_a_pause_trains_the_partial_batch_and_each_message_is_applied_once(cluster, tmp_path):
+  stream_dir, model_dir = tmp_path / "stream", tmp_path / "model"
+  stream_dir.mkdir()
+  _write_slice(stream_dir, "slice-0.csv", range(20))  # 2 batches of 8 and 4 that wait: a pause
+
+  def more(step):  # after the pause's checkpoint, 12 more: 1 batch and 4 that wait again
+    if not (stream_dir / "slice-1.csv").exists():
+      _write_slice(stream_dir, "slice-1.csv", range(20, 32))
+
+  estimator = _estimator(cluster, model_dir)
+  step = online.train_on_stream(estimator, _batches(stream_dir, idle_flush_secs=0.5), max_steps=5,
+                                after_checkpoint=more)
+  assert step == 5
+  latest = estimator.latest_checkpoint()
+  counts = online_stream.counts_in(latest)
+  np.testing.assert_array_equal(counts[:32], np.ones(32))
+  assert not counts[32:].any()
+  assert stream_positions.read_positions(str(model_dir), latest) == {"folder": ["slice-1.csv", 12]}
+  stream = run_records.read_run(str(model_dir))["summary"]["stream"]
+  assert stream["messages_applied"] == 32 and stream["held_out"] is None
+
+
+def _held_out_ids(ids, every: int, name: str):
+  picker = holdout.HeldOut(every, 1)
+  return {i for line, i in enumerate(ids, 1) if picker.takes(Record(b"", folder_lib.KEY, [name, line], ""))}
+
+
+def test_held_out_windows_are_never_trained_and_evaluated_inline_by_the_sidecar_and_in_the_report(cluster,
+                                                                                                   tmp_path):
+  stream_dir, model_dir = tmp_path / "stream", tmp_path / "model"
+  stream_dir.mkdir()
+  _write_slice(stream_dir, "slice-0.csv", range(200))
+  held = _held_out_ids(range(200), 4, "slice-0.csv")
+  steps = -(-(200 - len(held)) // BATCH)
+  estimator = _estimator(cluster, model_dir, _model_fn)
+  make = _batches(stream_dir, held_out=holdout.HeldOut(4, 1000), idle_flush_secs=0.3)
+  assert online.train_on_stream(estimator, make, max_steps=steps, evaluate_every_steps=6) == steps
+  counts = online_stream.counts_in(estimator.latest_checkpoint())
+  np.testing.assert_array_equal(counts[:200], [0 if i in held else 1 for i in range(200)])
+
+  run = run_records.read_run(str(model_dir))
+  windows = [r for r in run["progress"] if r["kind"] == run_records.WINDOW_KIND]
+  assert [w["step"] for w in windows] == list(range(6, steps + 1, 6))
+  last = windows[-1]
+  assert last["window"]["messages"] == last["metrics"]["examples"] == len(held)
+  assert last["metrics"]["loss"] == 0.0 and last["metrics"]["auc"] == 0.5  # none of the window was trained on
+  assert last["window"]["positions"] == {"folder": ["slice-0.csv", 200]}
+  train = [r for r in run["progress"] if r["kind"] == "train"]
+  assert all("lag_secs" in r["metrics"] and r["examples_per_sec"] > 0 for r in train)
+  stream = run["summary"]["stream"]
+  assert stream["messages_applied"] == 200 - len(held) and stream["held_out"] == len(held)
+  assert stream["last_windows"][-1] == {"step": last["step"], **last["metrics"]}
+  lines = summary_lib.summary_lines(str(model_dir), [], launch_secs=10)
+  assert any(line.startswith(f"stream folder {stream_dir}: {200 - len(held)} messages applied in this run, "
+                             f"{len(held)} held out") for line in lines), lines
+
+  records = stream_evaluation.run_window_evaluator(estimator, online_stream.SPEC, poll_secs=0.1,
+                                                   idle_timeout_secs=10)
+  assert records and records[-1]["step"] == steps
+  for record in records:  # each checkpoint on the window current at it
+    window = stream_positions.read_record(str(model_dir), record["checkpoint_number"])["window"]
+    assert record["metrics"]["examples"] == window["messages"] and record["metrics"]["loss"] == 0.0
+
+  table = report.window_lines(str(model_dir))
+  assert len(table) == len(windows) + 1 and table[0].split()[0] == "step"
+  assert table[-1].split()[0] == str(last["step"]) and table[-1].split()[-1] == "0.5000"
+  assert report.write_report(str(model_dir), str(tmp_path / "r.png"))
+
+
+def test_window_evaluation_without_a_held_out_share_is_one_line(tmp_path):
+  (tmp_path / "stream").mkdir()
+  with pytest.raises(tfps.UsageError, match="evaluating on the newest held-out window needs a held-out share"):
+    online.train_on_stream(_estimator(None, tmp_path / "model"), _batches(tmp_path / "stream"), max_steps=1,
+                           evaluate_every_secs=5)
