@@ -63,9 +63,10 @@ def main(argv):
 
   def evaluate(cluster):  # the sidecar: every checkpoint on the held-out window current at it
     from tfps.data import spec as spec_lib  # pylint: disable=g-import-not-at-top
+    from tfps.data.stream import holdout  # pylint: disable=g-import-not-at-top
     from tfps.estimator import stream_evaluation  # pylint: disable=g-import-not-at-top
-    return stream_evaluation.run_window_evaluator(estimator_on(cluster), spec_lib.load_spec(fv.feature_spec),
-                                                  batch_size=fv.batch_size)
+    return stream_evaluation.run_window_evaluator(
+        estimator_on(cluster), holdout.window_input_fn(spec_lib.load_spec(fv.feature_spec), fv.batch_size))
 
   tfps.run_task(train, evaluator_fn=evaluate, cluster=cluster_config, **tfps.server_options_from_flags())
 

@@ -112,8 +112,8 @@ def test_held_out_windows_are_never_trained_and_evaluated_inline_by_the_sidecar_
   assert any(line.startswith(f"stream folder {stream_dir}: {200 - len(held)} messages applied in this run, "
                              f"{len(held)} held out") for line in lines), lines
 
-  records = stream_evaluation.run_window_evaluator(estimator, online_stream.SPEC, poll_secs=0.1,
-                                                   idle_timeout_secs=10)
+  records = stream_evaluation.run_window_evaluator(estimator, holdout.window_input_fn(online_stream.SPEC, 64),
+                                                   poll_secs=0.1, idle_timeout_secs=10)
   assert records and records[-1]["step"] == steps
   for record in records:  # each checkpoint on the window current at it
     window = stream_positions.read_record(str(model_dir), record["checkpoint_number"])["window"]

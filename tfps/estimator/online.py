@@ -85,7 +85,7 @@ def _with_window_evaluation(estimator, batches, after_checkpoint, every_steps, e
     raise UsageError("evaluating on the newest held-out window needs a held-out share of the stream "
                      "(--stream_holdout_every, or StreamBatches(held_out=HeldOut(...)))")
   inline = stream_evaluation.InlineWindowEvaluation(
-      stream_evaluation.WindowEvaluator(estimator, batches.spec, batch_size=batch_size), every_steps=every_steps,
+      stream_evaluation.WindowEvaluator(estimator, batches.window_input_fn(batch_size)), every_steps=every_steps,
       every_secs=every_secs)
 
   def after(step: int) -> None:

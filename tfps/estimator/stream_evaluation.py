@@ -13,15 +13,13 @@ messages, the newest one and when it was written, the checkpoint's stream positi
 
 import os
 import time
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from absl import logging
 import tensorflow as tf
 
 from tfps import checks
 from tfps import run_records
-from tfps.data import delimited
-from tfps.data.spec import FeatureSpec
 from tfps.errors import UsageError
 from tfps.estimator import evaluation
 from tfps.training import checkpoints as checkpoints_lib
@@ -36,19 +34,17 @@ class WindowEvaluator:
 
   Args:
     estimator: the stream run's estimator (its model_fn and model_dir).
-    spec: the feature spec of the stream's records.
-    batch_size: examples per evaluation batch.
+    window_input_fn: `fn(path) -> input_fn` of a window file (`tfps.data.stream.holdout.window_input_fn`, or
+      `StreamBatches.window_input_fn`).
     work_dir: where the window being evaluated is copied (default: `model_dir/eval_window`; one path, so one
       trace serves every window).
   """
 
-  def __init__(self, estimator, spec: FeatureSpec, *, batch_size: int = 1024, work_dir: Optional[str] = None):
-    checks.positive_int("batch_size", batch_size)
+  def __init__(self, estimator, window_input_fn: Callable[[str], Callable], *, work_dir: Optional[str] = None):
     self.model_dir = estimator.model_dir
     self._model = estimator.local_model()
     self._copy = os.path.join(work_dir or os.path.join(self.model_dir, INLINE_DIR), "window.csv")
-    self._input_fn = delimited.delimited_dataset_fn(self._copy, spec, batch_size=batch_size, repeat=False,
-                                                    scan=False, shuffle_buffer=0, drop_remainder=False)
+    self._input_fn = window_input_fn(self._copy)
     self._evaluation = None
 
   def window_of(self, checkpoint: str) -> dict:
@@ -112,12 +108,12 @@ class InlineWindowEvaluation:
                                               if isinstance(v, float)))
 
 
-def run_window_evaluator(estimator, spec: FeatureSpec, *, batch_size: int = 1024, poll_secs: float = 2.0,
+def run_window_evaluator(estimator, window_input_fn: Callable[[str], Callable], *, poll_secs: float = 2.0,
                          idle_timeout_secs: Optional[float] = sidecar.DEFAULT_IDLE_TIMEOUT_SECS) -> List[dict]:
   """The sidecar evaluator of a stream run: evaluates every checkpoint of `estimator.model_dir`, in order, on the
   held-out window current at it, until the final one (a plain process; no cluster); records in
-  `model_dir/eval/metrics.jsonl` (`tfps.training.sidecar`). Returns the records."""
-  evaluator = WindowEvaluator(estimator, spec, batch_size=batch_size,
-                              work_dir=os.path.join(estimator.model_dir, "eval"))
+  `model_dir/eval/metrics.jsonl` (`tfps.training.sidecar`); `window_input_fn` as `WindowEvaluator` takes it.
+  Returns the records."""
+  evaluator = WindowEvaluator(estimator, window_input_fn, work_dir=os.path.join(estimator.model_dir, "eval"))
   return sidecar.follow_checkpoints(estimator.model_dir, evaluator.evaluate, evaluate_every_checkpoint=True,
                                     poll_secs=poll_secs, idle_timeout_secs=idle_timeout_secs)

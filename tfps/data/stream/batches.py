@@ -19,6 +19,7 @@ import tensorflow as tf
 from tfps import checks
 from tfps.data import delimited
 from tfps.data.spec import FeatureSpec, row_pattern
+from tfps.data.stream import holdout
 from tfps.data.stream.holdout import HeldOut
 from tfps.data.stream.sources import MalformedRecordError, Positions, Source
 
@@ -84,6 +85,10 @@ class StreamBatches:
     """The `tf.TensorSpec`s of a batch's `(features, label)`."""
     return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype),
                                  self._parse.get_concrete_function().structured_outputs)
+
+  def window_input_fn(self, batch_size: int):
+    """`fn(path) -> input_fn` of a held-out window file of this stream (`holdout.window_input_fn`)."""
+    return holdout.window_input_fn(self.spec, batch_size)
 
   def positions(self) -> Positions:
     """The position after the last batch returned."""

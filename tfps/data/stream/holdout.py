@@ -10,9 +10,11 @@ import collections
 import json
 import time
 import zlib
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 from tfps.errors import UsageError
+from tfps.data import delimited
+from tfps.data.spec import FeatureSpec
 from tfps.data.stream.sources import Record
 
 
@@ -55,3 +57,10 @@ class HeldOut:
     """What the window is: its size, the newest message in it and when it was written, the messages held out."""
     return {"messages": len(self._lines), "newest": self.newest_where, "newest_time": self.newest_time,
             "held_out": self.count}
+
+
+def window_input_fn(spec: FeatureSpec, batch_size: int) -> Callable[[str], Callable]:
+  """`fn(path) -> input_fn` of a window file (`checkpoints/window-N.csv`, or a copy): its lines read once, in order,
+  parsed with `spec`, in batches of `batch_size` (the last one smaller)."""
+  return lambda path: delimited.delimited_dataset_fn(path, spec, batch_size=batch_size, repeat=False, scan=False,
+                                                     shuffle_buffer=0, drop_remainder=False)
