@@ -24,7 +24,7 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
   `threading.Event`, is set; or the global step reaches `max_steps`), in async mode; returns the final step.
 
   Every message is applied exactly once, across lost workers, ps and chief restarts: each checkpoint holds the
-  stream position after the last example it holds, and a restarted chief reads on from the newest checkpoint's.
+  stream position after its last example; a restarted chief reads on from the newest checkpoint's.
 
   Args:
     estimator: the `tfps.Estimator`; its `RunConfig` gives `save_checkpoints_steps`, `log_step_count_steps`,
@@ -33,12 +33,9 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
       `positions` (the newest checkpoint's, or None: the stream's own start).
     max_steps: stop when the global step reaches it (None: never).
     checkpoint_every_secs: a checkpoint at least this often while steps are trained (None: by steps alone).
-    stop: an event that ends training (None: SIGTERM does).
-    after_checkpoint: `fn(step)`, called after each checkpoint.
-    evaluate_every_steps, evaluate_every_secs: evaluate the newest checkpoint on the newest held-out window this
-      often (a checkpoint is saved for it; `tfps.estimator.stream_evaluation`); the batches need a held-out share
-      (`StreamBatches(held_out=...)`).
-    eval_batch_size: examples per batch of those evaluations.
+    stop, after_checkpoint: an event that ends training (None: SIGTERM does); `fn(step)` called after checkpoints.
+    evaluate_every_steps, evaluate_every_secs, eval_batch_size: evaluate the newest checkpoint on the newest held-out
+      window (`StreamBatches(held_out=...)`) this often, in batches of `eval_batch_size` (`stream_evaluation`).
   """
   checks.positive_int("max_steps", max_steps, allow_none=True)
   config = estimator.config
@@ -46,14 +43,13 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
   batches = make_batches(_newest_positions(estimator.model_dir))
   after_checkpoint, evaluation_due = _with_window_evaluation(estimator, batches, after_checkpoint,
                                                              evaluate_every_steps, evaluate_every_secs, eval_batch_size)
-  spec = batches.element_spec
 
   def placeholder_input_fn():  # a batch of zeros on each worker, only to trace the step that creates the variables
-    return tf.data.Dataset.from_tensors(tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), spec)).repeat()
+    return tf.data.Dataset.from_tensors(tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype),
+                                                              batches.element_spec)).repeat()
 
   model = estimator.distributed_model()
-  manager = model.prepare(placeholder_input_fn)
-  manager.begin()
+  (manager := model.prepare(placeholder_input_fn)).begin()
   logging.info("Training on %s from step %d (%s)", batches.source.name, int(model.global_step.numpy()),
                config.mode.describe(model.cluster.num_workers))
   stream_loop = online.StreamLoop(
@@ -63,16 +59,20 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
                              checkpoint_every_steps=config.save_checkpoints_steps),
       model_dir=estimator.model_dir, metrics=lambda: tables.table_metrics(model.model.variables.tables))
   try:
-    if stop is not None:
-      step = stream_loop.run(max_steps, after_checkpoint, stop=stop)
-    else:
-      with online.stop_on_sigterm() as sigterm:
-        step = stream_loop.run(max_steps, after_checkpoint, stop=sigterm)
+    step = _run(stream_loop, max_steps, after_checkpoint, stop)
   finally:
     batches.source.close()
   if max_steps is not None and step >= max_steps:
     manager.finish()
   return step
+
+
+def _run(stream_loop, max_steps, after_checkpoint, stop) -> int:
+  """Runs the loop until `stop` is set (None: until SIGTERM) or `max_steps`; returns the final step."""
+  if stop is not None:
+    return stream_loop.run(max_steps, after_checkpoint, stop=stop)
+  with online.stop_on_sigterm() as sigterm:
+    return stream_loop.run(max_steps, after_checkpoint, stop=sigterm)
 
 
 def _with_window_evaluation(estimator, batches, after_checkpoint, every_steps, every_secs, batch_size):

@@ -94,7 +94,7 @@ class InlineWindowEvaluation:
     if not self.due(step):
       return
     self._last_step, self._last_time = step, time.monotonic()
-    model_dir = self._evaluator._model_dir  # pylint: disable=protected-access
+    model_dir = self._evaluator.model_dir
     checkpoint = os.path.join(checkpoints_lib.checkpoint_dir(model_dir), f"ckpt-{step}")
     window = self._evaluator.window_of(checkpoint)
     metrics = self._evaluator.evaluate(checkpoint)
