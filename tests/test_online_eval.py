@@ -102,7 +102,8 @@ def test_held_out_windows_are_never_trained_and_evaluated_inline_by_the_sidecar_
   last = windows[-1]
   assert last["window"]["messages"] == last["metrics"]["examples"] == len(held)
   assert last["metrics"]["loss"] == 0.0 and last["metrics"]["auc"] == 0.5  # none of the window was trained on
-  assert last["window"]["positions"] == {"folder": ["slice-0.csv", 200]}
+  assert last["window"]["positions"] == stream_positions.read_positions(
+      str(model_dir), str(model_dir / "checkpoints" / f"ckpt-{last['step']}"))
   train = [r for r in run["progress"] if r["kind"] == "train"]
   assert all("lag_secs" in r["metrics"] and r["examples_per_sec"] > 0 for r in train)
   stream = run["summary"]["stream"]

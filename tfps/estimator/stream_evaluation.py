@@ -42,9 +42,10 @@ class WindowEvaluator:
 
   def __init__(self, estimator, window_input_fn: Callable[[str], Callable], *, work_dir: Optional[str] = None):
     self.model_dir = estimator.model_dir
-    self._model = estimator.local_model()
+    self._estimator, self._model = estimator, None  # the model made at the first evaluation (on a chief: after it
+    # connected to the cluster, so that its variables are on the chief's own device)
     self._copy = os.path.join(work_dir or os.path.join(self.model_dir, INLINE_DIR), "window.csv")
-    self._input_fn = window_input_fn(self._copy)
+    self._window_input_fn = window_input_fn
     self._evaluation = None
 
   def window_of(self, checkpoint: str) -> dict:
@@ -64,7 +65,8 @@ class WindowEvaluator:
     tf.io.gfile.copy(stream_positions.window_path(self.model_dir, checkpoints_lib.checkpoint_number(checkpoint)),
                      self._copy, overwrite=True)
     if self._evaluation is None:
-      self._evaluation = self._model.evaluation(self._input_fn, None)
+      self._model = self._estimator.local_model()
+      self._evaluation = self._model.evaluation(self._window_input_fn(self._copy), None)  # the copy exists now
     self._model.restore(checkpoint)
     return self._evaluation.run_locally()
 
