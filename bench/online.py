@@ -188,7 +188,7 @@ def run_quality(cluster):
                           log_step_count_steps=_LOG_STEPS.value, tf_random_seed=_SEED.value)
   test_fn = delimited.delimited_dataset_fn(os.path.join(_DATA_DIR.value, "u1.test"), spec, batch_size=1024,
                                            repeat=False, scan=False, shuffle_buffer=0, drop_remainder=False)
-  stream_dir = os.path.join(work, "stream")
+  stream_dir = os.path.join(work, "slices")
   os.makedirs(stream_dir)
   os.link(path, os.path.join(stream_dir, "slice-0.tsv"))  # complete at once: --stream_complete=rename
 
