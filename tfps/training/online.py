@@ -13,8 +13,8 @@ counts once in the model however the chief, a worker or a ps was lost.
 
 The loop saves every `checkpoint_every_steps` steps, after `checkpoint_every_secs`, whenever the stream pauses
 with steps not saved yet, and when `evaluation_due(step)` says so (an evaluation of the held-out window follows the
-checkpoint: `after_checkpoint`); a partial batch (`StreamBatches(idle_flush_secs=...)`) is scheduled alone. SIGTERM (`stop_on_sigterm`) ends it after the steps in flight, with a checkpoint and a
-commit. See docs/online.md.
+checkpoint: `after_checkpoint`); a partial batch (`StreamBatches(idle_flush_secs=...)`) is scheduled alone. SIGTERM
+(`stop_on_sigterm`) ends it after the steps in flight, with a checkpoint and a commit. See docs/online.md.
 """
 
 import collections
