@@ -12,6 +12,15 @@ hold, in file order) to a topic of its own (4 partitions; the mock broker keeps 
 is at most ~60,000 rows). Per run: `wall`, the timed steps' examples over their wall time (with the run's start and
 its final checkpoint), and `windows`, the median of the step log's examples/s over windows of `--log_steps` steps
 (no checkpoint in them). Medians over the runs, and stream / files for each.
+
+`--mode=quality`: a stream replay of the bundled MovieLens 100K against file training, on the same cluster:
+u1.base rows in one shuffled order (`--quality_epochs` passes, each shuffled anew, `--max_rows` per pass), trained
+once from a file on the workers and once from a folder stream of the same lines by the chief, same model (Wide&Deep
+on user and movie ids), seed, batches and steps; then both evaluated on all of u1.test. The target: the stream's AUC
+within 0.005 of the files'.
+
+  .venv/bin/python -m tfps.cli.launch --num_ps=1 --num_workers=1 bench/online.py -- --mode=quality \
+      --out=bench/results/online/stream_quality.json
 """
 
 import json
@@ -35,6 +44,14 @@ _WARMUP = flags.DEFINE_integer("warmup_steps", 40, "Steps before the timed ones.
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Runs of each variant, alternating.", lower_bound=1)
 _SPE = flags.DEFINE_integer("steps_per_execution", 20, "Steps per scheduled function.", lower_bound=1)
 _LOG_STEPS = flags.DEFINE_integer("log_steps", 20, "Steps per step-log window.", lower_bound=1)
+_MODE = flags.DEFINE_enum("mode", "speed", ["speed", "quality"], "speed: examples/s of stream and file input; "
+                          "quality: the AUC of a stream replay of MovieLens against file training.")
+_DATA_DIR = flags.DEFINE_string("data_dir", os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "shared", "data", "ml-100k"), "--mode=quality: the MovieLens 100K folder.")
+_EPOCHS = flags.DEFINE_integer("quality_epochs", 1, "--mode=quality: passes over u1.base.", lower_bound=1)
+_MAX_ROWS = flags.DEFINE_integer("max_rows", 0, "--mode=quality: u1.base rows per pass (0: all 80,000).",
+                                 lower_bound=0)
+_SEED = flags.DEFINE_integer("seed", 0, "--mode=quality: the row order's and the variables' seed.")
 
 
 def _rows(data_dir: str, needed: int):
@@ -138,9 +155,77 @@ def run_chief(cluster):
       json.dump(summary, f, indent=1)
 
 
+def _replay_lines(work: str):
+  """The training lines of the quality mode (u1.base, shuffled per pass) in `work/replay.tsv`; returns its path and
+  the number of lines."""
+  import random  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(_DATA_DIR.value, "u1.base"), "rb") as f:
+    base = f.read().splitlines()
+  rng, lines = random.Random(_SEED.value), []
+  for _ in range(_EPOCHS.value):
+    rng.shuffle(base)
+    lines += base[:_MAX_ROWS.value or len(base)]
+  path = os.path.join(work, "replay.tsv")
+  with open(path, "wb") as f:
+    f.write(b"".join(line + b"\n" for line in lines))
+  return path, len(lines)
+
+
+def run_quality(cluster):
+  """Stream replay against file training on MovieLens 100K: the test AUC of each and their difference."""
+  from tfps.data import delimited, movielens  # pylint: disable=g-import-not-at-top
+  from tfps.data.stream import batches, folder  # pylint: disable=g-import-not-at-top
+  from tfps.estimator import online  # pylint: disable=g-import-not-at-top
+  from tfps.models import model_fns  # pylint: disable=g-import-not-at-top
+
+  work = tempfile.mkdtemp(prefix="tfps_online_quality_")
+  path, rows = _replay_lines(work)
+  steps = rows // _BATCH.value
+  spec = movielens.ratings_spec()
+  categorical, dense = spec.model_features()
+  model_fn = model_fns.build_model_fn("wide_deep", categorical, dense, learning_rate=0.2)
+  config = tfps.RunConfig(steps_per_execution=_SPE.value, save_checkpoints_steps=100_000,
+                          log_step_count_steps=_LOG_STEPS.value, tf_random_seed=_SEED.value)
+  test_fn = delimited.delimited_dataset_fn(os.path.join(_DATA_DIR.value, "u1.test"), spec, batch_size=1024,
+                                           repeat=False, scan=False, shuffle_buffer=0, drop_remainder=False)
+  stream_dir = os.path.join(work, "slices")
+  os.makedirs(stream_dir)
+  os.link(path, os.path.join(stream_dir, "slice-0.tsv"))  # complete at once: --stream_complete=rename
+
+  def make(positions):
+    return batches.StreamBatches(folder.FolderSource(stream_dir, complete="rename", positions=positions), spec,
+                                 batch_size=_BATCH.value)
+
+  results = {}
+  for variant in ("files", "stream"):
+    estimator = tfps.Estimator(model_fn, model_dir=os.path.join(work, variant), config=config, cluster=cluster)
+    start = time.monotonic()
+    if variant == "files":
+      estimator.train(delimited.delimited_dataset_fn(path, spec, batch_size=_BATCH.value, shuffle_buffer=0,
+                                                     scan=False), max_steps=steps)
+    else:
+      online.train_on_stream(estimator, make, max_steps=steps)
+    results[variant] = {"auc": float(estimator.evaluate(test_fn)["auc"]), "train_secs": time.monotonic() - start}
+    print(f"{variant}: test AUC {results[variant]['auc']:.4f}", flush=True)
+  difference = results["stream"]["auc"] - results["files"]["auc"]
+  return {"mode": "quality", "data": "MovieLens 100K: u1.base (shuffled, seed %d) -> u1.test" % _SEED.value,
+          "model": "wide_deep (user_id, movie_id), adagrad 0.2", "passes": _EPOCHS.value, "rows": rows,
+          "batch_size": _BATCH.value, "steps": steps, "cluster": f"{cluster.num_ps} ps + {cluster.num_workers} worker",
+          "files": results["files"], "stream": results["stream"], "stream_minus_files_auc": difference,
+          "target": "within 0.005", "met": abs(difference) <= 0.005}
+
+
 def main(argv):
   del argv
-  tfps.run_task(run_chief, cluster=tfps.config_from_flags())
+  if _MODE.value == "speed":
+    tfps.run_task(run_chief, cluster=tfps.config_from_flags())
+    return
+  summary = tfps.run_task(run_quality, cluster=tfps.config_from_flags())
+  if summary is not None:
+    print(json.dumps(summary, indent=1), flush=True)
+    if _OUT.value:
+      with open(_OUT.value, "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,10 @@
 Every message is applied exactly once: each checkpoint holds the offsets after the examples it holds, a restarted
 chief reads on from them, and offsets are committed to --kafka_group only after the checkpoint that holds them.
 SIGTERM ends training after the steps in flight with a checkpoint. --stream=folder reads slices appearing in
---stream_folder instead. See docs/online.md.
+--stream_folder instead. With --stream_holdout_every=K about one message in K is held out, and
+--stream_eval_every_steps/secs evaluate the newest checkpoint on the newest of them; the same script run as the
+evaluator task (tfps-launch --evaluator) is the sidecar: it evaluates every checkpoint on the held-out window current
+at it. See docs/online.md.
 """
 
 import dataclasses
@@ -41,20 +44,31 @@ def main(argv):
                           steps_per_execution=_STEPS_PER_EXECUTION.value, **dataclasses.asdict(mode))
   cluster_config = tfps.config_from_flags()
 
-  def train(cluster):
+  def estimator_on(cluster):
     from tfps.data import spec as spec_lib  # pylint: disable=g-import-not-at-top
-    from tfps.estimator import online  # pylint: disable=g-import-not-at-top
     from tfps.models import model_fns  # pylint: disable=g-import-not-at-top
     categorical, dense = spec_lib.load_spec(fv.feature_spec).model_features()
     model_fn = model_fns.build_model_fn(fv.model, categorical, dense, optimizer=fv.optimizer,
                                         learning_rate=fv.learning_rate,
-                                        **model_flags.model_options_from_flags(num_ps=cluster.num_ps))
-    estimator = tfps.Estimator(model_fn, model_dir=_MODEL_DIR.value, config=config, cluster=cluster,
-                               strategy_options=tfps.strategy_options_from_flags())
-    online.train_on_stream(estimator, tfps_flags.stream_batches_from_flags(), max_steps=_MAX_STEPS.value,
-                           checkpoint_every_secs=fv.checkpoint_every_secs)
+                                        **model_flags.model_options_from_flags(num_ps=cluster.num_ps if cluster else 1))
+    return tfps.Estimator(model_fn, model_dir=_MODEL_DIR.value, config=config, cluster=cluster,
+                          strategy_options=tfps.strategy_options_from_flags())
 
-  tfps.run_task(train, cluster=cluster_config, **tfps.server_options_from_flags())
+  def train(cluster):
+    from tfps.estimator import online  # pylint: disable=g-import-not-at-top
+    online.train_on_stream(estimator_on(cluster), tfps_flags.stream_batches_from_flags(), max_steps=_MAX_STEPS.value,
+                           checkpoint_every_secs=fv.checkpoint_every_secs,
+                           evaluate_every_steps=fv.stream_eval_every_steps,
+                           evaluate_every_secs=fv.stream_eval_every_secs, eval_batch_size=fv.batch_size)
+
+  def evaluate(cluster):  # the sidecar: every checkpoint on the held-out window current at it
+    from tfps.data import spec as spec_lib  # pylint: disable=g-import-not-at-top
+    from tfps.data.stream import holdout  # pylint: disable=g-import-not-at-top
+    from tfps.estimator import stream_evaluation  # pylint: disable=g-import-not-at-top
+    return stream_evaluation.run_window_evaluator(
+        estimator_on(cluster), holdout.window_input_fn(spec_lib.load_spec(fv.feature_spec), fv.batch_size))
+
+  tfps.run_task(train, evaluator_fn=evaluate, cluster=cluster_config, **tfps.server_options_from_flags())
 
 
 if __name__ == "__main__":

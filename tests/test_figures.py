@@ -241,6 +241,13 @@ FIGURES = (
                     ["bytes_bf16_vs_float32"],)),
     Figure("stream input against file input", "{:.2f}x the examples/s", "online/stream_vs_files.json",
            lambda: (_json("online/stream_vs_files.json")["stream_over_files"]["windows"],)),
+    Figure("a stream replay of the bundled MovieLens", "{:+.4f} AUC at {} passes ({:.4f} against {:.4f}); {:+.4f} at "
+           "{} pass", "online/stream_quality.json",
+           lambda: (_json("online/stream_quality.json")["stream_minus_files_auc"],
+                    _json("online/stream_quality.json")["passes"], _json("online/stream_quality.json")["stream"]["auc"],
+                    _json("online/stream_quality.json")["files"]["auc"],
+                    _json("online/stream_quality_1pass.json")["stream_minus_files_auc"],
+                    _json("online/stream_quality_1pass.json")["passes"])),
     Figure("raw ids without hashing", "{:+.3f} AUC over hashed tables", "dynamic_embedding_measured_movielens.json",
            lambda: (_json("dynamic_embedding_measured_movielens.json")["experiments"]["movielens"]["summary"]
                     ["auc_dynamic_minus_hashed"],)),

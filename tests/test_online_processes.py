@@ -19,6 +19,9 @@ import pytest
 
 import marked_processes
 import online_stream
+from tfps.data.stream import folder
+from tfps.data.stream import holdout
+from tfps.data.stream.sources import Record
 from tfps.training import stream_positions
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -111,27 +114,43 @@ def test_each_message_applied_once_across_worker_chief_and_ps_kills(tmp_path, su
   assert stream_positions.read_positions(str(model_dir), latest) == ends
 
 
+def _held_out_lines(slices) -> int:
+  """How many well-formed lines of `slices` ({name: rows}) `--stream_holdout_every=8` holds out."""
+  picker = holdout.HeldOut(8, 1)
+  return sum(picker.takes(Record(b"", folder.KEY, [name, line], "")) for name, rows in slices.items()
+             for line, row in enumerate(rows, 1) if row != "bad,row")
+
+
 def test_the_online_script_trains_a_bundled_model_on_a_folder_stream(tmp_path, subprocess_env):
-  """scripts/train_online.py --stream=folder under tfps-launch: Wide&Deep on two slices (the second starting with a
-  malformed line), to --max_steps; the last checkpoint's position is the end of the second slice."""
+  """scripts/train_online.py --stream=folder under tfps-launch with its sidecar: Wide&Deep on two slices (the second
+  starting with a malformed line) with one message in about 8 held out, to the step that trains the last one (a
+  partial batch); the last checkpoint's position is the end of the second slice, the chief evaluated the window at
+  step 4 and the sidecar every checkpoint, and the launcher's summary gives the stream."""
   slices, model_dir, out = tmp_path / "slices", tmp_path / "run", tmp_path / "out.txt"
   slices.mkdir()
   spec = tmp_path / "clicks.spec.json"
   spec.write_text(json.dumps(online_stream.SPEC.to_dict()))
+  written = {}
   for index, ids in enumerate((range(64), range(64, 128))):
-    rows = (["bad,row"] if index else []) + [f"{i},{i % 2},{i / 10}" for i in ids]
+    rows = written[f"clicks-{index}.csv"] = (["bad,row"] if index else []) + [f"{i},{i % 2},{i / 10}" for i in ids]
     (slices / f"clicks-{index}.csv").write_text("".join(row + "\n" for row in rows))
     (slices / f"clicks-{index}.csv.done").write_text("")
-  command = [sys.executable, "-m", "tfps.cli.launch", "--num_workers=1", "--num_ps=1",
+  steps = -(-(128 - _held_out_lines(written)) // 16)
+  command = [sys.executable, "-m", "tfps.cli.launch", "--num_workers=1", "--num_ps=1", "--evaluator",
              f"--log_dir={tmp_path / 'logs'}", "scripts/train_online.py", "--", "--stream=folder",
-             f"--stream_folder={slices}", "--data=csv", f"--feature_spec={spec}", "--batch_size=16", "--max_steps=8",
-             "--steps_per_execution=2", "--save_checkpoints_steps=4", "--log_step_count_steps=2",
-             "--deep_layers=8", "--embedding_dim=4", f"--model_dir={model_dir}"]
+             f"--stream_folder={slices}", "--data=csv", f"--feature_spec={spec}", "--batch_size=16",
+             f"--max_steps={steps}", "--steps_per_execution=2", "--save_checkpoints_steps=4",
+             "--log_step_count_steps=2", "--stream_holdout_every=8", "--stream_eval_every_steps=4",
+             "--stream_idle_flush_secs=1", "--deep_layers=8", "--embedding_dim=4", f"--model_dir={model_dir}"]
   with open(out, "w", encoding="utf-8") as output:
     code = subprocess.run(command, cwd=REPO, env=subprocess_env, stdout=output, stderr=subprocess.STDOUT,
                           stdin=subprocess.DEVNULL, timeout=480, check=False).returncode
   text = out.read_text()
   assert code == 0, text[-3000:]
   assert "malformed_records 1" in (model_dir / "loss.log").read_text()
-  latest = str(model_dir / "checkpoints" / "ckpt-8")
+  latest = str(model_dir / "checkpoints" / f"ckpt-{steps}")
   assert stream_positions.read_positions(str(model_dir), latest) == {"folder": ["clicks-1.csv", 65]}
+  assert f"stream folder {slices}: {128 - _held_out_lines(written)} messages applied in this run" in text, text
+  assert "newest held-out windows: step 4: auc " in text
+  sidecar = [json.loads(line) for line in (model_dir / "eval" / "metrics.jsonl").read_text().splitlines()]
+  assert sidecar[-1]["step"] == steps and sidecar[-1]["metrics"]["examples"] == _held_out_lines(written)

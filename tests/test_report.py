@@ -107,3 +107,43 @@ def test_report_command_errors_are_one_line(tmp_path):
   written = run_report(str(tmp_path))
   assert written.returncode == 0, written.stderr
   assert (tmp_path / "run" / "report.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def write_stream_run(model_dir: pathlib.Path):
+  """A stream run as tfps.estimator.online writes it: progress lines with the lag, two window evaluations, the
+  stream's part of the summary."""
+  recorder = run_records.RunRecorder(str(model_dir))
+  for step, lag_messages, lag_secs in [(10, 500, 4.0), (20, 120, 1.5), (30, 0, 0.0)]:
+    recorder.progress(step, {"loss": 0.6, "lag_secs": lag_secs, "malformed_records": 1, "lag_messages": lag_messages},
+                      2000.0)
+  for step, auc in [(20, 0.71), (30, 0.74)]:
+    run_records.record_window(str(model_dir), step, {"loss": 0.55, "auc": auc, "examples": 200},
+                              {"messages": 200, "newest": "clicks/3@117", "newest_time": 1.7e9, "held_out": 210,
+                               "positions": {"3": 118}})
+  recorder.finish(30, {"loss": 0.6}, examples=7680)
+  run_records.add_to_summary(str(model_dir), "stream", {
+      "stream": "kafka clicks@h:1", "messages_applied": 7680, "held_out": 210, "lag_secs": 0.0, "lag_messages": 0,
+      "malformed_records": 1, "last_windows": [{"step": 20, "loss": 0.55, "auc": 0.71, "examples": 200},
+                                               {"step": 30, "loss": 0.55, "auc": 0.74, "examples": 200}]})
+
+
+def test_a_stream_run_shows_its_lag_and_its_windows(tmp_path):
+  write_stream_run(tmp_path)
+  run = run_records.read_run(str(tmp_path))
+  report = series_lib.build_series(run)
+  assert list(report.panels) == ["loss", "auc", "examples/s", "lag (messages)", "lag (seconds)"]
+  assert report.panels["lag (messages)"][0].values == [500, 120, 0]
+  assert report.panels["lag (seconds)"][0].steps == [10, 20, 30]
+  window_auc, = report.panels["auc"]
+  assert window_auc.label.startswith("window auc") and window_auc.values == [0.71, 0.74]
+  table = series_lib.window_table(run)
+  assert table[0].split() == ["step", "time", "(UTC)", "messages", "newest", "message", "loss", "auc"]
+  assert table[2].split()[0] == "30" and table[2].split()[-4:] == ["200", "clicks/3@117", "0.5500", "0.7400"]
+  text = "\n".join(summary_lib.summary_lines(str(tmp_path), [], launch_secs=10))
+  assert ("stream kafka clicks@h:1: 7,680 messages applied in this run, 210 held out, 1 malformed; final lag 0 "
+          "messages and 0.0 s") in text
+  assert "newest held-out windows: step 20: auc 0.7100 loss 0.5500; step 30: auc 0.7400 loss 0.5500" in text
+  printed = run_report(str(tmp_path))
+  assert printed.returncode == 0, printed.stderr
+  assert printed.stdout.splitlines()[0] == "evaluations on the newest held-out window of the stream:"
+  assert printed.stdout.splitlines()[3].split()[0] == "30"

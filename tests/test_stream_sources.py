@@ -10,8 +10,10 @@ import pytest
 import online_stream
 from tfps.data.stream import batches as batches_lib
 from tfps.data.stream import folder as folder_lib
+from tfps.data.stream import holdout
 from tfps.data.stream import kafka
-from tfps.data.stream.sources import BrokerUnreachableError, MalformedRecordError, StreamError
+from tfps.data.stream.sources import BrokerUnreachableError, MalformedRecordError, Record, StreamError
+from tfps.errors import UsageError
 
 
 def _source(bootstrap, topic, **kwargs):
@@ -119,3 +121,38 @@ def test_stream_flags_name_what_a_source_needs():
     tfps_flags.define_stream_flags(flag_values)
     with pytest.raises(flags.IllegalFlagValueError, match=message):
       flag_values(["prog", *argv])
+
+
+def test_a_partial_batch_is_given_after_the_idle_flush_time_and_its_position_passes_held_out_records(tmp_path):
+  _write(tmp_path, "slice-1.csv", [f"{i},{i % 2},1.5" for i in range(20)])
+  held_out = holdout.HeldOut(every=4, window=100)
+  stream = batches_lib.StreamBatches(folder_lib.FolderSource(str(tmp_path), poll_secs=0.05), online_stream.SPEC,
+                                     batch_size=8, held_out=held_out, idle_flush_secs=0.3)
+  full = stream.next_batch(5)
+  assert full.size == 8 and held_out.count + 8 <= 20
+  start = time.monotonic()
+  batches = [full]
+  while sum(b.size for b in batches) + held_out.count < 20:
+    batches.append(stream.next_batch(5))
+  assert 0 < batches[-1].size < 8 and time.monotonic() - start < 3  # the partial one came after 0.3 s, not 5
+  trained = [int(i) for b in batches for i in b.element[0]["id"].numpy().reshape(-1)]
+  held = [int(line.split(b",")[0]) for line in held_out.window()]
+  assert sorted(trained + held) == list(range(20)) and len(held) == held_out.count > 0
+  assert batches[-1].positions == {"folder": ["slice-1.csv", 20]}
+  unheld = batches_lib.StreamBatches(folder_lib.FolderSource(str(tmp_path), poll_secs=0.05), online_stream.SPEC,
+                                     batch_size=8)
+  assert [unheld.next_batch(1).size for _ in range(2)] == [8, 8] and unheld.next_batch(0.5) is None  # no flush
+
+
+def test_the_held_out_share_is_decided_by_position_and_bad_settings_are_one_line():
+  picker = holdout.HeldOut(every=10, window=5)
+  records = [Record(b"", str(p), offset, "") for p in range(4) for offset in range(1, 501)]
+  taken = [r for r in records if picker.takes(r)]
+  assert 120 <= len(taken) <= 280 and taken == [r for r in records if holdout.HeldOut(10, 1).takes(r)]
+  for record in taken[:7]:
+    picker.add(record, record.key.encode())
+  assert len(picker.window()) == 5 and picker.count == 7
+  for every, window, message in ((1, 5, "holdout_every must be an integer >= 2, got 1"),
+                                 (10, 0, "holdout_window must be an integer >= 1, got 0")):
+    with pytest.raises(UsageError, match=message):
+      holdout.HeldOut(every, window)

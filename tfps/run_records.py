@@ -1,7 +1,8 @@
 """Run records: what a training run did, as JSON files in `model_dir/run/`, for the launcher's summary and tfps-report.
 
 - `progress.jsonl`: one record per progress line and per evaluation of the chief:
-  `{"time", "step", "kind": "train"|"validation", "metrics": {...}, "examples_per_sec"?}`;
+  `{"time", "step", "kind": "train"|"validation"|"window", "metrics": {...}, "examples_per_sec"?, "window"?}`
+  (`window`: an evaluation on a stream's held-out window, with what the window is);
 - `summary.json`: written when training ends: steps, wall time, examples/s, final metrics, where things are;
 - `restarts.jsonl`: one record per restart by `tfps-launch`: `{"time", "restart", "task", "cause"}`.
 The sidecar evaluator's records stay in `model_dir/eval/metrics.jsonl` (`step` is the optimizer step of the
@@ -22,10 +23,15 @@ RESTARTS_FILE = "restarts.jsonl"
 LAUNCH_DIR_ENV = "TFPS_LAUNCH_LOG_DIR"  # set by tfps-launch: where the chief says which model_dir it trains
 MODEL_DIR_POINTER = "model_dir.json"
 VALIDATION_PREFIX = "val_"
+WINDOW_KIND = "window"
 
 
 def run_dir(model_dir: str) -> str:
   return os.path.join(model_dir, RUN_SUBDIR)
+
+
+def progress_path(model_dir: str) -> str:
+  return os.path.join(run_dir(model_dir), PROGRESS_FILE)
 
 
 def append_jsonl(path: str, record: dict) -> None:
@@ -116,6 +122,19 @@ def record_validation(model_dir: str, step: int, metrics: Dict[str, float]) -> N
   """Appends an inline evaluation by the chief at optimizer step `step` to `progress.jsonl`."""
   append_jsonl(os.path.join(run_dir(model_dir), PROGRESS_FILE),
                {"time": time.time(), "step": int(step), "kind": "validation", "metrics": _floats(metrics)})
+
+
+def record_window(model_dir: str, step: int, metrics: Dict[str, float], window: dict) -> None:
+  """Appends an evaluation on a stream's held-out window (`window`: what it is) at optimizer step `step`."""
+  append_jsonl(progress_path(model_dir), {"time": time.time(), "step": int(step), "kind": WINDOW_KIND,
+                                          "metrics": _floats(metrics), "window": window})
+
+
+def add_to_summary(model_dir: str, key: str, value) -> None:
+  """Sets `key` of the summary to `value` (JSON-able), e.g. the stream's part."""
+  summary = read_json(os.path.join(run_dir(model_dir), SUMMARY_FILE)) or {}
+  summary[key] = value
+  write_summary(model_dir, summary)
 
 
 def write_summary(model_dir: str, summary: dict) -> None:

@@ -307,6 +307,16 @@ def define_stream_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                     "describes, or a JSON object with its columns.", **fv)
   flags.DEFINE_float("checkpoint_every_secs", None, "Online training: a checkpoint at least this often (besides "
                      "every --save_checkpoints_steps steps and whenever the stream pauses).", lower_bound=1, **fv)
+  flags.DEFINE_float("stream_idle_flush_secs", 10, "A record that has waited this long for its batch to fill is "
+                     "trained in a partial batch (a pause in the stream).", lower_bound=0, **fv)
+  flags.DEFINE_integer("stream_holdout_every", None, "Hold out about one message in this many (by a hash of its "
+                       "partition and offset), never trained on: the evaluation windows.", lower_bound=2, **fv)
+  flags.DEFINE_integer("stream_holdout_window", 2000, "The newest held-out messages an evaluation uses.",
+                       lower_bound=1, **fv)
+  flags.DEFINE_integer("stream_eval_every_steps", None, "Evaluate the newest checkpoint on the newest held-out "
+                       "window every this many steps (needs --stream_holdout_every).", lower_bound=1, **fv)
+  flags.DEFINE_float("stream_eval_every_secs", None, "Evaluate the newest checkpoint on the newest held-out "
+                     "window after this many seconds (needs --stream_holdout_every).", lower_bound=0, **fv)
   flags.register_multi_flags_validator(["stream", "kafka_bootstrap", "kafka_topic", "kafka_partitions",
                                         "stream_folder"], _check_stream,
                                        flag_values=flag_values)
@@ -328,7 +338,7 @@ def stream_batches_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> Ca
   """`make_batches(positions)` for `tfps.estimator.online.train_on_stream`: the `--stream` source's batches of
   --batch_size records parsed with --feature_spec, starting at `positions` (a checkpoint's; None: --stream_start)."""
   from tfps.data import spec as spec_lib  # pylint: disable=g-import-not-at-top  (TensorFlow once flags are parsed)
-  from tfps.data.stream import batches, folder, kafka  # pylint: disable=g-import-not-at-top
+  from tfps.data.stream import batches, folder, holdout, kafka  # pylint: disable=g-import-not-at-top
   fv = flag_values
   if not fv["feature_spec"].value:
     raise UsageError("--stream needs --feature_spec, the JSON feature spec of its records (docs/data.md)")
@@ -343,7 +353,10 @@ def stream_batches_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> Ca
     else:
       source = folder.FolderSource(fv.stream_folder, pattern=fv.stream_pattern, complete=fv.stream_complete,
                                    skip_header=feature_spec.header, positions=positions)
+    held_out = (holdout.HeldOut(fv.stream_holdout_every, fv.stream_holdout_window)
+                if fv.stream_holdout_every else None)
     return batches.StreamBatches(source, feature_spec, batch_size=fv["batch_size"].value,
-                                 record_format=fv.record_format, strict=fv["strict_data"].value)
+                                 record_format=fv.record_format, strict=fv["strict_data"].value, held_out=held_out,
+                                 idle_flush_secs=fv.stream_idle_flush_secs)
 
   return make_batches

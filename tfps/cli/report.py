@@ -1,4 +1,5 @@
-"""`tfps-report MODEL_DIR [--out FILE.png]`: plots a run's records (default output: MODEL_DIR/run/report.png)."""
+"""`tfps-report MODEL_DIR [--out FILE.png]`: plots a run's records (default output: MODEL_DIR/run/report.png); for a
+stream run it also prints the table of its evaluations on the held-out windows."""
 
 import os
 import sys
@@ -28,12 +29,21 @@ def write_report(model_dir: str, out_path: Optional[str] = None) -> str:
   return plot.write_png(series_lib.build_series(run), out_path, title=os.path.abspath(model_dir))
 
 
+def window_lines(model_dir: str) -> list:
+  """The table of a stream run's evaluations on its held-out windows ([] for other runs)."""
+  return series_lib.window_table(run_records.read_run(model_dir))
+
+
 def main(argv: Sequence[str]) -> None:
   if len(argv) != 2:
     raise app.UsageError(f"give one MODEL_DIR (got {len(argv) - 1} arguments); usage: tfps-report MODEL_DIR "
                          "[--out FILE.png]")
   try:
-    print(write_report(argv[1], flags.FLAGS.out))
+    path = write_report(argv[1], flags.FLAGS.out)
+    table = window_lines(argv[1])
+    if table:
+      print("evaluations on the newest held-out window of the stream:\n" + "\n".join(table))
+    print(path)
   except UsageError as e:
     print(f"tfps-report: {e}", file=sys.stderr)
     sys.exit(2)

@@ -39,6 +39,23 @@ def _training_rates(progress: Sequence[dict]) -> List[str]:
           f"median of {len(rates)} progress records (tfps-report's examples/s)"]
 
 
+def _stream_lines(stream: Optional[dict]) -> List[str]:
+  """A stream run's lines: messages applied, held out and malformed, the final lag, the last windows' evaluations."""
+  if not stream:
+    return []
+  held_out = f", {stream['held_out']:,} held out" if stream.get("held_out") is not None else ""
+  lag = f"{stream['lag_messages']:,} messages and " if stream.get("lag_messages") is not None else ""
+  lines = [f"stream {stream.get('stream')}: {stream.get('messages_applied', 0):,} messages applied in this run"
+           f"{held_out}, {stream.get('malformed_records', 0):,} malformed; final lag {lag}"
+           f"{stream.get('lag_secs', 0):.1f} s"]
+  windows = stream.get("last_windows") or []
+  if windows:
+    lines.append("newest held-out windows: " + "; ".join(
+        f"step {w['step']}: " + " ".join(f"{k} {v:.4f}" for k, v in sorted(w.items()) if k in ("auc", "loss"))
+        for w in windows))
+  return lines
+
+
 def summary_lines(model_dir: Optional[str], restarts: Sequence[dict], launch_secs: float) -> List[str]:
   """The summary as lines of text (restarts: the supervisor's restart records)."""
   lines = []
@@ -56,6 +73,7 @@ def summary_lines(model_dir: Optional[str], restarts: Sequence[dict], launch_sec
       lines.append(f"final training metrics: {_metrics_text(train)}")
     if validation:
       lines.append(f"final validation metrics: {_metrics_text(validation)}")
+    lines += _stream_lines(summary.get("stream"))
   else:
     lines.append(f"no run summary{' in ' + model_dir if model_dir else ''} (training did not finish, or the script "
                  f"does not train with a model_dir); launch wall time {format_duration(launch_secs)}")

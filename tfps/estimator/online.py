@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from tfps import checks
 from tfps.errors import UsageError
+from tfps.estimator import stream_evaluation
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.training import loop
 from tfps.training import online
@@ -16,12 +17,14 @@ from tfps.training import tables
 
 def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[int] = None,
                     checkpoint_every_secs: Optional[float] = None, stop=None,
-                    after_checkpoint: Optional[Callable[[int], None]] = None) -> int:
+                    after_checkpoint: Optional[Callable[[int], None]] = None,
+                    evaluate_every_steps: Optional[int] = None, evaluate_every_secs: Optional[float] = None,
+                    eval_batch_size: int = 1024) -> int:
   """Trains `estimator` (a `tfps.Estimator`, on the cluster) on a stream until SIGTERM (or `stop`, a
   `threading.Event`, is set; or the global step reaches `max_steps`), in async mode; returns the final step.
 
   Every message is applied exactly once, across lost workers, ps and chief restarts: each checkpoint holds the
-  stream position after the last example it holds, and a restarted chief reads on from the newest checkpoint's.
+  stream position after its last example; a restarted chief reads on from the newest checkpoint's.
 
   Args:
     estimator: the `tfps.Estimator`; its `RunConfig` gives `save_checkpoints_steps`, `log_step_count_steps`,
@@ -30,39 +33,67 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
       `positions` (the newest checkpoint's, or None: the stream's own start).
     max_steps: stop when the global step reaches it (None: never).
     checkpoint_every_secs: a checkpoint at least this often while steps are trained (None: by steps alone).
-    stop: an event that ends training (None: SIGTERM does).
-    after_checkpoint: `fn(step)`, called after each checkpoint (e.g. an evaluation on the newest window).
+    stop, after_checkpoint: an event that ends training (None: SIGTERM does); `fn(step)` called after checkpoints.
+    evaluate_every_steps, evaluate_every_secs, eval_batch_size: evaluate the newest checkpoint on the newest held-out
+      window (`StreamBatches(held_out=...)`) this often, in batches of `eval_batch_size` (`stream_evaluation`).
   """
   checks.positive_int("max_steps", max_steps, allow_none=True)
   config = estimator.config
   _check_mode(config.mode)
   batches = make_batches(_newest_positions(estimator.model_dir))
-  spec = batches.element_spec
+  after_checkpoint, evaluation_due = _with_window_evaluation(estimator, batches, after_checkpoint,
+                                                             evaluate_every_steps, evaluate_every_secs, eval_batch_size)
 
   def placeholder_input_fn():  # a batch of zeros on each worker, only to trace the step that creates the variables
-    return tf.data.Dataset.from_tensors(tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), spec)).repeat()
+    return tf.data.Dataset.from_tensors(tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype),
+                                                              batches.element_spec)).repeat()
 
   model = estimator.distributed_model()
-  manager = model.prepare(placeholder_input_fn)
-  manager.begin()
+  (manager := model.prepare(placeholder_input_fn)).begin()
   logging.info("Training on %s from step %d (%s)", batches.source.name, int(model.global_step.numpy()),
                config.mode.describe(model.cluster.num_workers))
   stream_loop = online.StreamLoop(
-      batches=batches, checkpoint_every_secs=checkpoint_every_secs, runner=model.runner, checkpoint_manager=manager,
+      batches=batches, checkpoint_every_secs=checkpoint_every_secs, evaluation_due=evaluation_due,
+      runner=model.runner, checkpoint_manager=manager,
       config=loop.LoopConfig(log_every_steps=config.log_step_count_steps,
                              checkpoint_every_steps=config.save_checkpoints_steps),
       model_dir=estimator.model_dir, metrics=lambda: tables.table_metrics(model.model.variables.tables))
   try:
-    if stop is not None:
-      step = stream_loop.run(max_steps, after_checkpoint, stop=stop)
-    else:
-      with online.stop_on_sigterm() as sigterm:
-        step = stream_loop.run(max_steps, after_checkpoint, stop=sigterm)
+    step = _run(stream_loop, max_steps, after_checkpoint, stop)
   finally:
     batches.source.close()
   if max_steps is not None and step >= max_steps:
     manager.finish()
   return step
+
+
+def _run(stream_loop, max_steps, after_checkpoint, stop) -> int:
+  """Runs the loop until `stop` is set (None: until SIGTERM) or `max_steps`; returns the final step."""
+  if stop is not None:
+    return stream_loop.run(max_steps, after_checkpoint, stop=stop)
+  with online.stop_on_sigterm() as sigterm:
+    return stream_loop.run(max_steps, after_checkpoint, stop=sigterm)
+
+
+def _with_window_evaluation(estimator, batches, after_checkpoint, every_steps, every_secs, batch_size):
+  """`(after_checkpoint, evaluation_due)` for the loop: `after_checkpoint` then the inline evaluation on the newest
+  held-out window where one is asked for (`evaluation_due`: None where none is)."""
+  if every_steps is None and every_secs is None:
+    return after_checkpoint, None
+  if batches.held_out is None:
+    batches.source.close()
+    raise UsageError("evaluating on the newest held-out window needs a held-out share of the stream "
+                     "(--stream_holdout_every, or StreamBatches(held_out=HeldOut(...)))")
+  inline = stream_evaluation.InlineWindowEvaluation(
+      stream_evaluation.WindowEvaluator(estimator, batches.window_input_fn(batch_size)), every_steps=every_steps,
+      every_secs=every_secs)
+
+  def after(step: int) -> None:
+    if after_checkpoint is not None:
+      after_checkpoint(step)
+    inline(step)
+
+  return after, inline.due
 
 
 def _check_mode(mode) -> None:

@@ -3,8 +3,8 @@
 from tfps.errors import UsageError
 from tfps.report import series as series_lib
 
-_STYLES = {"validation": "o", "sidecar": "x"}  # by the curve label's first word; else a line with dots
-_COLORS = {"validation": "C1", "sidecar": "C2"}  # the same in every panel
+_STYLES = {"validation": "o", "sidecar": "x", "window": "s-"}  # by the curve label's first word; else a line with dots
+_COLORS = {"validation": "C1", "sidecar": "C2", "window": "C3"}  # the same in every panel
 INSTALL_HINT = "tfps-report needs matplotlib: pip install 'tfps[report]' (or pip install matplotlib)"
 
 
@@ -19,7 +19,8 @@ def _pyplot():
 
 
 def write_png(report: series_lib.ReportSeries, out_path: str, title: str) -> str:
-  """Writes one panel per series group (loss, AUC, examples/s) against step, restarts as dashed lines."""
+  """Writes one panel per series group (loss, AUC, examples/s; a stream's lag) against step, restarts as dashed
+  lines."""
   plt = _pyplot()
   names = list(report.panels)
   figure, axes = plt.subplots(len(names), 1, figsize=(9, 3.2 * len(names)), sharex=True, squeeze=False)

@@ -208,7 +208,8 @@ class AsyncRunner(steps_lib.Runner):
                        "a stream with pipelined_updates=False")
     if self._given is None:
       self._given = tf.function(lambda stacked, num_steps, seq: self._steps(steps_lib.GivenBatches(stacked),
-                                                                            num_steps, seq), autograph=False)
+                                                                            num_steps, seq), autograph=False,
+                                reduce_retracing=True)  # a stream's partial batches: one more trace, any size
     return self.coordinator.schedule(self._given, args=(stacked, tf.constant(num_steps, tf.int64),
                                                         self.progress.next_sequence()))
 

@@ -11,9 +11,10 @@ checkpoint. A chief restarted restores the newest checkpoint and reads on from i
 after it (by steps whose functions ran after the checkpoint) are overwritten by the restore, so each message
 counts once in the model however the chief, a worker or a ps was lost.
 
-The loop saves every `checkpoint_every_steps` steps, after `checkpoint_every_secs`, and whenever the stream pauses
-with steps not saved yet; SIGTERM (`stop_on_sigterm`) ends it after the steps in flight, with a checkpoint and a
-commit. See docs/online.md.
+The loop saves every `checkpoint_every_steps` steps, after `checkpoint_every_secs`, whenever the stream pauses
+with steps not saved yet, and when `evaluation_due(step)` says so (an evaluation of the held-out window follows the
+checkpoint: `after_checkpoint`); a partial batch (`StreamBatches(idle_flush_secs=...)`) is scheduled alone. SIGTERM
+(`stop_on_sigterm`) ends it after the steps in flight, with a checkpoint and a commit. See docs/online.md.
 """
 
 import collections
@@ -55,7 +56,8 @@ class StreamLoop(loop_lib.TrainLoop):
   checkpoints. The runner must take batches as arguments (`schedule_batches`: the async runner).
   """
 
-  def __init__(self, *, batches, checkpoint_every_secs: Optional[float] = None, **kwargs):
+  def __init__(self, *, batches, checkpoint_every_secs: Optional[float] = None,
+               evaluation_due: Optional[Callable[[int], bool]] = None, **kwargs):
     super().__init__(iterator=None, **kwargs)
     if not hasattr(self._runner, "schedule_batches"):
       raise UsageError(f"training on a stream needs sync_mode=async (the runner is {type(self._runner).__name__})")
@@ -64,6 +66,7 @@ class StreamLoop(loop_lib.TrainLoop):
     self._ready = collections.deque()  # batches read ahead while the last chunk's functions ran, not scheduled yet
     self._every_secs = checkpoint_every_secs
     self._stop: Callable[[], bool] = lambda: False
+    self._evaluation_due = evaluation_due or (lambda step: False)
     given = self._metrics
     self._metrics = lambda: {**(given() if given is not None else {}), **self.stream_metrics()}
 
@@ -81,7 +84,8 @@ class StreamLoop(loop_lib.TrainLoop):
       if fed:
         clock = self._log(step, loss_sum, examples, clock, max_steps)
       due = (step >= saved + self._config.checkpoint_every_steps or step == max_steps or
-             (self._every_secs is not None and time.monotonic() - saved_time >= self._every_secs) or paused)
+             (self._every_secs is not None and time.monotonic() - saved_time >= self._every_secs) or paused or
+             self._evaluation_due(step))
       if due and step != saved:
         self._save_with_positions(step, after_checkpoint)
         saved, saved_time, clock = step, time.monotonic(), (time.monotonic(), step)
@@ -92,6 +96,7 @@ class StreamLoop(loop_lib.TrainLoop):
     self._writer.flush()
     self._records.finish(step, {} if self._loss is None else {"loss": self._loss, **self._last_metrics},
                          examples=self._examples, tensorboard=self._model_dir)
+    run_records.add_to_summary(self._model_dir, "stream", self._stream_summary())
     return step
 
   def _run_chunk_fed(self, num_steps: int):
@@ -109,8 +114,11 @@ class StreamLoop(loop_lib.TrainLoop):
           paused = True
           break
         batches.append(batch)
+        if batch.size < self._batches.batch_size:  # a partial batch, after a pause: the chunk ends with it
+          paused = True
+          break
       if batches:
-        results.append(runner.schedule_batches(_stacked(batches, runner.steps_per_execution), len(batches)))
+        results += _schedule(runner, batches)
         self._fed_positions = batches[-1].positions
         fed += len(batches)
       if paused or not batches:
@@ -140,10 +148,32 @@ class StreamLoop(loop_lib.TrainLoop):
     """The checkpoint of `step` with the position after every batch scheduled (all applied: the loop joined), then
     the commit of that position to the source."""
     positions = self._fed_positions
-    stream_positions.write_positions(self._model_dir, step, positions, self._batches.source.name)
+    stream_positions.write_positions(self._model_dir, step, positions, self._batches.source.name,
+                                     window=self._write_window(step))
     self._save(step, after_checkpoint)
     self._batches.source.commit(positions)
     stream_positions.prune_positions(self._model_dir, self._manager.checkpoints)
+
+  def _write_window(self, step: int) -> Optional[dict]:
+    """Writes the held-out window current at checkpoint `step` beside it; returns what it is (None: no held-out
+    share)."""
+    held_out = self._batches.held_out
+    if held_out is None:
+      return None
+    spec = self._batches.spec
+    stream_positions.write_window(self._model_dir, step, held_out.window(),
+                                  header=spec.delimiter.join(spec.columns) if spec.header else None)
+    return held_out.describe()
+
+  def _stream_summary(self) -> dict:
+    """The stream's part of the run summary: messages applied in this run, held out and malformed, the final lag,
+    and the last window evaluations (`run_records.WINDOW_KIND` records)."""
+    windows = [r for r in run_records.read_jsonl(run_records.progress_path(self._model_dir))
+               if r.get("kind") == run_records.WINDOW_KIND]
+    held_out = self._batches.held_out
+    return {"stream": self._batches.source.name, "messages_applied": self._examples,
+            "held_out": held_out.count if held_out is not None else None, **self.stream_metrics(),
+            "last_windows": [{"step": r["step"], **r["metrics"]} for r in windows[-5:]]}
 
   def stream_metrics(self) -> dict:
     """Lag and malformed records, for the progress lines: `lag_messages` (where the source counts them),
@@ -153,6 +183,19 @@ class StreamLoop(loop_lib.TrainLoop):
     if messages is not None:
       metrics["lag_messages"] = messages
     return metrics
+
+
+def _schedule(runner, batches) -> list:
+  """Schedules `batches` (fed in order), the batches of one size in one function (a partial batch alone); returns
+  the functions' results."""
+  results, start = [], 0
+  while start < len(batches):
+    end = start + 1
+    while end < len(batches) and batches[end].size == batches[start].size:
+      end += 1
+    results.append(runner.schedule_batches(_stacked(batches[start:end], runner.steps_per_execution), end - start))
+    start = end
+  return results
 
 
 def _stacked(batches, size: int):

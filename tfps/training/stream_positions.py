@@ -4,6 +4,10 @@ The file of checkpoint N holds the position just after the last example of the s
 Kafka partition the next offset; for a folder the slice and lines read). It is written (atomically, by a rename)
 before the checkpoint, so a checkpoint that exists always has its position; a position file without its checkpoint
 (the chief died between the two) is never read, and is removed with the checkpoints the manager drops.
+
+With a held-out share (`tfps.data.stream.holdout`), `window-N.csv` beside it holds the held-out window current at
+checkpoint N (the newest held-out messages, as delimited lines) and `stream-N.json` says what it is; inline and
+sidecar evaluation read it (`tfps.estimator.stream_evaluation`).
 """
 
 import json
@@ -15,7 +19,7 @@ import tensorflow as tf
 
 from tfps.training import checkpoints as checkpoints_lib
 
-_NAME = re.compile(r"stream-(\d+)\.json$")
+_NAME = re.compile(r"(?:stream-(\d+)\.json|window-(\d+)\.csv)$")
 
 
 def positions_path(model_dir: str, number: int) -> str:
@@ -23,31 +27,52 @@ def positions_path(model_dir: str, number: int) -> str:
   return os.path.join(checkpoints_lib.checkpoint_dir(model_dir), f"stream-{int(number)}.json")
 
 
-def write_positions(model_dir: str, number: int, positions: dict, stream: str) -> None:
-  """Writes checkpoint `number`'s position (of the stream named `stream`) atomically; call before saving it."""
-  path = positions_path(model_dir, number)
+def window_path(model_dir: str, number: int) -> str:
+  """Where the held-out window of checkpoint `number` is."""
+  return os.path.join(checkpoints_lib.checkpoint_dir(model_dir), f"window-{int(number)}.csv")
+
+
+def write_positions(model_dir: str, number: int, positions: dict, stream: str, window: Optional[dict] = None) -> None:
+  """Writes checkpoint `number`'s position (of the stream named `stream`; `window`: what its held-out window is)
+  atomically; call before saving it."""
+  _write_atomically(positions_path(model_dir, number),
+                    json.dumps({"stream": stream, "positions": positions, **({"window": window} if window else {})}))
+
+
+def write_window(model_dir: str, number: int, lines, header: Optional[str] = None) -> None:
+  """Writes checkpoint `number`'s held-out window (`lines`: bytes, one record each; `header`: a first line where the
+  feature spec has one) atomically; call before its position."""
+  text = "".join(line.decode("utf-8", "replace") + "\n" for line in lines)
+  _write_atomically(window_path(model_dir, number), (header + "\n" if header is not None else "") + text)
+
+
+def _write_atomically(path: str, text: str) -> None:
   tf.io.gfile.makedirs(os.path.dirname(path))
   with tf.io.gfile.GFile(path + ".tmp", "w") as f:
-    json.dump({"stream": stream, "positions": positions}, f)
+    f.write(text)
   tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+
+
+def read_record(model_dir: str, number: int) -> Optional[dict]:
+  """What `stream-N.json` of checkpoint `number` holds (`stream`, `positions`, `window`?), or None."""
+  path = positions_path(model_dir, number)
+  if not tf.io.gfile.exists(path):
+    return None
+  with tf.io.gfile.GFile(path) as f:
+    return json.load(f)
 
 
 def read_positions(model_dir: str, checkpoint: Optional[str]) -> Optional[dict]:
   """The position `checkpoint` (a `ckpt-N` path) holds, or None where it holds none (trained on files)."""
-  if not checkpoint:
-    return None
-  path = positions_path(model_dir, checkpoints_lib.checkpoint_number(checkpoint))
-  if not tf.io.gfile.exists(path):
-    return None
-  with tf.io.gfile.GFile(path) as f:
-    return json.load(f)["positions"]
+  record = read_record(model_dir, checkpoints_lib.checkpoint_number(checkpoint)) if checkpoint else None
+  return None if record is None else record["positions"]
 
 
 def prune_positions(model_dir: str, kept_checkpoints) -> None:
-  """Removes the position files of checkpoints no longer kept (`kept_checkpoints`: their paths)."""
+  """Removes the position and window files of checkpoints no longer kept (`kept_checkpoints`: their paths)."""
   kept = {checkpoints_lib.checkpoint_number(path) for path in kept_checkpoints}
   folder = checkpoints_lib.checkpoint_dir(model_dir)
   for name in tf.io.gfile.listdir(folder):
     match = _NAME.match(name)
-    if match and int(match.group(1)) not in kept:
+    if match and int(match.group(1) or match.group(2)) not in kept:
       tf.io.gfile.remove(os.path.join(folder, name))

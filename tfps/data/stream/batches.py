@@ -19,6 +19,8 @@ import tensorflow as tf
 from tfps import checks
 from tfps.data import delimited
 from tfps.data.spec import FeatureSpec, row_pattern
+from tfps.data.stream import holdout
+from tfps.data.stream.holdout import HeldOut
 from tfps.data.stream.sources import MalformedRecordError, Positions, Source
 
 RECORD_FORMATS = ("delimited", "json")
@@ -31,31 +33,42 @@ class Batch:
 
   Attributes:
     element: `(features, label)` tensors of `batch_size` examples, as the file reader yields them.
-    positions: the stream's position just after the batch's last record (malformed records before it included).
+    positions: the stream's position just after the batch's last record (malformed and held-out records before it
+      included).
+    size: its examples: `batch_size`, or fewer in a partial batch (`idle_flush_secs`).
   """
 
   element: tuple
   positions: Positions
+  size: int
 
 
 class StreamBatches:
   """Fixed-size batches of `source`'s records; malformed records are counted and skipped (with `strict`: the first
   one raises `MalformedRecordError` naming its partition and offset).
 
+  With `held_out` (a `tfps.data.stream.holdout.HeldOut`), the messages it takes go to its window, never into a batch.
+  With `idle_flush_secs`, a record that has waited that long for its batch to fill is trained in a partial batch.
+
   Attributes:
     malformed: records skipped so far.
     records: records read so far.
+    held_out: the `HeldOut`, or None.
   """
 
   def __init__(self, source: Source, spec: FeatureSpec, *, batch_size: int, record_format: str = "delimited",
-               strict: bool = False):
+               strict: bool = False, held_out: Optional[HeldOut] = None, idle_flush_secs: Optional[float] = None):
     checks.positive_int("batch_size", batch_size)
     checks.one_of("record_format", record_format, RECORD_FORMATS)
+    if idle_flush_secs is not None:
+      checks.non_negative_number("idle_flush_secs", idle_flush_secs, "number of seconds")
     self.source, self.spec, self.batch_size = source, spec, batch_size
     self._json, self._strict = record_format == "json", strict
+    self.held_out, self._flush_secs = held_out, idle_flush_secs
+    self._oldest_wait: Optional[float] = None  # when the oldest well-formed record in `_pending` was read
     self._pattern = row_pattern(spec)
     self._positions = dict(source.positions())
-    self._pending = collections.deque()  # (record, line or None where malformed), in stream order
+    self._pending = collections.deque()  # (record, line or None where malformed or held out, when read), in order
     self._good = 0  # the well-formed records in `_pending`
     self.malformed = self.records = 0
 
@@ -64,12 +77,18 @@ class StreamBatches:
                                    delimited.parse_lines(lines, spec))
 
     self._parse = tf.function(parse, autograph=False, input_signature=[tf.TensorSpec([batch_size], tf.string)])
+    self._parse_partial = tf.function(lambda lines: delimited.parse_lines(lines, spec), autograph=False,
+                                      input_signature=[tf.TensorSpec([None], tf.string)])
 
   @property
   def element_spec(self):
     """The `tf.TensorSpec`s of a batch's `(features, label)`."""
     return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype),
                                  self._parse.get_concrete_function().structured_outputs)
+
+  def window_input_fn(self, batch_size: int):
+    """`fn(path) -> input_fn` of a held-out window file of this stream (`holdout.window_input_fn`)."""
+    return holdout.window_input_fn(self.spec, batch_size)
 
   def positions(self) -> Positions:
     """The position after the last batch returned."""
@@ -79,32 +98,63 @@ class StreamBatches:
     """`(messages, seconds)` behind the newest record written, from `positions` (default: after the last batch
     returned; `Source.lag`); seconds from the oldest record read and not yet in a batch, where one is."""
     messages, seconds = self.source.lag(self._positions if positions is None else positions)
-    stamps = [record.timestamp for record, _ in self._pending if record.timestamp is not None]
+    stamps = [record.timestamp for record, _, _ in self._pending if record.timestamp is not None]
     if stamps:
       seconds = max(time.time() - stamps[0], 0.0)
     return messages, seconds
 
   def next_batch(self, timeout_secs: float) -> Optional[Batch]:
     """The next full batch, or None where the stream gave none within `timeout_secs` (the records read so far wait
-    for the next call)."""
+    for the next call); a partial batch where a record has waited `idle_flush_secs` for its batch to fill."""
     deadline = time.monotonic() + timeout_secs
     while self._good < self.batch_size:
-      records = self.source.read(_READ_CHUNK, max(deadline - time.monotonic(), 0.0))
+      if self._flush_due():
+        return self._take(self._good)
+      wait_until = deadline if self._flush_secs is None or not self._good else min(
+          deadline, self._oldest_wait + self._flush_secs)
+      records = self.source.read(_READ_CHUNK, max(wait_until - time.monotonic(), 0.0))
       if not records:
-        return None
+        if self._flush_due():
+          return self._take(self._good)
+        if time.monotonic() >= deadline:
+          return None
+        continue
       self.records += len(records)
-      checked = self._checked(records)
-      self._good += sum(line is not None for line in checked)
-      self._pending.extend(zip(records, checked))
+      self._add(records)
+    return self._take(self.batch_size)
+
+  def _flush_due(self) -> bool:
+    return (self._flush_secs is not None and self._good > 0 and
+            time.monotonic() - self._oldest_wait >= self._flush_secs)
+
+  def _add(self, records) -> None:
+    """Appends `records` to the pending ones; the held-out ones go to the window (and are never trained on)."""
+    now = time.monotonic()
+    for record, line in zip(records, self._checked(records)):
+      if line is not None and self.held_out is not None and self.held_out.takes(record):
+        self.held_out.add(record, line)
+        line = None
+      if line is not None:
+        self._oldest_wait = now if not self._good else self._oldest_wait
+        self._good += 1
+      self._pending.append((record, line, now))
+
+  def _take(self, size: int) -> Batch:
+    """The batch of the next `size` well-formed pending records (a partial one: all of them)."""
     lines, positions = [], dict(self._positions)
-    while len(lines) < self.batch_size:
-      record, line = self._pending.popleft()
+    while len(lines) < size:
+      record, line, _ = self._pending.popleft()
       positions[record.key] = record.after
       if line is not None:
         lines.append(line)
-    self._good -= self.batch_size
+    while self._pending and self._pending[0][1] is None:  # malformed or held out records next: passed too
+      record, _, _ = self._pending.popleft()
+      positions[record.key] = record.after
+    self._good -= size
+    self._oldest_wait = next((read for _, line, read in self._pending if line is not None), None)
     self._positions = positions
-    return Batch(self._parse(tf.constant(lines)), dict(positions))
+    parse = self._parse if size == self.batch_size else self._parse_partial
+    return Batch(parse(tf.constant(lines)), dict(positions), size)
 
   def _checked(self, records) -> list:
     """Each record's line, or None where it is malformed (counted; raised with `strict`)."""
