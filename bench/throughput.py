@@ -10,7 +10,8 @@ plain tf-keras `Model.fit` under ParameterServerStrategy as TensorFlow's tutoria
 `MinSizePartitioner(256 KiB, max_shards=#ps)`, no tfps code, `bench/plain_pss_train.py`; each fit/estimator row gets
 its ratio to the peer of the same cluster shape and batch, `vs_keras_pss`), `keras_pss_fixed` (the same peer with
 every variable split by `FixedShardsPartitioner(#ps)`, the peer of the tables measured before; `vs_keras_pss_fixed`),
-`tutorial` (one step per `schedule`, loss fetched every step; 1 ps + 1 worker), and a trivial scheduled function.
+`tutorial` (one step per `schedule`, loss fetched every step; 1 ps + 1 worker), and a trivial scheduled function
+(`--notrivial`: not).
 Variants run in a shuffled order within each repetition; each run measures `--measure` windows after a warm-up;
 the table shows the median over repetitions of each run's median window. Every process is sampled for CPU time
 (`bench/runner.py`): each row has its CPU milliseconds per step per role and over all tasks, and each cluster row its
@@ -65,6 +66,8 @@ _VARIANTS = flags.DEFINE_list(
 _START_SECS = flags.DEFINE_float("start_timeout_secs", 300.0, "Seconds every variant's processes may take to "
                                   "start and answer (a loaded machine starts TensorFlow slowly).", lower_bound=1)
 _QUICK = flags.DEFINE_boolean("quick", False, "Batch 256 only, 1 repetition, 1 window.")
+_TRIVIAL = flags.DEFINE_boolean("trivial", True, "Also measure the trivial scheduled function (1 ps + 1 worker) in "
+                                "each repetition.")
 _OUT = flags.DEFINE_string("out", "bench/results",
                           "Folder for throughput.json and throughput.png (logs: $TFPS_BENCH_LOGS).")
 
@@ -158,7 +161,8 @@ def measure() -> dict:
           "results": []}
   for repeat in range(repeats):
     order = [(variant, batch) for variant in _VARIANTS.value for batch in batches
-             if not variant.startswith("tutorial") or batch == min(batches)] + [("trivial", 0)]
+             if not variant.startswith("tutorial") or batch == min(batches)]
+    order += [("trivial", 0)] if _TRIVIAL.value else []
     random.Random(repeat).shuffle(order)
     for variant, batch in order:
       print(f"repeat {repeat + 1}/{repeats}: {variant} batch {batch} ...", flush=True)

@@ -12,9 +12,13 @@ divided by that are per step; a second loop (`while_1/`, the steps left over, on
 (`per_leftover_step`); the rest (and a loop's exit) happens once per scheduled function. With one ps the output is
 that partition's counts; with more, `{"ps": [counts of ps 0, ps 1, ...]}`. Each per-step transfer is printed with
 its dtype (FLOAT, BFLOAT16 with `--bf16_rows`, ...).
+
+`--variants=fit,estimator,fit+bf16,...` counts several configurations in one child, one after another on the same
+cluster (each dumps into a folder of its own): the output is `{"variants": {variant: counts}}`.
 """
 
 import collections
+import dataclasses
 import glob
 import json
 import os
@@ -22,6 +26,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from typing import List, Optional
 
 from absl import app
 from absl import flags
@@ -42,6 +47,9 @@ _PACKED = flags.DEFINE_boolean("packed_reads", None, "Read each ps's small dense
 _BF16 = flags.DEFINE_boolean("bf16_rows", False, "Table rows and their gradients cross as bfloat16.")
 _PER_FEATURE = flags.DEFINE_boolean("per_feature_tables", False, "A tf-keras Embedding per feature (deep and wide) "
                                     "instead of the stacked tables.")
+_VARIANTS = flags.DEFINE_list("variants", None, "Configurations to count in one child, each PATH[+option...] with "
+                               "the options unroll<N>, packed, unpacked, bf16, per_feature (e.g. fit+bf16); instead "
+                               "of --path, --unrolled_steps, --packed_reads, --bf16_rows and --per_feature_tables.")
 _CHILD_DIR = flags.DEFINE_string("child_dump_dir", None, "(internal) train and dump into this folder.")
 _JSON = flags.DEFINE_string("json_out", None, "Also write the counts here.")
 
@@ -50,32 +58,81 @@ _NODE = re.compile(r'^node \{\n  name: "([^"]*)"\n  op: "([^"]*)"', re.M)
 _DTYPE = re.compile(r'key: "(?:T|tensor_type)"\n    value \{\n      type: DT_(\w+)')
 
 
-def _train(dump_dir: str) -> None:
-  """In the child: a few scheduled functions of `--path` on an in-process cluster, graphs dumped into `dump_dir`."""
-  del dump_dir  # read by TensorFlow from the environment
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """One configuration to count: the training path and the options its step is traced with."""
+
+  path: str
+  unrolled_steps: Optional[int] = None
+  packed_reads: Optional[bool] = None
+  bf16_rows: bool = False
+  per_feature_tables: bool = False
+
+
+def parse_variant(variant: str) -> Variant:
+  """The `Variant` of "PATH[+option...]"; raises `app.UsageError` on an unknown path or option."""
+  path, *options = variant.split("+")
+  if path not in ("fit", "estimator"):
+    raise app.UsageError(f"--variants: {variant!r}: the path {path!r} is not one of fit, estimator")
+  fields = {}
+  for option in options:
+    if re.fullmatch(r"unroll[1-9][0-9]*", option):
+      fields["unrolled_steps"] = int(option[6:])
+    elif option in ("packed", "unpacked"):
+      fields["packed_reads"] = option == "packed"
+    elif option in ("bf16", "per_feature"):
+      fields[{"bf16": "bf16_rows", "per_feature": "per_feature_tables"}[option]] = True
+    else:
+      raise app.UsageError(f"--variants: {variant!r} has the option {option!r}; allowed: unroll<N>, packed, unpacked, "
+                           "bf16, per_feature")
+  return Variant(path, **fields)
+
+
+def _variants() -> List[Variant]:
+  """The configurations to count: `--variants`, else the one of `--path` and its flags."""
+  if _VARIANTS.value:
+    return [parse_variant(variant) for variant in _VARIANTS.value]
+  return [Variant(_PATH.value, _UNROLLED.value, _PACKED.value, _BF16.value, _PER_FEATURE.value)]
+
+
+def _variant_dir(dump_dir: str, index: int) -> str:
+  return os.path.join(dump_dir, str(index))
+
+
+def _train_all(dump_dir: str) -> None:
+  """In the child: each variant's few scheduled functions on one in-process cluster, its graphs dumped into a folder
+  of its own (`TF_DUMP_GRAPH_PREFIX` is read at every dump)."""
+  from tfps.testing import in_process  # pylint: disable=g-import-not-at-top
+  cluster = in_process.local_cluster(num_workers=1, num_ps=_NUM_PS.value)
+  for index, variant in enumerate(_variants()):
+    os.environ["TF_DUMP_GRAPH_PREFIX"] = _variant_dir(dump_dir, index)
+    _train(variant, cluster)
+
+
+def _train(variant: Variant, cluster) -> None:
+  """A few scheduled functions of `variant` on `cluster`."""
   import tfps  # pylint: disable=g-import-not-at-top
   from bench import workload as workload_lib  # pylint: disable=g-import-not-at-top
-  from tfps.testing import in_process  # pylint: disable=g-import-not-at-top
-  workload = workload_lib.Workload(batch_size=_BATCH.value, vocab_size=10_000, stack_tables=not _PER_FEATURE.value)
-  cluster = in_process.local_cluster(num_workers=1, num_ps=_NUM_PS.value)
-  if _PATH.value == "fit":
+  workload = workload_lib.Workload(batch_size=_BATCH.value, vocab_size=10_000,
+                                   stack_tables=not variant.per_feature_tables)
+  settings = {"unrolled_steps": variant.unrolled_steps, "packed_reads": variant.packed_reads,
+              "bf16_rows": variant.bf16_rows}
+  if variant.path == "fit":
     tfps.fit(lambda: workload_lib.build_model(workload), workload_lib.dataset_fn(workload), epochs=1,
              steps_per_epoch=40, steps_per_execution=_SPE.value, cluster=cluster, batch_size=_BATCH.value,
-             sync_mode=tfps.TrainingMode(unrolled_steps=_UNROLLED.value, packed_reads=_PACKED.value,
-                                         bf16_rows=_BF16.value))
+             sync_mode=tfps.TrainingMode(**settings))
     return
   with tempfile.TemporaryDirectory(prefix="tfps_transfers_") as model_dir:
     options = {} if _SPE.value is None else {"steps_per_execution": _SPE.value}
     estimator = tfps.Estimator(workload_lib.build_model_fn(workload), model_dir=model_dir, cluster=cluster,
-                               config=tfps.RunConfig(save_checkpoints_steps=1000, unrolled_steps=_UNROLLED.value,
-                                                     packed_reads=_PACKED.value, bf16_rows=_BF16.value,
-                                                     **options))
+                               config=tfps.RunConfig(save_checkpoints_steps=1000, **settings, **options))
     estimator.train(lambda: workload_lib.dataset(workload), max_steps=40)
 
 
-def count(dump_dir: str, num_ps: int = 1) -> dict:
+def count(dump_dir: str, num_ps: int = 1, unrolled_steps: Optional[int] = None) -> dict:
   """`{file, ops, per_step: {send, recv}, per_function: {send, recv}, per_step_names}` (each "op name DTYPE") of the
-  biggest partition of a ps; with `num_ps` > 1, `{"ps": [those of ps 0, ps 1, ...]}`, the biggest partition of each."""
+  biggest partition of a ps; with `num_ps` > 1, `{"ps": [those of ps 0, ps 1, ...]}`, the biggest partition of each.
+  `unrolled_steps`: the steps per iteration of the step loop it was trained with (default: tfps's)."""
   files = glob.glob(os.path.join(dump_dir, "*partition__job_ps*after_partition_passes*.pbtxt"))
   files += glob.glob(os.path.join(dump_dir, "*partition__job:ps*after_partition_passes*.pbtxt"))
   if not files:
@@ -89,11 +146,11 @@ def count(dump_dir: str, num_ps: int = 1) -> dict:
     if task not in biggest or len(nodes) > len(biggest[task][1]):
       biggest[task] = (path, nodes)
   if num_ps == 1:
-    return _counted(*biggest[min(biggest)])
+    return _counted(*biggest[min(biggest)], unrolled_steps)
   missing = sorted(set(range(num_ps)) - set(biggest))
   if missing:
     raise RuntimeError(f"no partition of ps {missing} was dumped into {dump_dir}")
-  return {"ps": [_counted(*biggest[task]) for task in range(num_ps)]}
+  return {"ps": [_counted(*biggest[task], unrolled_steps) for task in range(num_ps)]}
 
 
 def _nodes(text: str) -> list:
@@ -109,7 +166,7 @@ def _nodes(text: str) -> list:
 _LOOP = re.compile(r"^(?:Func/|GroupCrossDeviceControlEdges_\d+/)*(while(?:_\d+)?)/")
 
 
-def _counted(path: str, nodes: list) -> dict:
+def _counted(path: str, nodes: list, unrolled_steps: Optional[int]) -> dict:
   counts = {"per_step": collections.Counter(), "per_leftover_step": collections.Counter(),
             "per_function": collections.Counter()}
   names = []
@@ -124,7 +181,7 @@ def _counted(path: str, nodes: list) -> dict:
     counts[where]["send" if "Send" in op else "recv"] += 1
     if where == "per_step":
       names.append(f"{op} {name} {dtype}".rstrip())
-  unrolled = modes.TrainingMode(unrolled_steps=_UNROLLED.value).steps_per_iteration(
+  unrolled = modes.TrainingMode(unrolled_steps=unrolled_steps).steps_per_iteration(
       _SPE.value or modes.DEFAULT_STEPS_PER_EXECUTION)
   return {"file": os.path.basename(path), "ops": len(nodes), "unrolled_steps": unrolled,
           "per_step": {kind: n / unrolled for kind, n in counts["per_step"].items()},
@@ -132,11 +189,21 @@ def _counted(path: str, nodes: list) -> dict:
           "per_step_names": sorted(names)}
 
 
+def _print(result: dict) -> None:
+  for ps, counted in enumerate(result.get("ps", [result])):
+    for name in counted["per_step_names"]:
+      print(f"ps {ps}: {name}")
+  shown = [{k: v for k, v in counted.items() if k != "per_step_names"} for counted in result.get("ps", [result])]
+  print(json.dumps(dict(result, ps=shown) if "ps" in result else shown[0], indent=1))
+
+
 def main(argv):
   del argv
+  variants = _variants()  # an unknown option fails here, before any training
   if _CHILD_DIR.value:
-    _train(_CHILD_DIR.value)
-    return
+    _train_all(_CHILD_DIR.value)
+    sys.stdout.flush()
+    os._exit(0)  # the graphs are dumped: no remote-function clean-up at exit (seconds under PSS)
   with tempfile.TemporaryDirectory(prefix="tfps_dump_") as dump_dir:
     env = dict(os.environ, TF_DUMP_GRAPH_PREFIX=dump_dir, TF_DUMP_GRAPH_NAME_FILTER="*", TF_DUMP_GRAPH_GROUPS="main",
                TF_CPP_MIN_LOG_LEVEL="2")
@@ -147,16 +214,18 @@ def main(argv):
     args += [] if _PACKED.value is None else ["--packed_reads" if _PACKED.value else "--nopacked_reads"]
     args += ["--bf16_rows"] if _BF16.value else []
     args += ["--per_feature_tables"] if _PER_FEATURE.value else []
+    args += [f"--variants={','.join(_VARIANTS.value)}"] if _VARIANTS.value else []
     subprocess.run(args, env=env, check=True, stdout=subprocess.DEVNULL)
-    result = dict(count(dump_dir, _NUM_PS.value), path=_PATH.value, batch_size=_BATCH.value)
-  for ps, counted in enumerate(result.get("ps", [result])):
-    for name in counted["per_step_names"]:
-      print(f"ps {ps}: {name}")
-  shown = [{k: v for k, v in counted.items() if k != "per_step_names"} for counted in result.get("ps", [result])]
-  print(json.dumps(dict(result, ps=shown) if "ps" in result else shown[0], indent=1))
+    results = [dict(count(_variant_dir(dump_dir, index), _NUM_PS.value, variant.unrolled_steps), path=variant.path,
+                    batch_size=_BATCH.value) for index, variant in enumerate(variants)]
+  for name, result in zip(_VARIANTS.value or [None], results):
+    if name:
+      print(f"--- {name}")
+    _print(result)
+  output = {"variants": dict(zip(_VARIANTS.value, results))} if _VARIANTS.value else results[0]
   if _JSON.value:
     with open(_JSON.value, "w", encoding="utf-8") as out:
-      json.dump(result, out, indent=2)
+      json.dump(output, out, indent=2)
 
 
 if __name__ == "__main__":

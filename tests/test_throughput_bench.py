@@ -31,13 +31,13 @@ _PEER_ALLOWED = ("tfps.models", "tfps.data", "tfps.checks", "tfps.errors", "tfps
 
 @contextlib.contextmanager
 def _throughput(tmp_path, subprocess_env, processes_naming, variants: str):
-  """Runs bench/throughput.py on `variants` at batch 256, one short repetition; yields `(result, report)`, then
-  checks that no process of the run is left."""
+  """Runs bench/throughput.py on `variants` at batch 256, one short repetition without the trivial function, tables
+  of 10,000 rows; yields `(result, report)`, then checks that no process of the run is left."""
   env = dict(subprocess_env, TFPS_BENCH_LOGS=str(tmp_path / "logs"))
-  # Windows long enough for at least 2 of the bench's CPU samples (every 0.25 s) at up to ~60,000 ex/s: with 10,240
-  # examples a fast peer run fell between samples and had no cores.
+  # Windows of 40 steps: a window shorter than the bench's CPU sampling gets its tasks' cores from their CPU time
+  # interpolated at its ends (bench/runner.py).
   command = [sys.executable, "bench/throughput.py", f"--variants={variants}", "--batch_sizes=256", "--repeats=1",
-             "--measure=1", "--window_examples=30720", f"--out={tmp_path}"]
+             "--measure=1", "--window_examples=10240", "--vocab_size=10000", "--notrivial", f"--out={tmp_path}"]
   result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=500)
   try:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -64,6 +64,7 @@ def test_throughput_compares_fit_with_the_plain_pss_peer_one_process_and_the_ps_
   """One run of every kind of side (each run costs a cluster's start-up): the peer, one process, the floor."""
   with _throughput(tmp_path, subprocess_env, processes_naming,
                    "fit_1x1,estimator_1x1,keras_pss_1x1,single,ps_floor_1x1,ps_floor_1x1+packed") as (result, report):
+    assert "trivial" not in result.stdout and report["summary"]["trivial_functions_per_sec"] is None
     rows = {row["variant"]: row for row in report["summary"]["rows"]}
     assert set(rows) == {"fit_1x1", "estimator_1x1", "keras_pss_1x1", "single", "ps_floor_1x1", "ps_floor_1x1+packed"}
     fit, peer = rows["fit_1x1"], rows["keras_pss_1x1"]

@@ -15,21 +15,30 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def _count(path: str, out: pathlib.Path, env: dict, *flags: str) -> dict:
-  command = [sys.executable, "bench/transfers.py", f"--path={path}", f"--json_out={out}", *flags]
-  result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-  return json.loads(out.read_text())
+# Every configuration the tests compare on 1 ps, counted by one child on one in-process cluster.
+_VARIANTS = ("fit", "estimator", "fit+unroll4", "fit+unpacked", "fit+bf16", "fit+bf16+per_feature")
 
 
 @pytest.fixture(scope="module")
-def default_fit(tmp_path_factory, module_subprocess_env) -> dict:
-  """The counts of tfps.fit with tfps's defaults (one run each test compares with)."""
-  return _count("fit", tmp_path_factory.mktemp("fit") / "fit.json", module_subprocess_env)
+def counts(tmp_path_factory, module_subprocess_env) -> dict:
+  """`{variant: counts}` of `_VARIANTS` (one run of bench/transfers.py)."""
+  out = tmp_path_factory.mktemp("transfers") / "counts.json"
+  command = [sys.executable, "bench/transfers.py", f"--variants={','.join(_VARIANTS)}", f"--json_out={out}"]
+  result = subprocess.run(command, cwd=REPO, env=module_subprocess_env, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  variants = json.loads(out.read_text())["variants"]
+  assert sorted(variants) == sorted(_VARIANTS)
+  return variants
 
 
-def test_estimator_step_moves_no_more_tensors_than_the_keras_step(tmp_path, subprocess_env, default_fit):
-  estimator = _count("estimator", tmp_path / "estimator.json", subprocess_env)
+@pytest.fixture
+def default_fit(counts) -> dict:
+  """The counts of tfps.fit with tfps's defaults (the one each test compares with)."""
+  return counts["fit"]
+
+
+def test_estimator_step_moves_no_more_tensors_than_the_keras_step(counts, default_fit):
+  estimator = counts["estimator"]
   fit = default_fit
   for counted in (estimator, fit):
     assert "job:ps" in counted["file"] and "_steps_" in counted["file"]
@@ -64,12 +73,11 @@ def test_with_four_ps_no_ps_waits_for_another_ps_gradients(tmp_path, subprocess_
     assert total <= 33, one["per_step_names"]
 
 
-def test_unrolled_steps_move_fewer_tensors_per_step_than_one_step_per_loop_iteration(tmp_path, subprocess_env,
-                                                                                     default_fit):
+def test_unrolled_steps_move_fewer_tensors_per_step_than_one_step_per_loop_iteration(counts, default_fit):
   """Each iteration of the step loop moves its condition and control signals between the ps and the worker: with 4
   steps per iteration a step moves at least 4 tensors fewer than with 1 (20.5 against 25; the default's function has
   one loop only: no second loop for the steps left over)."""
-  unrolled = _count("fit", tmp_path / "unrolled.json", subprocess_env, "--unrolled_steps=4")
+  unrolled = counts["fit+unroll4"]
   single = default_fit
   total = lambda counted: counted["per_step"]["send"] + counted["per_step"]["recv"]
   assert unrolled["unrolled_steps"] == 4 and single["unrolled_steps"] == 1
@@ -78,7 +86,7 @@ def test_unrolled_steps_move_fewer_tensors_per_step_than_one_step_per_loop_itera
   assert not single["per_leftover_step"] and unrolled["per_leftover_step"]
 
 
-def test_packed_reads_send_each_ps_dense_weights_in_one_tensor_per_step(tmp_path, subprocess_env, default_fit):
+def test_packed_reads_send_each_ps_dense_weights_in_one_tensor_per_step(counts, default_fit):
   """By default (`--packed_reads`) the ps sends 4 tensors per step (the packed dense weights, 2 lookups and a control
   signal); with `--nopacked_reads` it sends the 10 dense weights one by one. The gradients reach it either way."""
   packed = default_fit
@@ -86,18 +94,18 @@ def test_packed_reads_send_each_ps_dense_weights_in_one_tensor_per_step(tmp_path
   assert packed["per_step"]["send"] == 4, sends
   assert not [name for name in sends if "ReadVariableOp" in name], sends
   assert packed["per_step"]["recv"] >= 3, packed["per_step_names"]
-  unpacked = _count("fit", tmp_path / "unpacked.json", subprocess_env, "--nopacked_reads")
+  unpacked = counts["fit+unpacked"]
   reads = [name for name in unpacked["per_step_names"] if name.startswith("_Send") and "ReadVariableOp" in name]
   assert len(reads) == 10 and unpacked["per_step"]["send"] == 4 - 1 + 10, unpacked["per_step_names"]
   assert unpacked["per_step"]["recv"] == packed["per_step"]["recv"], (unpacked["per_step"], packed["per_step"])
 
 
-def test_bf16_rows_move_the_rows_and_their_gradients_as_bfloat16(tmp_path, subprocess_env, default_fit):
+def test_bf16_rows_move_the_rows_and_their_gradients_as_bfloat16(counts, default_fit):
   """With `--bf16_rows` the ps sends each table's rows and receives their gradients as bfloat16 (as float32 by
   default), and moves no more tensors per step than without it."""
   rows = lambda counted: [name for name in counted["per_step_names"]
                           if "_stacked/" in name and ("_Send" in name or "gradient_tape" in name)]
-  narrow = _count("fit", tmp_path / "bf16.json", subprocess_env, "--bf16_rows")
+  narrow = counts["fit+bf16"]
   default = default_fit
   # 2 tables (deep and wide): each one's rows out and its gradient in.
   assert len(rows(narrow)) == 4 and all(name.endswith(" BFLOAT16") for name in rows(narrow)), rows(narrow)
@@ -106,11 +114,11 @@ def test_bf16_rows_move_the_rows_and_their_gradients_as_bfloat16(tmp_path, subpr
   assert not [name for name in narrow["per_step_names"] if name.endswith(" FLOAT") and "_stacked/" in name]
 
 
-def test_bf16_rows_move_per_feature_tables_rows_as_bfloat16_too(tmp_path, subprocess_env):
+def test_bf16_rows_move_per_feature_tables_rows_as_bfloat16_too(counts):
   """A tf-keras `Embedding` per feature (26 deep and 26 wide tables): with `--bf16_rows` every table's rows leave the
   ps as bfloat16, and the rows' gradients come back as bfloat16: 26 deep ones, and the wide ones in one tensor
   (TensorFlow sends it once: every wide row's gradient is the logit's)."""
-  narrow = _count("fit", tmp_path / "bf16.json", subprocess_env, "--bf16_rows", "--per_feature_tables")
+  narrow = counts["fit+bf16+per_feature"]
   names = narrow["per_step_names"]
   sends = [name for name in names if name.startswith("_Send") and re.search(r"/(embedding|wide)_C\d+/", name)]
   assert len(sends) == 52 and all(name.endswith(" BFLOAT16") for name in sends), sends
@@ -118,3 +126,11 @@ def test_bf16_rows_move_per_feature_tables_rows_as_bfloat16_too(tmp_path, subpro
   assert len(gradients) >= 27, names
   assert not [name for name in names if name.startswith("_Recv") and "gradient_tape" in name
               and name.endswith(" FLOAT")], names
+
+
+def test_an_unknown_variant_option_is_refused_before_any_training(subprocess_env):
+  result = subprocess.run([sys.executable, "bench/transfers.py", "--variants=fit,fit+bf61"], cwd=REPO,
+                          env=subprocess_env, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines()[-1] == (
+      "--variants: 'fit+bf61' has the option 'bf61'; allowed: unroll<N>, packed, unpacked, bf16, per_feature")
