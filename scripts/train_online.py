@@ -7,7 +7,8 @@
 Every message is applied exactly once: each checkpoint holds the offsets after the examples it holds, a restarted
 chief reads on from them, and offsets are committed to --kafka_group only after the checkpoint that holds them.
 SIGTERM ends training after the steps in flight with a checkpoint. --stream=folder reads slices appearing in
---stream_folder instead. See docs/online.md.
+--stream_folder instead. --delta_export_secs=T writes a delta of the changed rows every T seconds to model_dir/deltas
+(docs/delta_export.md). See docs/online.md.
 """
 
 import dataclasses
@@ -29,6 +30,9 @@ _CHECKPOINT_STEPS = flags.DEFINE_integer("save_checkpoints_steps", 1000, "Steps 
 _LOG_STEPS = flags.DEFINE_integer("log_step_count_steps", 100, "Steps between progress lines.", lower_bound=1)
 _STEPS_PER_EXECUTION = flags.DEFINE_integer("steps_per_execution", 20, "Steps per scheduled function.",
                                             lower_bound=1)
+_DELTA_EXPORT_SECS = flags.DEFINE_float(
+    "delta_export_secs", None, "Seconds between delta exports of the changed rows to model_dir/deltas, each with the "
+    "stream position of its examples (default: none; docs/delta_export.md).", lower_bound=0)
 
 
 def main(argv):
@@ -38,7 +42,8 @@ def main(argv):
   if not fv.stream:
     raise tfps.UsageError("scripts/train_online.py trains on a stream: give --stream=kafka or --stream=folder")
   config = tfps.RunConfig(save_checkpoints_steps=_CHECKPOINT_STEPS.value, log_step_count_steps=_LOG_STEPS.value,
-                          steps_per_execution=_STEPS_PER_EXECUTION.value, **dataclasses.asdict(mode))
+                          steps_per_execution=_STEPS_PER_EXECUTION.value, delta_export_secs=_DELTA_EXPORT_SECS.value,
+                          **dataclasses.asdict(mode))
   cluster_config = tfps.config_from_flags()
 
   def train(cluster):

@@ -25,7 +25,8 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
 
   Args:
     estimator: the `tfps.Estimator`; its `RunConfig` gives `save_checkpoints_steps`, `log_step_count_steps`,
-      `steps_per_execution` and the training mode (async only).
+      `steps_per_execution`, the training mode (async only) and `delta_export_secs` (each delta's manifest holds the
+      stream position of the examples it ships: `tfps.training.delta_schedule`).
     make_batches: `fn(positions) -> tfps.data.stream.batches.StreamBatches`, the stream's batches starting at
       `positions` (the newest checkpoint's, or None: the stream's own start).
     max_steps: stop when the global step reaches it (None: never).
@@ -51,7 +52,8 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
       batches=batches, checkpoint_every_secs=checkpoint_every_secs, runner=model.runner, checkpoint_manager=manager,
       config=loop.LoopConfig(log_every_steps=config.log_step_count_steps,
                              checkpoint_every_steps=config.save_checkpoints_steps),
-      model_dir=estimator.model_dir, metrics=lambda: tables.table_metrics(model.model.variables.tables))
+      model_dir=estimator.model_dir, metrics=lambda: tables.table_metrics(model.model.variables.tables),
+      deltas=model.deltas)
   try:
     if stop is not None:
       step = stream_loop.run(max_steps, after_checkpoint, stop=stop)

@@ -71,6 +71,7 @@ class StreamLoop(loop_lib.TrainLoop):
     """Trains until `stop` is set (None: never) or the global step reaches `max_steps`; returns the final step."""
     self._stop = stop.is_set if stop is not None else (lambda: False)
     step = self.step
+    self._begin_deltas()
     self._records = run_records.RunRecorder(self._model_dir, start_step=step)
     self._examples, self._loss, self._last_metrics = 0, None, {}
     saved, saved_time, clock = step, time.monotonic(), (time.monotonic(), step)
@@ -85,10 +86,13 @@ class StreamLoop(loop_lib.TrainLoop):
       if due and step != saved:
         self._save_with_positions(step, after_checkpoint)
         saved, saved_time, clock = step, time.monotonic(), (time.monotonic(), step)
+      if self._wrote_delta_due():
+        clock = (time.monotonic(), step)  # writing a delta is not training time
     if self._stop():
       logging.info("Stopping at step %d: the steps in flight ended; saving and committing the stream position", step)
     if step != saved:
       self._save_with_positions(step, after_checkpoint)
+    self._finish_deltas()
     self._writer.flush()
     self._records.finish(step, {} if self._loss is None else {"loss": self._loss, **self._last_metrics},
                          examples=self._examples, tensorboard=self._model_dir)
@@ -144,6 +148,10 @@ class StreamLoop(loop_lib.TrainLoop):
     self._save(step, after_checkpoint)
     self._batches.source.commit(positions)
     stream_positions.prune_positions(self._model_dir, self._manager.checkpoints)
+
+  def stream_position(self):
+    """`(stream name, position after the last batch scheduled)`: all of them applied between chunks."""
+    return self._batches.source.name, self._fed_positions
 
   def stream_metrics(self) -> dict:
     """Lag and malformed records, for the progress lines: `lag_messages` (where the source counts them),

@@ -1,0 +1,195 @@
+"""Delta exports on the Estimator path (`RunConfig(delta_export_secs=...)`): a base plus its deltas answers as the
+full export at the same step, on files and on a stream, where each delta names the stream positions of its examples."""
+
+import errno
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+import online_stream
+import tfps
+from tfps.data.stream import batches as batches_lib
+from tfps.data.stream import folder as folder_lib
+from tfps.estimator import online
+from tfps.training import delta_schedule
+from tfps.training import deltas
+from tfps.training import touched_rows
+
+from test_deltas import chain
+from test_fit import NUM_IDS, VOCAB, examples  # a 50k x 8 table, sharded over both ps
+
+SERVING = {"ids": tf.TensorSpec([None, NUM_IDS], tf.int64), "dense_in": tf.TensorSpec([None, 1], tf.float32)}
+
+
+def model_fn(features, labels, mode):
+  embedded = tf_keras.layers.Embedding(VOCAB, 8, name="table")(features["ids"])
+  inputs = tf.concat([tf.reshape(embedded, [-1, NUM_IDS * 8]), features["dense_in"]], axis=1)
+  logits = tf_keras.layers.Dense(1)(tf_keras.layers.Dense(8, activation="relu")(inputs))[:, 0]
+  if mode == tfps.ModeKeys.PREDICT:
+    return tfps.EstimatorSpec(mode, predictions={"probability": tf.sigmoid(logits)})
+  loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+  return tfps.EstimatorSpec(mode, loss=loss, optimizer=tf_keras.optimizers.legacy.Adagrad(0.1))
+
+
+def input_fn(input_context):
+  features, labels = examples(2_000, seed=1 + input_context.input_pipeline_id)
+  return tf.data.Dataset.from_tensor_slices((features, labels)).shuffle(2_000).repeat().batch(32, drop_remainder=True)
+
+
+def served_variables(path):
+  return [variable.numpy() for variable in tf.saved_model.load(path).delta_variables]
+
+
+def assert_same_model(applied, full, features):
+  got, want = served_variables(applied), served_variables(full)
+  assert len(got) == len(want) == 5  # the table, two dense layers' kernels and biases
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+  serve = [tf.saved_model.load(path).signatures["serving_default"] for path in (applied, full)]
+  answers = [fn(**{name: tf.constant(value) for name, value in features.items()}) for fn in serve]
+  np.testing.assert_allclose(answers[0]["probability"].numpy(), answers[1]["probability"].numpy(), atol=1e-6)
+
+
+def test_base_plus_deltas_answers_as_the_full_export(cluster, tmp_path):
+  config = tfps.RunConfig(delta_export_secs=0, log_step_count_steps=5, save_checkpoints_steps=10,
+                          steps_per_execution=5)
+  estimator = tfps.Estimator(model_fn, model_dir=str(tmp_path / "run"), config=config, cluster=cluster)
+  estimator.train(input_fn, max_steps=15)
+  estimator.train(input_fn, steps=5)  # the same chain goes on: no second base
+  base, delta_paths = chain(str(tmp_path / "run" / "deltas"))
+  assert [os.path.basename(path) for path in [base] + delta_paths] == [
+      "base-000000", "delta-000001", "delta-000002", "delta-000003", "delta-000004"]
+  assert deltas.read_manifest(base)["step"] == 0 and deltas.read_manifest(base)["saved_model"] == "module"
+  manifests = [deltas.read_manifest(path) for path in delta_paths]
+  assert [m["step"] for m in manifests] == [5, 10, 15, 20]
+  table = manifests[0]["variables"][0]
+  assert table["shape"] == [VOCAB, 8] and table["shipped"] == "rows" and 0 < table["rows"] < VOCAB // 10
+  assert [v["shipped"] for v in manifests[0]["variables"][1:]] == ["whole"] * 4
+  full = estimator.export_saved_model(str(tmp_path / "full"), SERVING)
+  applied = tfps.delta.apply(base, delta_paths, str(tmp_path / "served"))
+  assert deltas.read_manifest(applied)["step"] == 20
+  assert np.abs(served_variables(base)[0] - served_variables(full)[0]).max() > 1e-3  # training moved rows
+  assert_same_model(applied, full, examples(100, seed=7)[0])
+
+
+def counting_model_fn(features, labels, mode):
+  """online_stream's counting model (each application of a message adds 1 to its row), which also predicts."""
+  del labels
+  rows = tf_keras.layers.Embedding(online_stream.MAX_MESSAGES, 1, embeddings_initializer="zeros",
+                                   name=online_stream.TABLE)(features["id"])
+  if mode == tfps.ModeKeys.PREDICT:
+    return tfps.EstimatorSpec(mode, predictions={"count": tf.reshape(rows, [-1])})
+  return tfps.EstimatorSpec(mode, loss=-tf.reduce_sum(rows), optimizer=tf_keras.optimizers.legacy.SGD(1.0))
+
+
+SLICE = 32  # lines per slice
+
+
+def stream_features():
+  """Ids 0-69 (64 of them in the stream) with the other feature the stream's base serves."""
+  return {"id": tf.range(70, dtype=tf.int64), "price": tf.ones([70])}
+
+
+def write_slices(folder, count):
+  for index in range(count):
+    name = os.path.join(folder, f"slice-{index:04d}.csv")
+    with open(name, "w", encoding="utf-8") as f:
+      f.write("".join(f"{i},{i % 2},1.5\n" for i in range(index * SLICE, (index + 1) * SLICE)))
+    open(name + ".done", "w", encoding="utf-8").close()
+
+
+def line_of(positions):
+  """The stream position `{"folder": [slice, lines read]}` as the number of lines read since the stream's start."""
+  name, line = positions[folder_lib.KEY]
+  return 0 if name is None else int(name[len("slice-"):-len(".csv")]) * SLICE + line
+
+
+def test_deltas_on_a_stream_name_the_positions_of_their_examples(cluster, tmp_path):
+  stream = tmp_path / "stream"
+  stream.mkdir()
+  write_slices(str(stream), 2)
+  config = tfps.RunConfig(delta_export_secs=0, steps_per_execution=2, log_step_count_steps=2,
+                          save_checkpoints_steps=100)
+  estimator = tfps.Estimator(counting_model_fn, model_dir=str(tmp_path / "run"), config=config, cluster=cluster,
+                             strategy_options={"min_shard_bytes": 0})  # the table sharded over both ps
+
+  def make(positions):
+    source = folder_lib.FolderSource(str(stream), pattern="slice-*.csv", positions=positions, poll_secs=0.05)
+    return batches_lib.StreamBatches(source, online_stream.SPEC, batch_size=8)
+
+  assert online.train_on_stream(estimator, make, max_steps=8) == 8
+  base, delta_paths = chain(str(tmp_path / "run" / "deltas"))
+  name = f"folder {stream}"
+  assert deltas.read_manifest(base)["stream"] == {"name": name, "to": {folder_lib.KEY: [None, 0]}}
+  spans = []
+  for path in delta_paths:
+    manifest = deltas.read_manifest(path)
+    assert manifest["stream"]["name"] == name and manifest["variables"][0]["shipped"] == "rows"
+    spans.append((line_of(manifest["stream"]["from"]), line_of(manifest["stream"]["to"])))
+    with np.load(os.path.join(path, deltas.TENSORS)) as tensors:  # the rows of exactly those examples, once each
+      assert sorted(tensors["0/ids"].tolist()) == list(range(*spans[-1]))
+      np.testing.assert_array_equal(tensors["0/rows"], np.ones((spans[-1][1] - spans[-1][0], 1)))
+  assert spans == [(0, 16), (16, 32), (32, 48), (48, 64)]  # 2 steps of 8 examples each
+  full = estimator.export_saved_model(str(tmp_path / "full"), {key: tf.TensorSpec.from_tensor(value)
+                                                                for key, value in stream_features().items()})
+  applied = tfps.delta.apply(base, delta_paths, str(tmp_path / "served"))
+  last = deltas.read_manifest(delta_paths[-1])["stream"]
+  assert deltas.read_manifest(applied)["stream"] == {"name": name, "to": last["to"]}  # what the served model holds
+  for path in (applied, full):
+    counts = tf.saved_model.load(path).signatures["serving_default"](**stream_features())["count"].numpy()
+    np.testing.assert_array_equal(counts, (np.arange(70) < 64).astype(np.float32))
+
+
+def test_a_failed_delta_on_a_stream_leaves_its_examples_to_the_next(tmp_path, monkeypatch):
+  """A full disk while writing a delta: the next delta ships its rows and starts its stream span where the last
+  written delta ended."""
+  table = tf.Variable(tf.zeros([10, 2]))
+  touched = touched_rows.TouchedRows(tf.distribute.get_strategy())
+  writer = deltas.DeltaWriter(str(tmp_path), [table], touched)
+  step = [0]
+  schedule = delta_schedule.DeltaSchedule(writer, 0, lambda: step[0], os.makedirs)
+  schedule.begin(stream=("s", {"p": 0}))
+
+  def train(rows, position):
+    touched.mark(table, tf.constant(rows))
+    step[0] += 1
+    return schedule.maybe_write(("s", {"p": position}))
+
+  assert train([1], 4)
+
+  def full_disk(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(deltas.np, "savez", full_disk)
+  assert train([2], 6) is None
+  monkeypatch.undo()
+  manifest = deltas.read_manifest(train([3], 9))
+  assert (manifest["version"], manifest["stream"]) == (2, {"name": "s", "from": {"p": 4}, "to": {"p": 9}})
+  with np.load(os.path.join(str(tmp_path), "delta-000002", deltas.TENSORS)) as tensors:
+    assert tensors["0/ids"].tolist() == [2, 3]
+  assert schedule.maybe_write(("s", {"p": 9})) is None  # nothing trained since
+
+
+def test_run_config_refuses_a_negative_interval():
+  with pytest.raises(tfps.UsageError, match=r"^`delta_export_secs` \(-1\) must be a non-negative number of seconds$"):
+    tfps.RunConfig(delta_export_secs=-1)
+
+
+def test_features_that_are_not_a_dict_are_refused_in_one_line(cluster, tmp_path):
+  def bare_model_fn(features, labels, mode):
+    logits = tf_keras.layers.Dense(1)(features)[:, 0]
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+    return tfps.EstimatorSpec(mode, loss=loss, optimizer=tf_keras.optimizers.legacy.SGD(0.1))
+
+  def bare_input_fn():
+    return tf.data.Dataset.from_tensors((tf.zeros([4, 3]), tf.zeros([4]))).repeat()
+
+  estimator = tfps.Estimator(bare_model_fn, model_dir=str(tmp_path), cluster=cluster,
+                             config=tfps.RunConfig(delta_export_secs=5))
+  with pytest.raises(tfps.UsageError, match=r"^`delta_export_secs` \(5\) serves the training input's features, which "
+                     r"must be a dict of name -> dense tensor; the input gives a TensorSpec$"):
+    estimator.train(bare_input_fn, max_steps=1)
+  assert not os.path.exists(tmp_path / "deltas") and estimator.latest_checkpoint() is None
