@@ -75,6 +75,18 @@ def test_base_plus_deltas_answers_as_the_full_export(cluster, tmp_path):
   assert_same_model(applied, full, examples(100, seed=7)[0])
 
 
+@pytest.mark.slow  # a run of its own per mode
+@pytest.mark.parametrize("mode", [{"sync_mode": "sync"}, {"sync_mode": "geo", "geo_steps": 5}], ids=["sync", "geo"])
+def test_sync_and_geo_deltas_equal_the_full_export(cluster, tmp_path, mode):
+  config = tfps.RunConfig(delta_export_secs=0, log_step_count_steps=5, save_checkpoints_steps=10, **mode)
+  estimator = tfps.Estimator(model_fn, model_dir=str(tmp_path / "run"), config=config, cluster=cluster)
+  estimator.train(input_fn, max_steps=10)
+  base, delta_paths = chain(str(tmp_path / "run" / "deltas"))
+  assert [deltas.read_manifest(path)["step"] for path in delta_paths] == [5, 10]
+  full = estimator.export_saved_model(str(tmp_path / "full"), SERVING)
+  assert_same_model(tfps.delta.apply(base, delta_paths, str(tmp_path / "served")), full, examples(100, seed=7)[0])
+
+
 def counting_model_fn(features, labels, mode):
   """online_stream's counting model (each application of a message adds 1 to its row), which also predicts."""
   del labels
@@ -90,7 +102,7 @@ SLICE = 32  # lines per slice
 
 def stream_features():
   """Ids 0-69 (64 of them in the stream) with the other feature the stream's base serves."""
-  return {"id": tf.range(70, dtype=tf.int64), "price": tf.ones([70])}
+  return {"id": tf.range(70, dtype=tf.int64), "dense": tf.ones([70, 1])}
 
 
 def write_slices(folder, count):

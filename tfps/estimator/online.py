@@ -25,8 +25,7 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
 
   Args:
     estimator: the `tfps.Estimator`; its `RunConfig` gives `save_checkpoints_steps`, `log_step_count_steps`,
-      `steps_per_execution`, the training mode (async only) and `delta_export_secs` (each delta's manifest holds the
-      stream position of the examples it ships: `tfps.training.delta_schedule`).
+      `steps_per_execution`, the mode (async only), `delta_export_secs` (deltas name their examples' positions).
     make_batches: `fn(positions) -> tfps.data.stream.batches.StreamBatches`, the stream's batches starting at
       `positions` (the newest checkpoint's, or None: the stream's own start).
     max_steps: stop when the global step reaches it (None: never).
