@@ -3,6 +3,8 @@ full export at the same step, on files and on a stream, where each delta names t
 
 import errno
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -119,13 +121,16 @@ def line_of(positions):
   return 0 if name is None else int(name[len("slice-"):-len(".csv")]) * SLICE + line
 
 
-def test_deltas_on_a_stream_name_the_positions_of_their_examples(cluster, tmp_path):
-  stream = tmp_path / "stream"
+@pytest.fixture(scope="module")
+def stream_run(cluster, tmp_path_factory):
+  """The counting model trained on a folder stream of 64 messages (2 slices), a delta after every 2 steps of 8."""
+  root = tmp_path_factory.mktemp("stream_deltas")
+  stream = root / "stream"
   stream.mkdir()
   write_slices(str(stream), 2)
   config = tfps.RunConfig(delta_export_secs=0, steps_per_execution=2, log_step_count_steps=2,
                           save_checkpoints_steps=100)
-  estimator = tfps.Estimator(counting_model_fn, model_dir=str(tmp_path / "run"), config=config, cluster=cluster,
+  estimator = tfps.Estimator(counting_model_fn, model_dir=str(root / "run"), config=config, cluster=cluster,
                              strategy_options={"min_shard_bytes": 0})  # the table sharded over both ps
 
   def make(positions):
@@ -133,8 +138,18 @@ def test_deltas_on_a_stream_name_the_positions_of_their_examples(cluster, tmp_pa
     return batches_lib.StreamBatches(source, online_stream.SPEC, batch_size=8)
 
   assert online.train_on_stream(estimator, make, max_steps=8) == 8
-  base, delta_paths = chain(str(tmp_path / "run" / "deltas"))
-  name = f"folder {stream}"
+  full = estimator.export_saved_model(str(root / "full"), {key: tf.TensorSpec.from_tensor(value)
+                                                           for key, value in stream_features().items()})
+  return str(root / "run" / "deltas"), full, f"folder {stream}"
+
+
+def served_counts(path):
+  return tf.saved_model.load(path).signatures["serving_default"](**stream_features())["count"].numpy()
+
+
+def test_deltas_on_a_stream_name_the_positions_of_their_examples(stream_run, tmp_path):
+  folder, full, name = stream_run
+  base, delta_paths = chain(folder)
   assert deltas.read_manifest(base)["stream"] == {"name": name, "to": {}}  # the stream's start
   spans = []
   for path in delta_paths:
@@ -145,14 +160,22 @@ def test_deltas_on_a_stream_name_the_positions_of_their_examples(cluster, tmp_pa
       assert sorted(tensors["0/ids"].tolist()) == list(range(*spans[-1]))
       np.testing.assert_array_equal(tensors["0/rows"], np.ones((spans[-1][1] - spans[-1][0], 1)))
   assert spans == [(0, 16), (16, 32), (32, 48), (48, 64)]  # 2 steps of 8 examples each
-  full = estimator.export_saved_model(str(tmp_path / "full"), {key: tf.TensorSpec.from_tensor(value)
-                                                                for key, value in stream_features().items()})
   applied = tfps.delta.apply(base, delta_paths, str(tmp_path / "served"))
   last = deltas.read_manifest(delta_paths[-1])["stream"]
   assert deltas.read_manifest(applied)["stream"] == {"name": name, "to": last["to"]}  # what the served model holds
   for path in (applied, full):
-    counts = tf.saved_model.load(path).signatures["serving_default"](**stream_features())["count"].numpy()
-    np.testing.assert_array_equal(counts, (np.arange(70) < 64).astype(np.float32))
+    np.testing.assert_array_equal(served_counts(path), (np.arange(70) < 64).astype(np.float32))
+
+
+@pytest.mark.slow  # a process importing TensorFlow
+def test_command_line_applies_an_estimator_chain(stream_run, tmp_path):
+  base, delta_paths = chain(stream_run[0])
+  command = [sys.executable, "-m", "tfps.cli.delta", "apply", base, *delta_paths[:2], f"--out={tmp_path}/served"]
+  done = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+                        timeout=120, check=False)
+  assert done.returncode == 0, done.stderr
+  assert deltas.read_manifest(f"{tmp_path}/served")["step"] == 4
+  np.testing.assert_array_equal(served_counts(f"{tmp_path}/served"), (np.arange(70) < 32).astype(np.float32))
 
 
 def test_a_failed_delta_on_a_stream_leaves_its_examples_to_the_next(tmp_path, monkeypatch):
@@ -204,4 +227,19 @@ def test_features_that_are_not_a_dict_are_refused_in_one_line(cluster, tmp_path)
   with pytest.raises(tfps.UsageError, match=r"^`delta_export_secs` \(5\) serves the training input's features, which "
                      r"must be a dict of name -> dense tensor; the input gives a TensorSpec$"):
     estimator.train(bare_input_fn, max_steps=1)
+  assert not os.path.exists(tmp_path / "deltas") and estimator.latest_checkpoint() is None
+
+
+def test_table_layers_are_refused_in_one_line_before_a_step(cluster, tmp_path):
+  def dynamic_model_fn(features, labels, mode):
+    rows = tfps.layers.DynamicEmbedding(64, 2, name="ids_table")(features["ids"], training=mode == tfps.ModeKeys.TRAIN)
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=tf.reduce_sum(rows, [1, 2])))
+    return tfps.EstimatorSpec(mode, loss=loss, optimizer=tf_keras.optimizers.legacy.SGD(0.1))
+
+  estimator = tfps.Estimator(dynamic_model_fn, model_dir=str(tmp_path), cluster=cluster,
+                             config=tfps.RunConfig(delta_export_secs=0))
+  with pytest.raises(tfps.UsageError, match=r"^`delta_export_secs` \(0\) cannot export table layers yet \(ids_table\): "
+                     r"their id maps are not in the deltas; export whole SavedModels \(Estimator.export_saved_model\) "
+                     r"for them$"):
+    estimator.train(input_fn, max_steps=1)
   assert not os.path.exists(tmp_path / "deltas") and estimator.latest_checkpoint() is None
