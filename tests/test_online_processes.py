@@ -2,7 +2,7 @@
 SIGKILLed while messages flow, then the chief, then the ps (for each of the two the launcher restarts ps, workers and
 chief, which resumes from its newest checkpoint and that checkpoint's offsets), then SIGTERM: every message is
 applied exactly once, counted per message in the final checkpoint (tests/online_stream.py), and the group's offsets
-are the topic's end. And the online script on a folder stream."""
+are the topic's end. And the online script on a folder stream, writing deltas."""
 
 import json
 import pathlib
@@ -19,6 +19,7 @@ import pytest
 
 import marked_processes
 import online_stream
+from tfps.training import deltas
 from tfps.training import stream_positions
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -113,7 +114,8 @@ def test_each_message_applied_once_across_worker_chief_and_ps_kills(tmp_path, su
 
 def test_the_online_script_trains_a_bundled_model_on_a_folder_stream(tmp_path, subprocess_env):
   """scripts/train_online.py --stream=folder under tfps-launch: Wide&Deep on two slices (the second starting with a
-  malformed line), to --max_steps; the last checkpoint's position is the end of the second slice."""
+  malformed line), to --max_steps; the last checkpoint's position is the end of the second slice, and so is the
+  position of the last delta (--delta_export_secs)."""
   slices, model_dir, out = tmp_path / "slices", tmp_path / "run", tmp_path / "out.txt"
   slices.mkdir()
   spec = tmp_path / "clicks.spec.json"
@@ -126,7 +128,7 @@ def test_the_online_script_trains_a_bundled_model_on_a_folder_stream(tmp_path, s
              f"--log_dir={tmp_path / 'logs'}", "scripts/train_online.py", "--", "--stream=folder",
              f"--stream_folder={slices}", "--data=csv", f"--feature_spec={spec}", "--batch_size=16", "--max_steps=8",
              "--steps_per_execution=2", "--save_checkpoints_steps=4", "--log_step_count_steps=2",
-             "--deep_layers=8", "--embedding_dim=4", f"--model_dir={model_dir}"]
+             "--deep_layers=8", "--embedding_dim=4", f"--model_dir={model_dir}", "--delta_export_secs=0"]
   with open(out, "w", encoding="utf-8") as output:
     code = subprocess.run(command, cwd=REPO, env=subprocess_env, stdout=output, stderr=subprocess.STDOUT,
                           stdin=subprocess.DEVNULL, timeout=480, check=False).returncode
@@ -135,3 +137,7 @@ def test_the_online_script_trains_a_bundled_model_on_a_folder_stream(tmp_path, s
   assert "malformed_records 1" in (model_dir / "loss.log").read_text()
   latest = str(model_dir / "checkpoints" / "ckpt-8")
   assert stream_positions.read_positions(str(model_dir), latest) == {"folder": ["clicks-1.csv", 65]}
+  exports = sorted((model_dir / "deltas").iterdir())  # --delta_export_secs=0: a delta after every 2 steps
+  assert [path.name for path in exports] == ["base-000000"] + [f"delta-{v:06d}" for v in range(1, 5)]
+  last = deltas.read_manifest(str(exports[-1]))
+  assert last["step"] == 8 and last["stream"]["to"] == {"folder": ["clicks-1.csv", 65]}
