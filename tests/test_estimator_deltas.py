@@ -3,8 +3,6 @@ full export at the same step, on files and on a stream, where each delta names t
 
 import errno
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -75,18 +73,6 @@ def test_base_plus_deltas_answers_as_the_full_export(cluster, tmp_path):
   assert deltas.read_manifest(applied)["step"] == 20
   assert np.abs(served_variables(base)[0] - served_variables(full)[0]).max() > 1e-3  # training moved rows
   assert_same_model(applied, full, examples(100, seed=7)[0])
-
-
-@pytest.mark.slow  # a run of its own per mode
-@pytest.mark.parametrize("mode", [{"sync_mode": "sync"}, {"sync_mode": "geo", "geo_steps": 5}], ids=["sync", "geo"])
-def test_sync_and_geo_deltas_equal_the_full_export(cluster, tmp_path, mode):
-  config = tfps.RunConfig(delta_export_secs=0, log_step_count_steps=5, save_checkpoints_steps=10, **mode)
-  estimator = tfps.Estimator(model_fn, model_dir=str(tmp_path / "run"), config=config, cluster=cluster)
-  estimator.train(input_fn, max_steps=10)
-  base, delta_paths = chain(str(tmp_path / "run" / "deltas"))
-  assert [deltas.read_manifest(path)["step"] for path in delta_paths] == [5, 10]
-  full = estimator.export_saved_model(str(tmp_path / "full"), SERVING)
-  assert_same_model(tfps.delta.apply(base, delta_paths, str(tmp_path / "served")), full, examples(100, seed=7)[0])
 
 
 def counting_model_fn(features, labels, mode):
@@ -167,13 +153,11 @@ def test_deltas_on_a_stream_name_the_positions_of_their_examples(stream_run, tmp
     np.testing.assert_array_equal(served_counts(path), (np.arange(70) < 64).astype(np.float32))
 
 
-@pytest.mark.slow  # a process importing TensorFlow
-def test_command_line_applies_an_estimator_chain(stream_run, tmp_path):
+def test_command_line_applies_an_estimator_chain(stream_run, tmp_path, capsys):
+  from tfps.cli import delta as delta_cli  # pylint: disable=g-import-not-at-top
   base, delta_paths = chain(stream_run[0])
-  command = [sys.executable, "-m", "tfps.cli.delta", "apply", base, *delta_paths[:2], f"--out={tmp_path}/served"]
-  done = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-                        timeout=120, check=False)
-  assert done.returncode == 0, done.stderr
+  assert delta_cli.main(["tfps-delta", "apply", base, *delta_paths[:2], f"--out={tmp_path}/served"]) == 0
+  assert capsys.readouterr().out == f"{tmp_path}/served\n"
   assert deltas.read_manifest(f"{tmp_path}/served")["step"] == 4
   np.testing.assert_array_equal(served_counts(f"{tmp_path}/served"), (np.arange(70) < 32).astype(np.float32))
 
@@ -243,3 +227,20 @@ def test_table_layers_are_refused_in_one_line_before_a_step(cluster, tmp_path):
                      r"for them$"):
     estimator.train(input_fn, max_steps=1)
   assert not os.path.exists(tmp_path / "deltas") and estimator.latest_checkpoint() is None
+
+
+def test_a_model_fn_whose_predict_mode_makes_other_variables_is_refused_in_one_line(cluster, tmp_path):
+  def train_only_model_fn(features, labels, mode):
+    spec = model_fn(features, labels, mode)
+    if mode != tfps.ModeKeys.TRAIN:
+      return spec
+    scale = tf.compat.v1.get_variable("scale", [1], initializer=tf.compat.v1.ones_initializer())
+    return tfps.EstimatorSpec(mode, loss=spec.loss * scale[0], optimizer=spec.optimizer)
+
+  estimator = tfps.Estimator(train_only_model_fn, model_dir=str(tmp_path), cluster=cluster,
+                             config=tfps.RunConfig(delta_export_secs=0))
+  with pytest.raises(tfps.UsageError, match=r"^delta exports need model_fn to create the same variables in PREDICT "
+                     r"mode as in TRAIN mode; PREDICT made 5 \(\[50000, 8\], \[49, 8\], \[8\], \[8, 1\], \[1\]\), "
+                     r"TRAIN 6 \(.*, \[1\]\)$"):
+    estimator.train(input_fn, max_steps=1)
+  assert os.listdir(tmp_path / "deltas") == [] and estimator.latest_checkpoint() is None
