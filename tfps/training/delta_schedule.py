@@ -73,7 +73,7 @@ class DeltaSchedule:
   def write(self, stream: Stream = None) -> Optional[str]:
     """A delta of what changed since the last export, at the current step (no step may be in flight); returns its
     path, or None where it could not be written (logged; the next delta carries its rows)."""
-    step = self._step()
+    step, started = self._step(), time.monotonic()
     extra = None
     if stream is not None:
       start = self._position if self._position is not None else stream[1]
@@ -84,7 +84,7 @@ class DeltaSchedule:
       logging.warning("Could not write a delta at step %d (%s); the last delta stays valid and the next one carries "
                       "its rows", step, e)
       return None
-    logging.info("Wrote delta %s at step %d", path, step)
+    logging.info("Wrote delta %s at step %d in %.3f s", path, step, time.monotonic() - started)
     self._wrote(step, stream)
     return path
 
