@@ -197,6 +197,16 @@ def test_run_config_refuses_a_negative_interval():
     tfps.RunConfig(delta_export_secs=-1)
 
 
+def assert_refused(cluster, model_dir, a_model_fn, an_input_fn, secs, message):
+  """Training `a_model_fn` with `delta_export_secs=secs` raises a one-line `UsageError` matching `message`, before a
+  step: no export, no checkpoint."""
+  estimator = tfps.Estimator(a_model_fn, model_dir=str(model_dir), cluster=cluster,
+                             config=tfps.RunConfig(delta_export_secs=secs))
+  with pytest.raises(tfps.UsageError, match=message):
+    estimator.train(an_input_fn, max_steps=1)
+  assert deltas.versions_in(str(model_dir / "deltas")) == {} and estimator.latest_checkpoint() is None
+
+
 def test_features_that_are_not_a_dict_are_refused_in_one_line(cluster, tmp_path):
   def bare_model_fn(features, labels, mode):
     logits = tf_keras.layers.Dense(1)(features)[:, 0]
@@ -206,12 +216,9 @@ def test_features_that_are_not_a_dict_are_refused_in_one_line(cluster, tmp_path)
   def bare_input_fn():
     return tf.data.Dataset.from_tensors((tf.zeros([4, 3]), tf.zeros([4]))).repeat()
 
-  estimator = tfps.Estimator(bare_model_fn, model_dir=str(tmp_path), cluster=cluster,
-                             config=tfps.RunConfig(delta_export_secs=5))
-  with pytest.raises(tfps.UsageError, match=r"^`delta_export_secs` \(5\) serves the training input's features, which "
-                     r"must be a dict of name -> dense tensor; the input gives a TensorSpec$"):
-    estimator.train(bare_input_fn, max_steps=1)
-  assert not os.path.exists(tmp_path / "deltas") and estimator.latest_checkpoint() is None
+  assert_refused(cluster, tmp_path, bare_model_fn, bare_input_fn, 5,
+                 r"^`delta_export_secs` \(5\) serves the training input's features, which must be a dict of name -> "
+                 r"dense tensor; the input gives a TensorSpec$")
 
 
 def test_table_layers_are_refused_in_one_line_before_a_step(cluster, tmp_path):
@@ -220,13 +227,9 @@ def test_table_layers_are_refused_in_one_line_before_a_step(cluster, tmp_path):
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=tf.reduce_sum(rows, [1, 2])))
     return tfps.EstimatorSpec(mode, loss=loss, optimizer=tf_keras.optimizers.legacy.SGD(0.1))
 
-  estimator = tfps.Estimator(dynamic_model_fn, model_dir=str(tmp_path), cluster=cluster,
-                             config=tfps.RunConfig(delta_export_secs=0))
-  with pytest.raises(tfps.UsageError, match=r"^`delta_export_secs` \(0\) cannot export table layers yet \(ids_table\): "
-                     r"their id maps are not in the deltas; export whole SavedModels \(Estimator.export_saved_model\) "
-                     r"for them$"):
-    estimator.train(input_fn, max_steps=1)
-  assert not os.path.exists(tmp_path / "deltas") and estimator.latest_checkpoint() is None
+  assert_refused(cluster, tmp_path, dynamic_model_fn, input_fn, 0,
+                 r"^`delta_export_secs` \(0\) cannot export table layers yet \(ids_table\): their id maps are not in "
+                 r"the deltas; export whole SavedModels \(Estimator.export_saved_model\) for them$")
 
 
 def test_a_model_fn_whose_predict_mode_makes_other_variables_is_refused_in_one_line(cluster, tmp_path):
@@ -237,10 +240,6 @@ def test_a_model_fn_whose_predict_mode_makes_other_variables_is_refused_in_one_l
     scale = tf.compat.v1.get_variable("scale", [1], initializer=tf.compat.v1.ones_initializer())
     return tfps.EstimatorSpec(mode, loss=spec.loss * scale[0], optimizer=spec.optimizer)
 
-  estimator = tfps.Estimator(train_only_model_fn, model_dir=str(tmp_path), cluster=cluster,
-                             config=tfps.RunConfig(delta_export_secs=0))
-  with pytest.raises(tfps.UsageError, match=r"^delta exports need model_fn to create the same variables in PREDICT "
-                     r"mode as in TRAIN mode; PREDICT made 5 \(\[50000, 8\], \[49, 8\], \[8\], \[8, 1\], \[1\]\), "
-                     r"TRAIN 6 \(.*, \[1\]\)$"):
-    estimator.train(input_fn, max_steps=1)
-  assert os.listdir(tmp_path / "deltas") == [] and estimator.latest_checkpoint() is None
+  assert_refused(cluster, tmp_path, train_only_model_fn, input_fn, 0,
+                 r"^delta exports need model_fn to create the same variables in PREDICT mode as in TRAIN mode; PREDICT "
+                 r"made 5 \(\[50000, 8\], \[49, 8\], \[8\], \[8, 1\], \[1\]\), TRAIN 6 \(.*, \[1\]\)$")
