@@ -10,7 +10,8 @@ SIGTERM ends training after the steps in flight with a checkpoint. --stream=fold
 --stream_folder instead. With --stream_holdout_every=K about one message in K is held out, and
 --stream_eval_every_steps/secs evaluate the newest checkpoint on the newest of them; the same script run as the
 evaluator task (tfps-launch --evaluator) is the sidecar: it evaluates every checkpoint on the held-out window current
-at it. See docs/online.md.
+at it. --delta_export_secs=T writes a delta of the changed rows every T seconds to model_dir/deltas
+(docs/delta_export.md). See docs/online.md.
 """
 
 import dataclasses
@@ -32,6 +33,9 @@ _CHECKPOINT_STEPS = flags.DEFINE_integer("save_checkpoints_steps", 1000, "Steps 
 _LOG_STEPS = flags.DEFINE_integer("log_step_count_steps", 100, "Steps between progress lines.", lower_bound=1)
 _STEPS_PER_EXECUTION = flags.DEFINE_integer("steps_per_execution", 20, "Steps per scheduled function.",
                                             lower_bound=1)
+_DELTA_EXPORT_SECS = flags.DEFINE_float(
+    "delta_export_secs", None, "Seconds between delta exports of the changed rows to model_dir/deltas, each with the "
+    "stream position of its examples (default: none; docs/delta_export.md).", lower_bound=0)
 
 
 def main(argv):
@@ -41,7 +45,8 @@ def main(argv):
   if not fv.stream:
     raise tfps.UsageError("scripts/train_online.py trains on a stream: give --stream=kafka or --stream=folder")
   config = tfps.RunConfig(save_checkpoints_steps=_CHECKPOINT_STEPS.value, log_step_count_steps=_LOG_STEPS.value,
-                          steps_per_execution=_STEPS_PER_EXECUTION.value, **dataclasses.asdict(mode))
+                          steps_per_execution=_STEPS_PER_EXECUTION.value, delta_export_secs=_DELTA_EXPORT_SECS.value,
+                          **dataclasses.asdict(mode))
   cluster_config = tfps.config_from_flags()
 
   def estimator_on(cluster):

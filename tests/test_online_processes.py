@@ -2,7 +2,7 @@
 SIGKILLed while messages flow, then the chief, then the ps (for each of the two the launcher restarts ps, workers and
 chief, which resumes from its newest checkpoint and that checkpoint's offsets), then SIGTERM: every message is
 applied exactly once, counted per message in the final checkpoint (tests/online_stream.py), and the group's offsets
-are the topic's end. And the online script on a folder stream."""
+are the topic's end. And the online script on a folder stream, writing deltas."""
 
 import json
 import pathlib
@@ -22,6 +22,7 @@ import online_stream
 from tfps.data.stream import folder
 from tfps.data.stream import holdout
 from tfps.data.stream.sources import Record
+from tfps.training import deltas
 from tfps.training import stream_positions
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -125,7 +126,8 @@ def test_the_online_script_trains_a_bundled_model_on_a_folder_stream(tmp_path, s
   """scripts/train_online.py --stream=folder under tfps-launch with its sidecar: Wide&Deep on two slices (the second
   starting with a malformed line) with one message in about 8 held out, to the step that trains the last one (a
   partial batch); the last checkpoint's position is the end of the second slice, the chief evaluated the window at
-  step 4 and the sidecar every checkpoint, and the launcher's summary gives the stream."""
+  step 4 and the sidecar every checkpoint, the launcher's summary gives the stream, and the last delta
+  (--delta_export_secs) is at the last step and position."""
   slices, model_dir, out = tmp_path / "slices", tmp_path / "run", tmp_path / "out.txt"
   slices.mkdir()
   spec = tmp_path / "clicks.spec.json"
@@ -141,7 +143,8 @@ def test_the_online_script_trains_a_bundled_model_on_a_folder_stream(tmp_path, s
              f"--stream_folder={slices}", "--data=csv", f"--feature_spec={spec}", "--batch_size=16",
              f"--max_steps={steps}", "--steps_per_execution=2", "--save_checkpoints_steps=4",
              "--log_step_count_steps=2", "--stream_holdout_every=8", "--stream_eval_every_steps=4",
-             "--stream_idle_flush_secs=1", "--deep_layers=8", "--embedding_dim=4", f"--model_dir={model_dir}"]
+             "--stream_idle_flush_secs=1", "--deep_layers=8", "--embedding_dim=4", f"--model_dir={model_dir}",
+             "--delta_export_secs=0"]
   with open(out, "w", encoding="utf-8") as output:
     code = subprocess.run(command, cwd=REPO, env=subprocess_env, stdout=output, stderr=subprocess.STDOUT,
                           stdin=subprocess.DEVNULL, timeout=480, check=False).returncode
@@ -154,3 +157,8 @@ def test_the_online_script_trains_a_bundled_model_on_a_folder_stream(tmp_path, s
   assert "newest held-out windows: step 4: auc " in text
   sidecar = [json.loads(line) for line in (model_dir / "eval" / "metrics.jsonl").read_text().splitlines()]
   assert sidecar[-1]["step"] == steps and sidecar[-1]["metrics"]["examples"] == _held_out_lines(written)
+  exports = sorted((model_dir / "deltas").iterdir())  # --delta_export_secs=0: a delta at every step log line
+  assert exports[0].name == "base-000000"
+  assert [path.name for path in exports[1:]] == [f"delta-{v:06d}" for v in range(1, len(exports))]
+  last = deltas.read_manifest(str(exports[-1]))
+  assert last["step"] == steps and last["stream"]["to"] == {"folder": ["clicks-1.csv", 65]}

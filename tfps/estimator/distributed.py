@@ -10,10 +10,12 @@ from tfps.training import dataset_fns
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import options as options_lib
 from tfps.training import chief as chief_lib
+from tfps.training import delta_schedule
 from tfps.training import loop
 from tfps.training import steps as steps_lib
 from tfps.training import tables
 from tfps.estimator import calls
+from tfps.estimator import deltas as estimator_deltas
 from tfps.estimator.evaluation import ShardedEvaluation
 from tfps.estimator.model import ModelFnModel
 from tfps.estimator.spec import ModeKeys, RunConfig
@@ -37,6 +39,12 @@ class DistributedModel:
     self._checkpoints: Optional[checkpoints_lib.CheckpointWriter] = None
     self._evaluations: Dict[tuple, ShardedEvaluation] = {}
     self.runner: Optional[steps_lib.Runner] = None
+    self.deltas: Optional[delta_schedule.DeltaSchedule] = None  # with `RunConfig.delta_export_secs`
+
+  @property
+  def config(self) -> RunConfig:
+    """The RunConfig."""
+    return self._config
 
   def _per_worker_iterator(self, input_fn: Callable):
     def dataset_fn(input_context):
@@ -50,10 +58,16 @@ class DistributedModel:
     if self._config.tf_random_seed is not None:
       tf.random.set_seed(self._config.tf_random_seed)
 
+    element = []  # a training batch's spec (traced once per replica)
+
+    def first_step(batch):
+      element.append(tf.nest.map_structure(tf.type_spec_from_value, batch))
+      return self.model.train_step(batch)
+
     @tf.function(autograph=False)
     def no_step(iterator):
       def body(index):
-        loss, _ = self.strategy.run(self.model.train_step, args=(next(iterator),))
+        loss, _ = self.strategy.run(first_step, args=(next(iterator),))
         with tf.control_dependencies([loss]):
           return index + 1
       return tf.while_loop(lambda index: index < 0, body, [tf.constant(0)])
@@ -64,6 +78,7 @@ class DistributedModel:
       return self.model.optimizer, self.model.variables.tables
 
     self.chief.create_variables(create)
+    self.deltas = estimator_deltas.schedule_for(self, element[0])  # before a step is traced: its rows are marked
     self._checkpoints = checkpoints_lib.CheckpointWriter(self._config.model_dir, self.global_step,
                                                          self._config.keep_checkpoint_max,
                                                          **self.model.checkpoint_objects())
@@ -104,7 +119,8 @@ class DistributedModel:
                                   checkpoint_every_steps=self._config.save_checkpoints_steps)
     train_loop = loop.TrainLoop(runner=self.runner, iterator=iterator, checkpoint_manager=self._checkpoints,
                                 config=loop_config, model_dir=self._config.model_dir,
-                                metrics=lambda: tables.table_metrics(self.model.variables.tables))
+                                metrics=lambda: tables.table_metrics(self.model.variables.tables),
+                                deltas=self.deltas)
     final_step = train_loop.run(max_steps, after_checkpoint)
     if max_steps is None or final_step >= max_steps:
       self._checkpoints.finish()

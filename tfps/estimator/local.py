@@ -12,6 +12,7 @@ from typing import Callable, Dict, Iterator, Optional
 import tensorflow as tf
 
 from tfps.training import checkpoints as checkpoints_lib
+from tfps.training import deltas
 from tfps.estimator import calls
 from tfps.estimator.evaluation import ShardedEvaluation
 from tfps.estimator.model import ModelFnModel
@@ -94,6 +95,19 @@ class LocalModel:
     if not isinstance(specs, dict) or not all(isinstance(s, tf.TensorSpec) for s in specs.values()):
       raise TypeError("serving_input_receiver_fn must be (or return) a dict of feature name -> tf.TensorSpec, got "
                       f"{specs!r:.100}")
+    export_dir = os.path.join(export_dir_base, str(int(time.time())))
+    while os.path.exists(export_dir):
+      export_dir = os.path.join(export_dir_base, str(int(export_dir.rsplit(os.sep, 1)[-1]) + 1))
+    self.save_serving(export_dir, specs, lambda: self.restore(checkpoint_path))
+    return export_dir
+
+  def save_serving(self, folder: str, specs: Dict[str, tf.TensorSpec], load: Callable[[], object]) -> None:
+    """Writes to `folder` a SavedModel of the PREDICT graph on the features `specs` (name -> `tf.TensorSpec`) with
+    the values `load()` puts into the variables once they are created.
+
+    Its `serving_default` signature takes the features by name and returns the `predictions` dict (a bare tensor as
+    `output`); `delta_variables` lists the model variables in creation order (what delta exports ship,
+    `tfps.training.deltas.MODULE_VARIABLES`)."""
     names = sorted(specs)
     signature = [tf.TensorSpec(specs[name].shape, specs[name].dtype, name=name) for name in names]
 
@@ -104,11 +118,8 @@ class LocalModel:
     self.build(dict(zip(names, signature)), ModeKeys.PREDICT)
     module = tf.Module()
     module.model_variables = self.model.variables
+    setattr(module, deltas.MODULE_VARIABLES, list(self.model.variables.model_variables()))
     module.serve = tf.function(serve, input_signature=signature, autograph=False)
     concrete = module.serve.get_concrete_function()
-    self.restore(checkpoint_path)
-    export_dir = os.path.join(export_dir_base, str(int(time.time())))
-    while os.path.exists(export_dir):
-      export_dir = os.path.join(export_dir_base, str(int(export_dir.rsplit(os.sep, 1)[-1]) + 1))
-    tf.saved_model.save(module, export_dir, signatures={"serving_default": concrete})
-    return export_dir
+    load()
+    tf.saved_model.save(module, folder, signatures={"serving_default": concrete})

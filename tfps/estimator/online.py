@@ -28,7 +28,7 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
 
   Args:
     estimator: the `tfps.Estimator`; its `RunConfig` gives `save_checkpoints_steps`, `log_step_count_steps`,
-      `steps_per_execution` and the training mode (async only).
+      `steps_per_execution`, the mode (async only), `delta_export_secs` (deltas name their examples' positions).
     make_batches: `fn(positions) -> tfps.data.stream.batches.StreamBatches`, the stream's batches starting at
       `positions` (the newest checkpoint's, or None: the stream's own start).
     max_steps: stop when the global step reaches it (None: never).
@@ -57,7 +57,8 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
       runner=model.runner, checkpoint_manager=manager,
       config=loop.LoopConfig(log_every_steps=config.log_step_count_steps,
                              checkpoint_every_steps=config.save_checkpoints_steps),
-      model_dir=estimator.model_dir, metrics=lambda: tables.table_metrics(model.model.variables.tables))
+      model_dir=estimator.model_dir, metrics=lambda: tables.table_metrics(model.model.variables.tables),
+      deltas=model.deltas)
   try:
     step = _run(stream_loop, max_steps, after_checkpoint, stop)
   finally:

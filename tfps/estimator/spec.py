@@ -133,6 +133,9 @@ class RunConfig:
     mode: the `tfps.TrainingMode` (tfps; default async; a script passes `tfps.mode_from_flags()`). Its fields
       (`sync_mode`, `geo_steps`, ...: see `tfps.TrainingMode`) may be given one by one instead, `RunConfig(
       sync_mode="geo")`, and read as attributes.
+    delta_export_secs: seconds between delta exports of the changed rows to `model_dir/deltas` (tfps; None: none;
+      a base export when training starts, then a delta at the first step-log line or checkpoint that long after the
+      last export, and one at the end; docs/delta_export.md).
   """
 
   model_dir: Optional[str] = None
@@ -144,12 +147,14 @@ class RunConfig:
   save_summary_steps: Optional[int] = None
   tf_random_seed: Optional[int] = None
   mode: modes.TrainingMode = modes.TrainingMode()
+  delta_export_secs: Optional[float] = None
 
   def __init__(self, model_dir: Optional[str] = None, save_checkpoints_steps: Optional[int] = None,
                keep_checkpoint_max: int = 5, log_step_count_steps: int = 100,
                steps_per_execution: int = modes.DEFAULT_STEPS_PER_EXECUTION, eval_shards: Optional[int] = None,
                save_summary_steps: Optional[int] = None, tf_random_seed: Optional[int] = None,
-               mode: Optional[modes.TrainingMode] = None, **mode_fields):
+               mode: Optional[modes.TrainingMode] = None, delta_export_secs: Optional[float] = None,
+               **mode_fields):
     settings = dict(locals())
     del settings["self"], settings["mode_fields"], settings["mode"]
     for name, value in settings.items():
@@ -160,6 +165,8 @@ class RunConfig:
     checks.positive_int("log_step_count_steps", self.log_step_count_steps)
     checks.positive_int("steps_per_execution", self.steps_per_execution)
     checks.positive_int("eval_shards", self.eval_shards, allow_none=True)
+    if self.delta_export_secs is not None:
+      checks.non_negative_number("delta_export_secs", self.delta_export_secs, "number of seconds")
     if self.save_checkpoints_steps is None:
       object.__setattr__(self, "save_checkpoints_steps", 1000)
 

@@ -1,25 +1,23 @@
 """Delta exports on the Keras path: `tfps.fit(..., delta_export_secs=T)` writes a base SavedModel when training
 starts and, every T seconds (checked at each epoch's end, and at the end of training), a delta of what changed since
-(`tfps.training.deltas`); `apply` turns a base and its deltas into a SavedModel for serving.
+(`tfps.training.deltas`); `apply` turns a base and its deltas into a SavedModel for serving (a Keras base, or the
+Estimator path's, `tfps.estimator.deltas`).
 """
 
 import os
 import shutil
-import time
 import uuid
 from typing import Callable, Optional, Sequence
 
-from absl import logging
 import tf_keras
 
 from tfps import checks
 from tfps.errors import UsageError
 from tfps.keras import export
+from tfps.training import delta_schedule
 from tfps.training import deltas
 from tfps.training import tables
 from tfps.training import touched_rows
-
-DELTAS_SUBDIR = "deltas"
 
 
 def delta_callbacks(build_model: Callable, dataset_fn: Callable, model_dir: Optional[str],
@@ -31,54 +29,36 @@ def delta_callbacks(build_model: Callable, dataset_fn: Callable, model_dir: Opti
   checks.non_negative_number("delta_export_secs", delta_export_secs, "number of seconds")
   if not model_dir:
     raise UsageError(f"`delta_export_secs` ({delta_export_secs}) needs a `model_dir` to write the deltas into "
-                     f"(model_dir/{DELTAS_SUBDIR})")
-  return [DeltaExport(build_model, dataset_fn, os.path.join(model_dir, DELTAS_SUBDIR), delta_export_secs)]
+                     f"(model_dir/{delta_schedule.DELTAS_SUBDIR})")
+  return [DeltaExport(build_model, dataset_fn, os.path.join(model_dir, delta_schedule.DELTAS_SUBDIR),
+                      delta_export_secs)]
 
 
 class DeltaExport(tf_keras.callbacks.Callback):
   """Writes a base export at the start of training, then a delta at the first epoch end at least `secs` seconds
-  after the last one, and one at the end of training if anything was trained since. A delta that cannot be written
-  (a full disk) is logged and its rows stay marked: the next delta carries them, and the previous one stays valid."""
+  after the last one, and one at the end of training if anything was trained since
+  (`tfps.training.delta_schedule`)."""
 
   def __init__(self, build_model: Callable, dataset_fn: Callable, directory: str, secs: float):
     super().__init__()
     self.build_model, self.dataset_fn, self.directory, self.secs = build_model, dataset_fn, directory, secs
-    self.writer: Optional[deltas.DeltaWriter] = None
-    self._last, self._step = 0.0, -1
+    self.schedule: Optional[delta_schedule.DeltaSchedule] = None
 
   def on_train_begin(self, logs=None):
-    layers = tables.tables_of(self.model)
-    if layers:
-      raise UsageError(f"`delta_export_secs` ({self.secs}) cannot export table layers yet (" + ", ".join(
-          layer.name for layer in layers) + "): their id maps are not in the deltas; export whole SavedModels "
-          "(tfps.export_saved_model) for them")
+    delta_schedule.refuse_tables(self.secs, [layer.name for layer in tables.tables_of(self.model)],
+                                 "tfps.export_saved_model")
     # Before the first step is traced: its updates mark the rows they change from then on.
     touched = touched_rows.track(self.model.distribute_strategy)
-    self.writer = deltas.DeltaWriter(self.directory, deltas.whole_variables(self.model, self.model.weights), touched)
-    self._step = self._current_step()
-    path = self.writer.write_base(lambda folder: export.export_saved_model(
-        self.build_model, folder, model=self.model, dataset_fn=self.dataset_fn), self._step)
-    logging.info("Wrote the base export %s at step %d", path, self._step)
-    self._last = time.monotonic()
+    writer = deltas.DeltaWriter(self.directory, deltas.whole_variables(self.model, self.model.weights), touched)
+    self.schedule = delta_schedule.DeltaSchedule(writer, self.secs, self._current_step, lambda folder: (
+        export.export_saved_model(self.build_model, folder, model=self.model, dataset_fn=self.dataset_fn)))
+    self.schedule.begin()
 
   def on_epoch_end(self, epoch, logs=None):
-    if time.monotonic() - self._last >= self.secs:
-      self._write()
+    self.schedule.maybe_write()
 
   def on_train_end(self, logs=None):
-    if self._current_step() != self._step:
-      self._write()
-
-  def _write(self):
-    step = self._current_step()
-    try:
-      path = self.writer.write_delta(step)
-    except OSError as e:
-      logging.warning("Could not write a delta at step %d (%s); the last delta stays valid and the next one carries "
-                      "its rows", step, e)
-      return
-    self._last, self._step = time.monotonic(), step
-    logging.info("Wrote delta %s at step %d", path, step)
+    self.schedule.finish()
 
   def _current_step(self) -> int:
     return int(self.model.optimizer.iterations.numpy())
@@ -99,18 +79,29 @@ def apply(base: str, delta_paths: Sequence[str], out: str) -> str:
   deltas.check_chain(base_manifest, manifests, delta_paths)
   if os.path.exists(out):
     raise deltas.DeltaError(f"--out {out!r} exists already; give a new folder")
-  model = tf_keras.models.load_model(base, compile=False)
-  if deltas.fingerprint(model.weights) != base_manifest["model"]:
+  weights, save = _load(base, base_manifest)
+  if deltas.fingerprint(weights) != base_manifest["model"]:
     raise deltas.DeltaError(f"the SavedModel in {base!r} does not match its manifest (another model's variables)")
   for path in delta_paths:
-    deltas.apply_delta(model.weights, path)
+    deltas.apply_delta(weights, path)
   last = manifests[-1] if manifests else base_manifest
   manifest = dict(base_manifest, version=last["version"], step=last["step"])
+  if "stream" in last:  # the stream position after the last example the result holds
+    manifest["stream"] = {"name": last["stream"]["name"], "to": last["stream"]["to"]}
   scratch = f"{os.path.normpath(out)}.tmp-{uuid.uuid4().hex[:8]}"
   try:
-    model.save(scratch, include_optimizer=False)
+    save(scratch)
     deltas.write_json(os.path.join(scratch, deltas.BASE_MANIFEST), manifest)
     os.rename(scratch, out)
   finally:
     shutil.rmtree(scratch, ignore_errors=True)
   return out
+
+
+def _load(base: str, manifest: dict):
+  """`(variables in the deltas' order, save(folder))` of the base SavedModel at `base`: a Keras model, or the
+  Estimator path's module (its manifest's `saved_model`)."""
+  if manifest.get("saved_model") == deltas.MODULE_EXPORT:
+    return deltas.load_module_export(base)
+  model = tf_keras.models.load_model(base, compile=False)
+  return model.weights, lambda folder: model.save(folder, include_optimizer=False)

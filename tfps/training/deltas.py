@@ -31,6 +31,8 @@ FORMAT = "tfps-delta/1"
 MANIFEST = "manifest.json"
 BASE_MANIFEST = "tfps_delta.json"  # inside a base SavedModel folder
 TENSORS = "tensors.npz"
+MODULE_EXPORT = "module"  # a base manifest's `saved_model` where the base is a tf.Module (the Estimator path's export)
+MODULE_VARIABLES = "delta_variables"  # such a module's list of its variables, in the deltas' order
 _NAME = re.compile(r"^(base|delta)-(\d{6,})$")
 
 
@@ -178,13 +180,14 @@ class DeltaWriter:
     self.base: Optional[dict] = None
     self.version = 0
 
-  def write_base(self, export: Callable[[str], None], step: int) -> str:
-    """A full export (`export(folder)` writes the SavedModel) at `step`, the base of the deltas written next."""
+  def write_base(self, export: Callable[[str], None], step: int, extra: Optional[dict] = None) -> str:
+    """A full export (`export(folder)` writes the SavedModel) at `step`, the base of the deltas written next;
+    `extra` adds to its manifest (`saved_model`, `stream`)."""
     existing = versions_in(self.directory)
     version = max(existing, default=-1) + 1
     base = {"version": version, "id": uuid.uuid4().hex[:12]}
     manifest = {"format": FORMAT, "kind": "base", "version": version, "base": base, "step": step,
-                "model": self.model, "variables": describe(self.weights)}
+                "model": self.model, "variables": describe(self.weights), **(extra or {})}
     for weight in self.weights:  # what changes from here on goes into the deltas
       for shard in strategy_lib.shards_of(weight):
         rows, _ = self.touched.changed(shard)
@@ -199,8 +202,9 @@ class DeltaWriter:
     self.base, self.version = base, version
     return path
 
-  def write_delta(self, step: int) -> str:
-    """A delta of what changed since the last export (base or delta), at `step`; marks cleared only once written."""
+  def write_delta(self, step: int, extra: Optional[dict] = None) -> str:
+    """A delta of what changed since the last export (base or delta), at `step`; marks cleared only once written.
+    `extra` adds to its manifest (`stream`: the stream position of the examples it holds)."""
     if self.base is None:
       raise RuntimeError("write_base comes before the first delta")
     tensors, described, shipped = {}, describe(self.weights), []
@@ -215,7 +219,7 @@ class DeltaWriter:
         described[index]["rows"] = int(len(rows[0]))
     version = self.version + 1
     manifest = {"format": FORMAT, "kind": "delta", "version": version, "previous": self.version, "base": self.base,
-                "step": step, "model": self.model, "variables": described}
+                "step": step, "model": self.model, "variables": described, **(extra or {})}
 
     def fill(folder):
       os.makedirs(folder)
@@ -257,3 +261,17 @@ def apply_delta(weights, path: str) -> dict:
         weight.scatter_update(tf.IndexedSlices(tf.constant(tensors[f"{index}/rows"]),
                                                tf.constant(tensors[f"{index}/ids"], tf.int64)))
   return manifest
+
+
+def load_module_export(path: str):
+  """`(variables, save)` of the tf.Module SavedModel at `path` (the Estimator path's serving export): its variables
+  in the deltas' order (`MODULE_VARIABLES`), and `save(folder)`, which writes it again with its signatures."""
+  loaded = tf.saved_model.load(path)
+  variables = getattr(loaded, MODULE_VARIABLES, None)
+  if variables is None:
+    raise DeltaError(f"the SavedModel in {path!r} lists no `{MODULE_VARIABLES}`: not an export deltas apply to")
+
+  def save(folder: str) -> None:
+    tf.saved_model.save(loaded, folder, signatures=dict(loaded.signatures))
+
+  return list(variables), save

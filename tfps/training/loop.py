@@ -4,7 +4,8 @@ What a step is (a `Step`) and how the mode drives steps (the `Runner`) are not t
 runner in chunks up to each log or checkpoint boundary, joins the coordinator and lets the runner settle the step
 counter after each chunk, saves checkpoints at fixed step intervals and writes the step log
 (`step | loss | steps/s | ex/s`, then any `metrics()` the caller gives, e.g. dynamic tables' `<layer>/occupancy`) to
-absl logging, `model_dir/loss.log` and TensorBoard.
+absl logging, `model_dir/loss.log` and TensorBoard. Given a delta schedule (`tfps.training.delta_schedule`), it
+writes the deltas due after a chunk (no step in flight then) and the last one at the end.
 """
 
 import dataclasses
@@ -59,8 +60,10 @@ class TrainLoop:
   """
 
   def __init__(self, *, runner: steps_lib.Runner, iterator, checkpoint_manager: checkpoints.CheckpointWriter,
-               config: LoopConfig, model_dir: str, metrics: Optional[Callable[[], Dict[str, float]]] = None):
+               config: LoopConfig, model_dir: str, metrics: Optional[Callable[[], Dict[str, float]]] = None,
+               deltas=None):
     self._runner = runner
+    self._deltas = deltas  # a `delta_schedule.DeltaSchedule`, or None
     self._metrics = metrics  # read at each step-log line, after its steps
     self._iterator = iterator
     self._global_step = runner.step.counter
@@ -80,6 +83,7 @@ class TrainLoop:
     `after_checkpoint(step)` runs after each checkpoint is saved (e.g. an inline evaluation).
     """
     step = self.step
+    self._begin_deltas()
     self._records = run_records.RunRecorder(self._model_dir, start_step=step)
     self._examples, self._loss, self._last_metrics = 0, None, {}
     last_saved = step
@@ -101,13 +105,35 @@ class TrainLoop:
         self._save(step, after_checkpoint)
         last_saved = step
         clock = (time.monotonic(), step)  # an evaluation after the checkpoint is not training time
+      if self._wrote_delta_due():
+        clock = (time.monotonic(), step)  # writing a delta is not training time
     if last_saved != step:
       self._save(step, after_checkpoint)
+    self._finish_deltas()
     self._writer.flush()
     self._records.finish(step, {} if self._loss is None else {"loss": self._loss, **self._last_metrics},
                          examples=self._examples,
                          tensorboard=self._model_dir)
     return step
+
+  def stream_position(self):
+    """`(stream name, position after the last example trained on)` where training reads a stream, else None."""
+    return None
+
+  def _begin_deltas(self) -> None:
+    """The base export, unless the schedule wrote one already (on a stream with its position: the examples before it
+    are in the base)."""
+    if self._deltas is not None:
+      self._deltas.begin(self.stream_position())
+
+  def _wrote_delta_due(self) -> bool:
+    """Writes a delta where one is due (between chunks: no step in flight); whether one was written."""
+    return self._deltas is not None and self._deltas.maybe_write(self.stream_position()) is not None
+
+  def _finish_deltas(self) -> None:
+    """The last delta of the run (where anything was trained since the last export)."""
+    if self._deltas is not None:
+      self._deltas.finish(self.stream_position())
 
   def _run_chunk(self, num_steps: int):
     """Runs `num_steps` steps through the runner, `steps_per_execution` at a time, and waits for them; returns their

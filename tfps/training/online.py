@@ -74,6 +74,7 @@ class StreamLoop(loop_lib.TrainLoop):
     """Trains until `stop` is set (None: never) or the global step reaches `max_steps`; returns the final step."""
     self._stop = stop.is_set if stop is not None else (lambda: False)
     step = self.step
+    self._begin_deltas()
     self._records = run_records.RunRecorder(self._model_dir, start_step=step)
     self._examples, self._loss, self._last_metrics = 0, None, {}
     saved, saved_time, clock = step, time.monotonic(), (time.monotonic(), step)
@@ -89,10 +90,13 @@ class StreamLoop(loop_lib.TrainLoop):
       if due and step != saved:
         self._save_with_positions(step, after_checkpoint)
         saved, saved_time, clock = step, time.monotonic(), (time.monotonic(), step)
+      if self._wrote_delta_due():
+        clock = (time.monotonic(), step)  # writing a delta is not training time
     if self._stop():
       logging.info("Stopping at step %d: the steps in flight ended; saving and committing the stream position", step)
     if step != saved:
       self._save_with_positions(step, after_checkpoint)
+    self._finish_deltas()
     self._writer.flush()
     self._records.finish(step, {} if self._loss is None else {"loss": self._loss, **self._last_metrics},
                          examples=self._examples, tensorboard=self._model_dir)
@@ -174,6 +178,10 @@ class StreamLoop(loop_lib.TrainLoop):
     return {"stream": self._batches.source.name, "messages_applied": self._examples,
             "held_out": held_out.count if held_out is not None else None, **self.stream_metrics(),
             "last_windows": [{"step": r["step"], **r["metrics"]} for r in windows[-5:]]}
+
+  def stream_position(self):
+    """`(stream name, position after the last batch scheduled)`: all of them applied between chunks."""
+    return self._batches.source.name, self._fed_positions
 
   def stream_metrics(self) -> dict:
     """Lag and malformed records, for the progress lines: `lag_messages` (where the source counts them),

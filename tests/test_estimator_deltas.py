@@ -1,0 +1,245 @@
+"""Delta exports on the Estimator path (`RunConfig(delta_export_secs=...)`): a base plus its deltas answers as the
+full export at the same step, on files and on a stream, where each delta names the stream positions of its examples."""
+
+import errno
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+import online_stream
+import tfps
+from tfps.data.stream import batches as batches_lib
+from tfps.data.stream import folder as folder_lib
+from tfps.estimator import online
+from tfps.training import delta_schedule
+from tfps.training import deltas
+from tfps.training import touched_rows
+
+from test_deltas import chain
+from test_fit import NUM_IDS, VOCAB, examples  # a 50k x 8 table, sharded over both ps
+
+SERVING = {"ids": tf.TensorSpec([None, NUM_IDS], tf.int64), "dense_in": tf.TensorSpec([None, 1], tf.float32)}
+
+
+def model_fn(features, labels, mode):
+  embedded = tf_keras.layers.Embedding(VOCAB, 8, name="table")(features["ids"])
+  inputs = tf.concat([tf.reshape(embedded, [-1, NUM_IDS * 8]), features["dense_in"]], axis=1)
+  logits = tf_keras.layers.Dense(1)(tf_keras.layers.Dense(8, activation="relu")(inputs))[:, 0]
+  if mode == tfps.ModeKeys.PREDICT:
+    return tfps.EstimatorSpec(mode, predictions={"probability": tf.sigmoid(logits)})
+  loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+  return tfps.EstimatorSpec(mode, loss=loss, optimizer=tf_keras.optimizers.legacy.Adagrad(0.1))
+
+
+def input_fn(input_context):
+  features, labels = examples(2_000, seed=1 + input_context.input_pipeline_id)
+  return tf.data.Dataset.from_tensor_slices((features, labels)).shuffle(2_000).repeat().batch(32, drop_remainder=True)
+
+
+def served_variables(path):
+  return [variable.numpy() for variable in tf.saved_model.load(path).delta_variables]
+
+
+def assert_same_model(applied, full, features):
+  got, want = served_variables(applied), served_variables(full)
+  assert len(got) == len(want) == 5  # the table, two dense layers' kernels and biases
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+  serve = [tf.saved_model.load(path).signatures["serving_default"] for path in (applied, full)]
+  answers = [fn(**{name: tf.constant(value) for name, value in features.items()}) for fn in serve]
+  np.testing.assert_allclose(answers[0]["probability"].numpy(), answers[1]["probability"].numpy(), atol=1e-6)
+
+
+def test_base_plus_deltas_answers_as_the_full_export(cluster, tmp_path):
+  config = tfps.RunConfig(delta_export_secs=0, log_step_count_steps=5, save_checkpoints_steps=10,
+                          steps_per_execution=5)
+  estimator = tfps.Estimator(model_fn, model_dir=str(tmp_path / "run"), config=config, cluster=cluster)
+  estimator.train(input_fn, max_steps=15)
+  estimator.train(input_fn, steps=5)  # the same chain goes on: no second base
+  base, delta_paths = chain(str(tmp_path / "run" / "deltas"))
+  assert [os.path.basename(path) for path in [base] + delta_paths] == [
+      "base-000000", "delta-000001", "delta-000002", "delta-000003", "delta-000004"]
+  assert deltas.read_manifest(base)["step"] == 0 and deltas.read_manifest(base)["saved_model"] == "module"
+  manifests = [deltas.read_manifest(path) for path in delta_paths]
+  assert [m["step"] for m in manifests] == [5, 10, 15, 20]
+  table = manifests[0]["variables"][0]
+  assert table["shape"] == [VOCAB, 8] and table["shipped"] == "rows" and 0 < table["rows"] < VOCAB // 10
+  assert [v["shipped"] for v in manifests[0]["variables"][1:]] == ["whole"] * 4
+  full = estimator.export_saved_model(str(tmp_path / "full"), SERVING)
+  applied = tfps.delta.apply(base, delta_paths, str(tmp_path / "served"))
+  assert deltas.read_manifest(applied)["step"] == 20
+  assert np.abs(served_variables(base)[0] - served_variables(full)[0]).max() > 1e-3  # training moved rows
+  assert_same_model(applied, full, examples(100, seed=7)[0])
+
+
+def counting_model_fn(features, labels, mode):
+  """online_stream's counting model (each application of a message adds 1 to its row), which also predicts."""
+  del labels
+  rows = tf_keras.layers.Embedding(online_stream.MAX_MESSAGES, 1, embeddings_initializer="zeros",
+                                   name=online_stream.TABLE)(features["id"])
+  if mode == tfps.ModeKeys.PREDICT:
+    return tfps.EstimatorSpec(mode, predictions={"count": tf.reshape(rows, [-1])})
+  return tfps.EstimatorSpec(mode, loss=-tf.reduce_sum(rows), optimizer=tf_keras.optimizers.legacy.SGD(1.0))
+
+
+SLICE = 32  # lines per slice
+
+
+def stream_features():
+  """Ids 0-69 (64 of them in the stream) with the other feature the stream's base serves."""
+  return {"id": tf.range(70, dtype=tf.int64), "dense": tf.ones([70, 1])}
+
+
+def write_slices(folder, count):
+  for index in range(count):
+    name = os.path.join(folder, f"slice-{index:04d}.csv")
+    with open(name, "w", encoding="utf-8") as f:
+      f.write("".join(f"{i},{i % 2},1.5\n" for i in range(index * SLICE, (index + 1) * SLICE)))
+    open(name + ".done", "w", encoding="utf-8").close()
+
+
+def line_of(positions):
+  """The stream position `{"folder": [slice, lines read]}` (`{}` at its start) as the number of lines read."""
+  name, line = positions.get(folder_lib.KEY, [None, 0])
+  return 0 if name is None else int(name[len("slice-"):-len(".csv")]) * SLICE + line
+
+
+@pytest.fixture(scope="module")
+def stream_run(cluster, tmp_path_factory):
+  """The counting model trained on a folder stream of 64 messages (2 slices), a delta after every 2 steps of 8."""
+  root = tmp_path_factory.mktemp("stream_deltas")
+  stream = root / "stream"
+  stream.mkdir()
+  write_slices(str(stream), 2)
+  config = tfps.RunConfig(delta_export_secs=0, steps_per_execution=2, log_step_count_steps=2,
+                          save_checkpoints_steps=100)
+  estimator = tfps.Estimator(counting_model_fn, model_dir=str(root / "run"), config=config, cluster=cluster,
+                             strategy_options={"min_shard_bytes": 0})  # the table sharded over both ps
+
+  def make(positions):
+    source = folder_lib.FolderSource(str(stream), pattern="slice-*.csv", positions=positions, poll_secs=0.05)
+    return batches_lib.StreamBatches(source, online_stream.SPEC, batch_size=8)
+
+  assert online.train_on_stream(estimator, make, max_steps=8) == 8
+  full = estimator.export_saved_model(str(root / "full"), {key: tf.TensorSpec.from_tensor(value)
+                                                           for key, value in stream_features().items()})
+  return str(root / "run" / "deltas"), full, f"folder {stream}"
+
+
+def served_counts(path):
+  return tf.saved_model.load(path).signatures["serving_default"](**stream_features())["count"].numpy()
+
+
+def test_deltas_on_a_stream_name_the_positions_of_their_examples(stream_run, tmp_path):
+  folder, full, name = stream_run
+  base, delta_paths = chain(folder)
+  assert deltas.read_manifest(base)["stream"] == {"name": name, "to": {}}  # the stream's start
+  spans = []
+  for path in delta_paths:
+    manifest = deltas.read_manifest(path)
+    assert manifest["stream"]["name"] == name and manifest["variables"][0]["shipped"] == "rows"
+    spans.append((line_of(manifest["stream"]["from"]), line_of(manifest["stream"]["to"])))
+    with np.load(os.path.join(path, deltas.TENSORS)) as tensors:  # the rows of exactly those examples, once each
+      assert sorted(tensors["0/ids"].tolist()) == list(range(*spans[-1]))
+      np.testing.assert_array_equal(tensors["0/rows"], np.ones((spans[-1][1] - spans[-1][0], 1)))
+  assert spans == [(0, 16), (16, 32), (32, 48), (48, 64)]  # 2 steps of 8 examples each
+  applied = tfps.delta.apply(base, delta_paths, str(tmp_path / "served"))
+  last = deltas.read_manifest(delta_paths[-1])["stream"]
+  assert deltas.read_manifest(applied)["stream"] == {"name": name, "to": last["to"]}  # what the served model holds
+  for path in (applied, full):
+    np.testing.assert_array_equal(served_counts(path), (np.arange(70) < 64).astype(np.float32))
+
+
+def test_command_line_applies_an_estimator_chain(stream_run, tmp_path, capsys):
+  from tfps.cli import delta as delta_cli  # pylint: disable=g-import-not-at-top
+  base, delta_paths = chain(stream_run[0])
+  assert delta_cli.main(["tfps-delta", "apply", base, *delta_paths[:2], f"--out={tmp_path}/served"]) == 0
+  assert capsys.readouterr().out == f"{tmp_path}/served\n"
+  assert deltas.read_manifest(f"{tmp_path}/served")["step"] == 4
+  np.testing.assert_array_equal(served_counts(f"{tmp_path}/served"), (np.arange(70) < 32).astype(np.float32))
+
+
+def test_a_failed_delta_on_a_stream_leaves_its_examples_to_the_next(tmp_path, monkeypatch):
+  """A full disk while writing a delta: the next delta ships its rows and starts its stream span where the last
+  written delta ended."""
+  table = tf.Variable(tf.zeros([10, 2]))
+  touched = touched_rows.TouchedRows(tf.distribute.get_strategy())
+  writer = deltas.DeltaWriter(str(tmp_path), [table], touched)
+  step = [0]
+  schedule = delta_schedule.DeltaSchedule(writer, 0, lambda: step[0], os.makedirs)
+  schedule.begin(stream=("s", {"p": 0}))
+
+  def train(rows, position):
+    touched.mark(table, tf.constant(rows))
+    step[0] += 1
+    return schedule.maybe_write(("s", {"p": position}))
+
+  assert train([1], 4)
+
+  def full_disk(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(deltas.np, "savez", full_disk)
+  assert train([2], 6) is None
+  monkeypatch.undo()
+  manifest = deltas.read_manifest(train([3], 9))
+  assert (manifest["version"], manifest["stream"]) == (2, {"name": "s", "from": {"p": 4}, "to": {"p": 9}})
+  with np.load(os.path.join(str(tmp_path), "delta-000002", deltas.TENSORS)) as tensors:
+    assert tensors["0/ids"].tolist() == [2, 3]
+  assert schedule.maybe_write(("s", {"p": 9})) is None  # nothing trained since
+
+
+def test_run_config_refuses_a_negative_interval():
+  with pytest.raises(tfps.UsageError, match=r"^`delta_export_secs` \(-1\) must be a non-negative number of seconds$"):
+    tfps.RunConfig(delta_export_secs=-1)
+
+
+def assert_refused(cluster, model_dir, a_model_fn, an_input_fn, secs, message):
+  """Training `a_model_fn` with `delta_export_secs=secs` raises a one-line `UsageError` matching `message`, before a
+  step: no export, no checkpoint."""
+  estimator = tfps.Estimator(a_model_fn, model_dir=str(model_dir), cluster=cluster,
+                             config=tfps.RunConfig(delta_export_secs=secs))
+  with pytest.raises(tfps.UsageError, match=message):
+    estimator.train(an_input_fn, max_steps=1)
+  assert deltas.versions_in(str(model_dir / "deltas")) == {} and estimator.latest_checkpoint() is None
+
+
+def test_features_that_are_not_a_dict_are_refused_in_one_line(cluster, tmp_path):
+  def bare_model_fn(features, labels, mode):
+    logits = tf_keras.layers.Dense(1)(features)[:, 0]
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+    return tfps.EstimatorSpec(mode, loss=loss, optimizer=tf_keras.optimizers.legacy.SGD(0.1))
+
+  def bare_input_fn():
+    return tf.data.Dataset.from_tensors((tf.zeros([4, 3]), tf.zeros([4]))).repeat()
+
+  assert_refused(cluster, tmp_path, bare_model_fn, bare_input_fn, 5,
+                 r"^`delta_export_secs` \(5\) serves the training input's features, which must be a dict of name -> "
+                 r"dense tensor; the input gives a TensorSpec$")
+
+
+def test_table_layers_are_refused_in_one_line_before_a_step(cluster, tmp_path):
+  def dynamic_model_fn(features, labels, mode):
+    rows = tfps.layers.DynamicEmbedding(64, 2, name="ids_table")(features["ids"], training=mode == tfps.ModeKeys.TRAIN)
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=tf.reduce_sum(rows, [1, 2])))
+    return tfps.EstimatorSpec(mode, loss=loss, optimizer=tf_keras.optimizers.legacy.SGD(0.1))
+
+  assert_refused(cluster, tmp_path, dynamic_model_fn, input_fn, 0,
+                 r"^`delta_export_secs` \(0\) cannot export table layers yet \(ids_table\): their id maps are not in "
+                 r"the deltas; export whole SavedModels \(Estimator.export_saved_model\) for them$")
+
+
+def test_a_model_fn_whose_predict_mode_makes_other_variables_is_refused_in_one_line(cluster, tmp_path):
+  def train_only_model_fn(features, labels, mode):
+    spec = model_fn(features, labels, mode)
+    if mode != tfps.ModeKeys.TRAIN:
+      return spec
+    scale = tf.compat.v1.get_variable("scale", [1], initializer=tf.compat.v1.ones_initializer())
+    return tfps.EstimatorSpec(mode, loss=spec.loss * scale[0], optimizer=spec.optimizer)
+
+  assert_refused(cluster, tmp_path, train_only_model_fn, input_fn, 0,
+                 r"^delta exports need model_fn to create the same variables in PREDICT mode as in TRAIN mode; PREDICT "
+                 r"made 5 \(\[50000, 8\], \[49, 8\], \[8\], \[8, 1\], \[1\]\), TRAIN 6 \(.*, \[1\]\)$")
