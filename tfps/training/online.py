@@ -58,7 +58,8 @@ class StreamLoop(loop_lib.TrainLoop):
   def __init__(self, *, batches, checkpoint_every_secs: Optional[float] = None, **kwargs):
     super().__init__(iterator=None, **kwargs)
     if not hasattr(self._runner, "schedule_batches"):
-      raise UsageError(f"training on a stream needs sync_mode=async (the runner is {type(self._runner).__name__})")
+      raise UsageError(f"training on a stream needs sync_mode=async or sync (the runner is "
+                       f"{type(self._runner).__name__})")
     self._batches = batches
     self._fed_positions = batches.positions()  # the position after the last batch scheduled
     self._ready = collections.deque()  # batches read ahead while the last chunk's functions ran, not scheduled yet
@@ -97,28 +98,23 @@ class StreamLoop(loop_lib.TrainLoop):
   def _run_chunk_fed(self, num_steps: int):
     """Schedules up to `num_steps` steps on the stream's next batches, joins and settles: `(steps fed, loss sum,
     examples, paused)`, `paused` where the stream gave no batch for a while."""
-    runner = self._runner
+    runner, start = self._runner, self.step
     runner.begin()
-    since, results, fed, paused = runner.progress.position, [], 0, False
+    results, fed, paused, per_step = [], 0, False, runner.batches_per_step
     while fed < num_steps and not self._stop():
-      wanted = min(runner.steps_per_execution, num_steps - fed)
-      batches = []
-      while len(batches) < wanted and not self._stop():
-        batch = self._ready.popleft() if self._ready else self._batches.next_batch(_WAIT_SECS)
-        if batch is None:
-          paused = True
-          break
-        batches.append(batch)
-      if batches:
-        results.append(runner.schedule_batches(_stacked(batches, runner.steps_per_execution), len(batches)))
+      batches, paused = self._next_batches(min(runner.steps_per_execution, num_steps - fed) * per_step)
+      steps = len(batches) // per_step
+      self._ready.extendleft(reversed(batches[steps * per_step:]))  # a step's batches go in together
+      if steps:
+        batches = batches[:steps * per_step]
+        results.append(runner.schedule_batches(_stacked(batches, runner.steps_per_execution * per_step), steps))
         self._fed_positions = batches[-1].positions
-        fed += len(batches)
-      if paused or not batches:
+        fed += steps
+      if paused or not steps:
         break
-    self._read_ahead(runner.steps_per_execution)
+    self._read_ahead(runner.steps_per_execution * per_step)
     runner.coordinator.join()
-    runner.settle()
-    applied = runner.progress.steps_recorded(since)
+    applied = runner.settle() - start  # async: from its records; sync: each step checked as it ended
     if applied != fed:  # the coordinator re-runs a lost worker's functions, so after a join each one has ended
       raise RuntimeError(f"{fed} steps were fed from the stream and {applied} recorded as applied")
     loss_sum, examples = 0.0, 0
@@ -126,6 +122,17 @@ class StreamLoop(loop_lib.TrainLoop):
       loss, count = result.fetch()
       loss_sum, examples = loss_sum + float(loss), examples + int(count)
     return fed, loss_sum, examples, paused
+
+  def _next_batches(self, count: int):
+    """`(batches, paused)`: up to `count` batches, those read ahead first; `paused` where the stream gave none for a
+    while."""
+    batches = []
+    while len(batches) < count and not self._stop():
+      batch = self._ready.popleft() if self._ready else self._batches.next_batch(_WAIT_SECS)
+      if batch is None:
+        return batches, True
+      batches.append(batch)
+    return batches, False
 
   def _read_ahead(self, count: int) -> None:
     """While the functions just scheduled run: reads up to `count` batches the stream has now, for the next chunk
@@ -145,6 +152,10 @@ class StreamLoop(loop_lib.TrainLoop):
     self._batches.source.commit(positions)
     stream_positions.prune_positions(self._model_dir, self._manager.checkpoints)
 
+  def close(self) -> None:
+    """Closes the stream's source (its connection, or files)."""
+    self._batches.source.close()
+
   def stream_metrics(self) -> dict:
     """Lag and malformed records, for the progress lines: `lag_messages` (where the source counts them),
     `lag_secs`, `malformed_records`."""
@@ -161,3 +172,25 @@ def _stacked(batches, size: int):
   elements = [batch.element for batch in batches]
   elements += [elements[-1]] * (size - len(elements))
   return tf.nest.map_structure(lambda *tensors: tf.stack(tensors), *elements)
+
+
+def check_mode(mode) -> None:
+  """Training on a stream is async without pipelined updates, or sync (a one-line `UsageError` otherwise, before
+  anything connects): pipelined updates hold a step's gradients into the next function, and geo rounds read their
+  batches from each worker's own input (docs/online.md)."""
+  if mode.sync_mode == "geo" or mode.pipelined_updates:
+    raise UsageError(f"training on a stream needs sync_mode=async (without pipelined_updates) or sync (given "
+                     f"sync_mode={mode.sync_mode}, pipelined_updates={mode.pipelined_updates})")
+
+
+def run_until_stopped(stream_loop: StreamLoop, max_steps: Optional[int], after_checkpoint=None,
+                      stop: Optional[threading.Event] = None) -> int:
+  """`stream_loop.run` until `stop` is set (None: until SIGTERM) or `max_steps`; closes the stream's source after.
+  Returns the final step."""
+  try:
+    if stop is not None:
+      return stream_loop.run(max_steps, after_checkpoint, stop=stop)
+    with stop_on_sigterm() as sigterm:
+      return stream_loop.run(max_steps, after_checkpoint, stop=sigterm)
+  finally:
+    stream_loop.close()

@@ -11,6 +11,7 @@ import os
 import re
 from typing import Optional
 
+from absl import logging
 import tensorflow as tf
 
 from tfps.training import checkpoints as checkpoints_lib
@@ -41,6 +42,17 @@ def read_positions(model_dir: str, checkpoint: Optional[str]) -> Optional[dict]:
     return None
   with tf.io.gfile.GFile(path) as f:
     return json.load(f)["positions"]
+
+
+def newest_positions(model_dir: str) -> Optional[dict]:
+  """The position the newest checkpoint of `model_dir` holds (None: no checkpoint, or one not trained on a stream:
+  the stream starts where its source starts)."""
+  latest = tf.train.latest_checkpoint(checkpoints_lib.checkpoint_dir(model_dir))
+  positions = read_positions(model_dir, latest)
+  if latest and positions is None:
+    logging.warning("%s holds no stream position (it was not trained on a stream); the stream starts where its "
+                    "source starts", latest)
+  return positions
 
 
 def prune_positions(model_dir: str, kept_checkpoints) -> None:
