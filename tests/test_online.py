@@ -44,11 +44,10 @@ def test_each_message_is_applied_once_and_the_checkpoint_holds_its_offsets(clust
   assert online_stream.committed(kafka_broker, "g1") == ends
 
 
-@pytest.mark.parametrize("mode", [{"sync_mode": "geo"}, {"pipelined_updates": True}], ids=["geo", "pipelined"])
-def test_a_stream_in_another_mode_is_refused_in_one_line_before_connecting(tmp_path, mode):
-  estimator = tfps.Estimator(online_stream.model_fn, model_dir=str(tmp_path), config=tfps.RunConfig(**mode))
-  with pytest.raises(tfps.UsageError, match=r"training on a stream needs sync_mode=async \(without pipelined_updates\) "
-                                            r"or sync \(given sync_mode="):
+def test_a_stream_with_pipelined_updates_is_refused_in_one_line_before_connecting(tmp_path):
+  estimator = tfps.Estimator(online_stream.model_fn, model_dir=str(tmp_path),
+                             config=tfps.RunConfig(pipelined_updates=True))
+  with pytest.raises(tfps.UsageError, match=r"training on a stream needs pipelined_updates=False \(given True\)"):
     online.train_on_stream(estimator, make_batches=None)
 
 
@@ -75,33 +74,39 @@ def test_the_keras_path_applies_each_message_once_and_a_new_run_reads_on_from_th
   assert stream_positions.read_positions(str(tmp_path), latest) == online_stream.end_offsets(kafka_broker, "keras")
 
 
-@pytest.mark.parametrize("path", ["estimator", "keras"])
-def test_sync_mode_applies_each_message_once_each_step_on_one_batch_per_worker(cluster, kafka_broker, tmp_path, path):
-  """Sync: a step averages the gradients of 2 batches (one per worker), so SGD at rate 2 adds 1 per application."""
-  topic = f"sync-{path}"
-  online_stream.produce(kafka_broker, range(96), topic=topic)  # 12 batches: 6 steps
+@pytest.mark.parametrize("path, mode, rate", [
+    ("estimator", {"sync_mode": "sync"}, 2.0), ("keras", {"sync_mode": "sync"}, 2.0),
+    ("estimator", {"sync_mode": "geo", "geo_steps": 3}, 1.0), ("keras", {"sync_mode": "geo", "geo_steps": 3}, 1.0),
+], ids=["estimator-sync", "keras-sync", "estimator-geo", "keras-geo"])
+def test_sync_and_geo_modes_apply_each_message_once(cluster, kafka_broker, tmp_path, path, mode, rate):
+  """Sync: a step averages the gradients of 2 batches (one per worker), so SGD at rate 2 adds 1 per application. Geo:
+  a round trains 3 given batches on a worker's local copy and pushes the difference."""
+  topic = f"{path}-{mode['sync_mode']}"
+  online_stream.produce(kafka_broker, range(96), topic=topic)  # 12 batches
+  steps = 6 if mode["sync_mode"] == "sync" else 12  # a sync step takes one batch per worker
   if path == "keras":
     step = keras_online.train_on_stream(
-        lambda: online_stream.build_keras_model(rate=2.0), _batches(kafka_broker, topic, topic),
-        model_dir=str(tmp_path), max_steps=6, cluster=cluster, sync_mode="sync", checkpoint_every_steps=3)
+        lambda: online_stream.build_keras_model(rate), _batches(kafka_broker, topic, topic), model_dir=str(tmp_path),
+        max_steps=steps, cluster=cluster, sync_mode=tfps.TrainingMode(**mode), checkpoint_every_steps=6,
+        log_every_steps=6)
   else:
-    config = tfps.RunConfig(steps_per_execution=2, save_checkpoints_steps=3, log_step_count_steps=3, sync_mode="sync")
-    estimator = tfps.Estimator(online_stream.counting_model_fn(2.0), model_dir=str(tmp_path), config=config,
+    config = tfps.RunConfig(steps_per_execution=2, save_checkpoints_steps=6, log_step_count_steps=6, **mode)
+    estimator = tfps.Estimator(online_stream.counting_model_fn(rate), model_dir=str(tmp_path), config=config,
                                cluster=cluster)
-    step = online.train_on_stream(estimator, _batches(kafka_broker, topic, topic), max_steps=6)
-  assert step == 6
-  latest = str(tmp_path / "checkpoints" / "ckpt-6")
+    step = online.train_on_stream(estimator, _batches(kafka_broker, topic, topic), max_steps=steps)
+  assert step == steps
+  latest = str(tmp_path / "checkpoints" / f"ckpt-{steps}")
   np.testing.assert_array_equal(online_stream.counts_in(latest)[:97], np.append(np.ones(96), 0))
   assert stream_positions.read_positions(str(tmp_path), latest) == online_stream.end_offsets(kafka_broker, topic)
 
 
 @pytest.mark.parametrize("options, error", [
     ({"model_dir": None}, r"`model_dir` \(None\) is required: each checkpoint there holds the stream position"),
-    ({"sync_mode": "geo"}, r"needs sync_mode=async \(without pipelined_updates\) or sync \(given sync_mode=geo,"),
+    ({"sync_mode": tfps.TrainingMode(pipelined_updates=True)}, r"needs pipelined_updates=False \(given True\)"),
     ({"sync_mode": "sync", "steps_per_execution": 4}, r"`steps_per_execution` \(4\) applies to sync_mode=async only"),
     ({"epochs": 2}, r"unexpected keyword argument 'epochs' \(a stream has no epochs; it takes steps_per_execution"),
     ({"checkpoint_every_secs": 0}, r"`checkpoint_every_secs` \(0\) must be a positive number or None"),
-], ids=["no-model-dir", "geo", "sync-steps-per-execution", "epochs", "zero-secs"])
+], ids=["no-model-dir", "pipelined", "sync-steps-per-execution", "epochs", "zero-secs"])
 def test_a_keras_stream_run_it_cannot_honour_is_refused_in_one_line_before_connecting(tmp_path, options, error):
   options = {"model_dir": str(tmp_path), **options}
   with pytest.raises((tfps.UsageError, TypeError), match=error):

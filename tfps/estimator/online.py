@@ -16,14 +16,15 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
                     checkpoint_every_secs: Optional[float] = None, stop=None,
                     after_checkpoint: Optional[Callable[[int], None]] = None) -> int:
   """Trains `estimator` (a `tfps.Estimator`, on the cluster) on a stream until SIGTERM (or `stop`, a
-  `threading.Event`, is set; or the global step reaches `max_steps`), in async or sync mode; returns the final step.
+  `threading.Event`, is set; or the global step reaches `max_steps`), async (not pipelined), sync or geo; returns the
+  final step.
 
   Every message is applied exactly once, across lost workers, ps and chief restarts: each checkpoint holds the
   stream position after the last example it holds, and a restarted chief reads on from the newest checkpoint's.
 
   Args:
     estimator: the `tfps.Estimator`; its `RunConfig` gives `save_checkpoints_steps`, `log_step_count_steps`,
-      `steps_per_execution` and the training mode (async without pipelined updates, or sync).
+      `steps_per_execution` and the training mode (async without pipelined updates, sync or geo).
     make_batches: `fn(positions) -> tfps.data.stream.batches.StreamBatches`, the stream's batches starting at
       `positions` (the newest checkpoint's, or None: the stream's own start).
     max_steps: stop when the global step reaches it (None: never).

@@ -2,7 +2,7 @@
 
 The loop is the Estimator path's (`tfps.training.online.StreamLoop`): the chief reads the stream and gives each
 scheduled function its batches; after each join every batch fed was applied exactly once (async: the runner's
-records; sync: each step's update recorded per ps), so each checkpoint (`model_dir/checkpoints/ckpt-<step>`, the
+records; sync: each step's update recorded per ps; geo: each round's push), so each checkpoint (`model_dir/checkpoints/ckpt-<step>`, the
 model and the step, as `tfps.fit` saves them) holds the stream position after its last example, and offsets are
 committed after it. A chief started again restores the newest checkpoint and reads on from its position. Its
 progress lines carry the model's compiled metrics over the line's steps. See docs/online.md.
@@ -38,7 +38,7 @@ class StreamOptions:
   """How `train_on_stream` saves and logs, checked.
 
   Attributes:
-    steps_per_execution: async: steps per scheduled function (default 20); sync: steps per round of the loop.
+    steps_per_execution: async: steps per scheduled function (default 20); not in sync and geo mode.
     checkpoint_every_steps: a checkpoint every this many steps (1000), whenever the stream pauses with steps not
       saved, and at the end.
     checkpoint_every_secs: a checkpoint at least this often while steps are trained (None: by steps alone).
@@ -67,7 +67,7 @@ def train_on_stream(build_model: Callable[[], tf_keras.Model], make_batches: Cal
   """Trains `build_model()` on a stream, from the chief, until SIGTERM (or `stop`, a `threading.Event`, is set; or
   the step reaches `max_steps`); returns the final step.
 
-  Every message is applied exactly once across lost workers, ps and chief restarts (async or sync mode): each
+  Every message is applied exactly once across lost workers, ps and chief restarts (in each mode): each
   checkpoint holds the stream position after the last example it holds, offsets are committed to the source after
   it, and a chief started again reads on from the newest checkpoint's position. SIGTERM ends training after the steps
   in flight, with a checkpoint and a commit.
@@ -79,7 +79,7 @@ def train_on_stream(build_model: Callable[[], tf_keras.Model], make_batches: Cal
       `positions` (the newest checkpoint's, or None: the stream's own start).
     model_dir: checkpoints with their stream positions, `loss.log`, TensorBoard, run records (required).
     max_steps: stop when the step reaches it (None: never).
-    sync_mode: "async" (default) or "sync", or a `tfps.TrainingMode` (not geo, nor pipelined updates).
+    sync_mode: "async" (default), "sync" or "geo", or a `tfps.TrainingMode` (without pipelined updates).
     cluster: the cluster, seen from the chief; default: TF_CONFIG.
     strategy_options: a `tfps.StrategyOptions`; its fields may also be given one by one.
     stop: an event that ends training (None: SIGTERM does).

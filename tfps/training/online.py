@@ -58,7 +58,7 @@ class StreamLoop(loop_lib.TrainLoop):
   def __init__(self, *, batches, checkpoint_every_secs: Optional[float] = None, **kwargs):
     super().__init__(iterator=None, **kwargs)
     if not hasattr(self._runner, "schedule_batches"):
-      raise UsageError(f"training on a stream needs sync_mode=async or sync (the runner is "
+      raise UsageError(f"training on a stream needs a runner that takes the chief's batches (the runner is "
                        f"{type(self._runner).__name__})")
     self._batches = batches
     self._fed_positions = batches.positions()  # the position after the last batch scheduled
@@ -175,12 +175,11 @@ def _stacked(batches, size: int):
 
 
 def check_mode(mode) -> None:
-  """Training on a stream is async without pipelined updates, or sync (a one-line `UsageError` otherwise, before
-  anything connects): pipelined updates hold a step's gradients into the next function, and geo rounds read their
-  batches from each worker's own input (docs/online.md)."""
-  if mode.sync_mode == "geo" or mode.pipelined_updates:
-    raise UsageError(f"training on a stream needs sync_mode=async (without pipelined_updates) or sync (given "
-                     f"sync_mode={mode.sync_mode}, pipelined_updates={mode.pipelined_updates})")
+  """A one-line `UsageError`, before anything connects, where a stream cannot train in `mode`: with pipelined updates
+  (their steps take their batches from the workers' own input only; docs/online.md)."""
+  if mode.pipelined_updates:
+    raise UsageError("training on a stream needs pipelined_updates=False (given True): pipelined steps take their "
+                     "batches from the workers' own input, not from the chief")
 
 
 def run_until_stopped(stream_loop: StreamLoop, max_steps: Optional[int], after_checkpoint=None,
