@@ -82,19 +82,17 @@ def _online_run(tmp_path, subprocess_env, bootstrap: str, *args: str):
   assert not left, f"processes left behind: {left}"
 
 
-def _stop_and_count(launcher, bootstrap: str, mark: str, model_dir, out, alive, messages: int):
-  """Once the group committed the topic's end: SIGTERM to the chief, exit 0, and every one of `messages` messages
-  counted once in the last checkpoint, whose position is the topic's end."""
+def _stop_and_count(launcher, bootstrap: str, mark: str, model_dir, out, alive) -> np.ndarray:
+  """Once the group committed the topic's end: SIGTERM to the chief, exit 0; the last checkpoint's position is the
+  topic's end. Returns its counting table."""
   ends = online_stream.end_offsets(bootstrap)
   online_stream.wait_for(lambda: online_stream.committed(bootstrap, GROUP) == ends, "the end offsets committed",
                          480, alive)
   online_stream.wait_for(lambda: _task(mark, "chief:0"), "chief:0", 60, alive).send_signal(signal.SIGTERM)
   assert launcher.wait(timeout=120) == 0, out.read_text()[-3000:]
   latest = str(model_dir / "checkpoints" / f"ckpt-{_checkpoints(model_dir)[-1]}")
-  counts = online_stream.counts_in(latest)
-  np.testing.assert_array_equal(counts[:messages], np.ones(messages))  # every message applied once, none twice
-  assert not counts[messages:].any()
   assert stream_positions.read_positions(str(model_dir), latest) == ends
+  return online_stream.counts_in(latest)
 
 
 def test_each_message_applied_once_across_worker_chief_and_ps_kills(tmp_path, subprocess_env):
@@ -117,8 +115,10 @@ def test_each_message_applied_once_across_worker_chief_and_ps_kills(tmp_path, su
     time.sleep(0.5)
     online_stream.wait_for(lambda: _task(mark, "ps:0"), "ps:0", 60, alive).send_signal(signal.SIGKILL)
     flow.join()
-    _stop_and_count(launcher, bootstrap, mark, model_dir, out, alive, 4 * WAVE)
+    counts = _stop_and_count(launcher, bootstrap, mark, model_dir, out, alive)
   del holder
+  np.testing.assert_array_equal(counts[:4 * WAVE], np.ones(4 * WAVE))  # every message applied once, none twice
+  assert not counts[4 * WAVE:].any()
   text = out.read_text()
   assert "restarting worker:1 alone" in text, text[-3000:]
   assert "chief:0 failed; restarting the training cluster" in text, text[-3000:]
@@ -137,8 +137,10 @@ def test_the_keras_path_applies_each_message_once_across_a_worker_kill(tmp_path,
     time.sleep(0.5)
     online_stream.wait_for(lambda: _task(mark, "worker:1"), "worker:1", 60, alive).send_signal(signal.SIGKILL)
     flow.join()
-    _stop_and_count(launcher, bootstrap, mark, model_dir, out, alive, WAVE)
+    counts = _stop_and_count(launcher, bootstrap, mark, model_dir, out, alive)
   del holder
+  np.testing.assert_array_equal(counts[:WAVE], np.ones(WAVE))
+  assert not counts[WAVE:].any()
   text = out.read_text()
   assert "restarting worker:1 alone" in text, text[-3000:]
   assert "Stopping at step" in text, text[-3000:]
