@@ -173,13 +173,9 @@ class KerasStreamLoop(online.StreamLoop):
     super().__init__(metrics=lambda: {**self._window, **tables.table_metrics(self._tables)}, **kwargs)
     self.writer = self._manager
 
-  def _run_chunk_fed(self, num_steps: int):
-    fed, loss_sum, examples, paused = super()._run_chunk_fed(num_steps)
-    if fed:
-      results = {name: float(value) for name, value in self._model.get_metrics_result().items()
-                 if value.shape.num_elements() == 1}
-      self._model.reset_metrics()
-      if "loss" in results:
-        loss_sum = results.pop("loss") * fed
-      self._window = results
-    return fed, loss_sum, examples, paused
+  def chunk_ended(self, steps: int, loss_sum: float) -> float:
+    results = {name: float(value) for name, value in self._model.get_metrics_result().items()
+               if value.shape.num_elements() == 1}
+    self._model.reset_metrics()
+    self._window = results
+    return results.pop("loss") * steps if "loss" in results else loss_sum

@@ -80,6 +80,7 @@ class StreamLoop(loop_lib.TrainLoop):
       fed, loss_sum, examples, paused = self._run_chunk_fed(min(boundary, max_steps or boundary) - step)
       step = self.step
       if fed:
+        loss_sum = self.chunk_ended(fed, loss_sum)
         clock = self._log(step, loss_sum, examples, clock, max_steps)
       due = (step >= saved + self._config.checkpoint_every_steps or step == max_steps or
              (self._every_secs is not None and time.monotonic() - saved_time >= self._every_secs) or paused)
@@ -122,6 +123,12 @@ class StreamLoop(loop_lib.TrainLoop):
       loss, count = result.fetch()
       loss_sum, examples = loss_sum + float(loss), examples + int(count)
     return fed, loss_sum, examples, paused
+
+  def chunk_ended(self, steps: int, loss_sum: float) -> float:
+    """Called after each chunk of `steps` steps (joined) with their summed loss; returns the loss sum its progress line
+    shows (a subclass may read it elsewhere: the Keras path's loss metric)."""
+    del steps
+    return loss_sum
 
   def _next_batches(self, count: int):
     """`(batches, paused)`: up to `count` batches, those read ahead first; `paused` where the stream gave none for a
