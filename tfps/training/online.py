@@ -26,12 +26,14 @@ from typing import Callable, Optional
 from absl import logging
 import tensorflow as tf
 
+from tfps import _tf_private
 from tfps import run_records
 from tfps.errors import UsageError
 from tfps.training import loop as loop_lib
 from tfps.training import stream_positions
 
 _WAIT_SECS = 0.5  # the longest a step waits for its batch before the loop looks for a stop, a save and a log
+LOST_WORKER_WAIT_SECS = 600.0  # at the end, the longest the chief waits for a lost worker to rejoin
 
 
 @contextlib.contextmanager
@@ -159,6 +161,11 @@ class StreamLoop(loop_lib.TrainLoop):
     self._batches.source.commit(positions)
     stream_positions.prune_positions(self._model_dir, self._manager.checkpoints)
 
+  @property
+  def coordinator(self):
+    """The cluster coordinator the loop's runner schedules on."""
+    return self._runner.coordinator
+
   def close(self) -> None:
     """Closes the stream's source (its connection, or files)."""
     self._batches.source.close()
@@ -195,8 +202,21 @@ def run_until_stopped(stream_loop: StreamLoop, max_steps: Optional[int], after_c
   Returns the final step."""
   try:
     if stop is not None:
-      return stream_loop.run(max_steps, after_checkpoint, stop=stop)
-    with stop_on_sigterm() as sigterm:
-      return stream_loop.run(max_steps, after_checkpoint, stop=sigterm)
+      step = stream_loop.run(max_steps, after_checkpoint, stop=stop)
+    else:
+      with stop_on_sigterm() as sigterm:
+        step = stream_loop.run(max_steps, after_checkpoint, stop=sigterm)
   finally:
     stream_loop.close()
+  wait_for_lost_workers(stream_loop.coordinator)
+  return step
+
+
+def wait_for_lost_workers(coordinator, timeout_secs: float = LOST_WORKER_WAIT_SECS) -> None:
+  """Where `coordinator` waits for a lost worker to rejoin (one stopped while it was being restarted), waits up to
+  `timeout_secs` for that: a coordinator collected before hangs the chief (`_tf_private.worker_recovery_pending`)."""
+  deadline = time.monotonic() + timeout_secs
+  if _tf_private.worker_recovery_pending(coordinator):
+    logging.info("Waiting up to %.0f s for a lost worker to rejoin before the chief ends", timeout_secs)
+  while _tf_private.worker_recovery_pending(coordinator) and time.monotonic() < deadline:
+    time.sleep(0.2)
