@@ -13,7 +13,8 @@ counts once in the model however the chief, a worker or a ps was lost.
 
 The loop saves every `checkpoint_every_steps` steps, after `checkpoint_every_secs`, and whenever the stream pauses
 with steps not saved yet; SIGTERM (`stop_on_sigterm`) ends it after the steps in flight, with a checkpoint and a
-commit. See docs/online.md.
+commit, and where a worker was lost and is being restarted the chief waits for it to rejoin before it ends
+(`wait_for_lost_workers`). Sync and geo runners take the chief's batches too. See docs/online.md.
 """
 
 import collections
@@ -54,7 +55,8 @@ class StreamLoop(loop_lib.TrainLoop):
   """Trains on `batches` (a `tfps.data.stream.batches.StreamBatches`) until `stop` is set or `max_steps` is reached.
 
   Takes `TrainLoop`'s arguments but `iterator`; `config.checkpoint_every_steps` and `checkpoint_every_secs` set the
-  checkpoints. The runner must take batches as arguments (`schedule_batches`: the async runner).
+  checkpoints. The runner must take batches as arguments (`schedule_batches`: async, one batch a step; sync,
+  `batches_per_step` a step, one per worker slot; geo, a round's).
   """
 
   def __init__(self, *, batches, checkpoint_every_secs: Optional[float] = None, **kwargs):
