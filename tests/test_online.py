@@ -106,7 +106,8 @@ def test_sync_and_geo_modes_apply_each_message_once(cluster, kafka_broker, tmp_p
     ({"sync_mode": "sync", "steps_per_execution": 4}, r"`steps_per_execution` \(4\) applies to sync_mode=async only"),
     ({"epochs": 2}, r"unexpected keyword argument 'epochs' \(a stream has no epochs; it takes steps_per_execution"),
     ({"checkpoint_every_secs": 0}, r"`checkpoint_every_secs` \(0\) must be a positive number or None"),
-], ids=["no-model-dir", "pipelined", "sync-steps-per-execution", "epochs", "zero-secs"])
+    ({"log_every_steps": 0}, r"`log_every_steps` \(0\) must be a positive integer"),
+], ids=["no-model-dir", "pipelined", "sync-steps-per-execution", "epochs", "zero-secs", "zero-log-steps"])
 def test_a_keras_stream_run_it_cannot_honour_is_refused_in_one_line_before_connecting(tmp_path, options, error):
   options = {"model_dir": str(tmp_path), **options}
   with pytest.raises((tfps.UsageError, TypeError), match=error):

@@ -54,6 +54,8 @@ class StreamOptions:
 
   def __post_init__(self):
     checks.positive_int("steps_per_execution", self.steps_per_execution, allow_none=True)
+    checks.positive_int("checkpoint_every_steps", self.checkpoint_every_steps)
+    checks.positive_int("log_every_steps", self.log_every_steps)
     checks.positive_int("keep_checkpoint_max", self.keep_checkpoint_max, allow_none=True)
     if self.checkpoint_every_secs is not None and not self.checkpoint_every_secs > 0:
       raise UsageError(f"`checkpoint_every_secs` ({self.checkpoint_every_secs!r}) must be a positive number or None")
@@ -118,8 +120,9 @@ def _checked(build_model, make_batches, model_dir, max_steps, sync_mode, options
   fields = [field.name for field in dataclasses.fields(StreamOptions)]
   unknown = sorted(set(options) - set(fields) - set(options_lib.FIELDS))
   if unknown:
-    raise TypeError(f"train_on_stream() got an unexpected keyword argument {unknown[0]!r} (a stream has no epochs; "
-                    f"it takes {', '.join(fields)})")
+    hint = "a stream has no epochs; " if "epoch" in unknown[0] else ""
+    raise TypeError(f"train_on_stream() got an unexpected keyword argument {unknown[0]!r} ({hint}it takes "
+                    f"{', '.join(fields)} and the StrategyOptions fields)")
   settings = StreamOptions(**{name: options.pop(name) for name in list(options) if name in fields})
   mode = modes.as_mode(sync_mode)
   online.check_mode(mode)
