@@ -2,6 +2,11 @@
 mode: every message applied exactly once (counted per message), the checkpoint's position, the offsets committed after
 it, a run resumed from it (sources and their bad input: tests/test_stream_sources.py)."""
 
+import json
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -136,3 +141,18 @@ def test_a_dynamic_table_trains_on_a_stream_and_admits_each_message_id_once(clus
   assert online.train_on_stream(estimator, make, max_steps=6) == 6
   last = (tmp_path / "loss.log").read_text().splitlines()[-1]
   assert "ids_table/admitted 48 |" in last, last  # each of the 48 message ids admitted once
+
+
+def test_the_online_script_refuses_pipelined_updates_in_one_line_before_any_role_runs(tmp_path, subprocess_env):
+  spec = tmp_path / "clicks.spec.json"
+  spec.write_text(json.dumps(online_stream.SPEC.to_dict()))
+  result = subprocess.run(
+      [sys.executable, "scripts/train_online.py", "--stream=folder", f"--stream_folder={tmp_path}", "--data=csv",
+       f"--feature_spec={spec}", "--path=keras", "--pipelined_updates"],
+      cwd=pathlib.Path(__file__).resolve().parents[1], env=subprocess_env, capture_output=True, text=True,
+      timeout=120, check=False)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines()[-1] == ("train_online.py: training on a stream needs pipelined_updates="
+                                                    "False (given True): pipelined steps take their batches from the "
+                                                    "workers' own input, not from the chief")
+  assert "Traceback" not in result.stderr
