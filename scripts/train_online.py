@@ -1,4 +1,5 @@
-"""Online training: a bundled model (Wide&Deep, DCN) trained without end on a stream, on the Estimator path.
+"""Online training: a bundled model (Wide&Deep, DCN) trained without end on a stream, on the Estimator path or
+(--path=keras) the Keras path, in async or (--sync_mode=sync) sync mode.
 
   tfps-launch --num_ps=1 --num_workers=2 scripts/train_online.py -- --stream=kafka --kafka_bootstrap=broker:9092 \
       --kafka_topic=clicks --data=csv --feature_spec=clicks.spec.json --model=dcn --model_dir=/shared/online
@@ -31,11 +32,14 @@ _MAX_STEPS = flags.DEFINE_integer("max_steps", None, "Stop at this global step (
                                   lower_bound=1)
 _CHECKPOINT_STEPS = flags.DEFINE_integer("save_checkpoints_steps", 1000, "Steps between checkpoints.", lower_bound=1)
 _LOG_STEPS = flags.DEFINE_integer("log_step_count_steps", 100, "Steps between progress lines.", lower_bound=1)
-_STEPS_PER_EXECUTION = flags.DEFINE_integer("steps_per_execution", 20, "Steps per scheduled function.",
-                                            lower_bound=1)
+_STEPS_PER_EXECUTION = flags.DEFINE_integer("steps_per_execution", None, "Async: steps per scheduled function "
+                                            "(default 20).", lower_bound=1)
+_PATH = flags.DEFINE_enum("path", "estimator", ["estimator", "keras"], "The training path: a model_fn on the "
+                          "Estimator path, or the compiled tf-keras model (tfps.keras.online.train_on_stream).")
 _DELTA_EXPORT_SECS = flags.DEFINE_float(
     "delta_export_secs", None, "Seconds between delta exports of the changed rows to model_dir/deltas, each with the "
-    "stream position of its examples (default: none; docs/delta_export.md).", lower_bound=0)
+    "stream position of its examples (default: none; docs/delta_export.md). The Estimator path.", lower_bound=0)
+_ESTIMATOR_ONLY = ("stream_eval_every_steps", "stream_eval_every_secs", "delta_export_secs")
 
 
 def main(argv):
@@ -44,36 +48,75 @@ def main(argv):
   fv = flags.FLAGS
   if not fv.stream:
     raise tfps.UsageError("scripts/train_online.py trains on a stream: give --stream=kafka or --stream=folder")
+  given = [f"--{name}" for name in _ESTIMATOR_ONLY if fv[name].value is not None]
+  if _PATH.value == "keras" and given:
+    raise tfps.UsageError(f"--path=keras does not take {', '.join(given)} (the Estimator path does): give "
+                          f"--path=estimator or leave them out")
+  from tfps.training import online  # pylint: disable=g-import-not-at-top
+  online.check_mode(mode)  # on every task: a mode a stream cannot train in ends the run, not only its chief
+  if _PATH.value == "keras":
+    tfps.run_task(lambda cluster: _train_keras(cluster, mode), cluster=tfps.config_from_flags(),
+                  **tfps.server_options_from_flags())
+  else:
+    tfps.run_task(lambda cluster: _train_estimator(cluster, mode), evaluator_fn=lambda c: _evaluate_estimator(c, mode),
+                  cluster=tfps.config_from_flags(), **tfps.server_options_from_flags())
+
+
+def _estimator(cluster, mode):
+  """The bundled model's model_fn on the Estimator path (`cluster` None: the sidecar's local copy)."""
+  from tfps.models import model_fns  # pylint: disable=g-import-not-at-top
+  fv = flags.FLAGS
   config = tfps.RunConfig(save_checkpoints_steps=_CHECKPOINT_STEPS.value, log_step_count_steps=_LOG_STEPS.value,
-                          steps_per_execution=_STEPS_PER_EXECUTION.value, delta_export_secs=_DELTA_EXPORT_SECS.value,
-                          **dataclasses.asdict(mode))
-  cluster_config = tfps.config_from_flags()
+                          steps_per_execution=_STEPS_PER_EXECUTION.value or 20,
+                          delta_export_secs=_DELTA_EXPORT_SECS.value, **dataclasses.asdict(mode))
+  model_fn = model_fns.build_model_fn(fv.model, *_features(), optimizer=fv.optimizer, learning_rate=fv.learning_rate,
+                                      **model_flags.model_options_from_flags(num_ps=cluster.num_ps if cluster else 1))
+  return tfps.Estimator(model_fn, model_dir=_MODEL_DIR.value, config=config, cluster=cluster,
+                        strategy_options=tfps.strategy_options_from_flags())
 
-  def estimator_on(cluster):
-    from tfps.data import spec as spec_lib  # pylint: disable=g-import-not-at-top
-    from tfps.models import model_fns  # pylint: disable=g-import-not-at-top
-    categorical, dense = spec_lib.load_spec(fv.feature_spec).model_features()
-    model_fn = model_fns.build_model_fn(fv.model, categorical, dense, optimizer=fv.optimizer,
-                                        learning_rate=fv.learning_rate,
-                                        **model_flags.model_options_from_flags(num_ps=cluster.num_ps if cluster else 1))
-    return tfps.Estimator(model_fn, model_dir=_MODEL_DIR.value, config=config, cluster=cluster,
-                          strategy_options=tfps.strategy_options_from_flags())
 
-  def train(cluster):
-    from tfps.estimator import online  # pylint: disable=g-import-not-at-top
-    online.train_on_stream(estimator_on(cluster), tfps_flags.stream_batches_from_flags(), max_steps=_MAX_STEPS.value,
-                           checkpoint_every_secs=fv.checkpoint_every_secs,
-                           evaluate_every_steps=fv.stream_eval_every_steps,
-                           evaluate_every_secs=fv.stream_eval_every_secs, eval_batch_size=fv.batch_size)
+def _train_estimator(cluster, mode):
+  """The chief's training on the Estimator path, with the inline evaluations of the newest held-out window."""
+  from tfps.estimator import online  # pylint: disable=g-import-not-at-top
+  fv = flags.FLAGS
+  online.train_on_stream(_estimator(cluster, mode), tfps_flags.stream_batches_from_flags(), max_steps=_MAX_STEPS.value,
+                         checkpoint_every_secs=fv.checkpoint_every_secs, evaluate_every_steps=fv.stream_eval_every_steps,
+                         evaluate_every_secs=fv.stream_eval_every_secs, eval_batch_size=fv.batch_size)
 
-  def evaluate(cluster):  # the sidecar: every checkpoint on the held-out window current at it
-    from tfps.data import spec as spec_lib  # pylint: disable=g-import-not-at-top
-    from tfps.data.stream import holdout  # pylint: disable=g-import-not-at-top
-    from tfps.estimator import stream_evaluation  # pylint: disable=g-import-not-at-top
-    return stream_evaluation.run_window_evaluator(
-        estimator_on(cluster), holdout.window_input_fn(spec_lib.load_spec(fv.feature_spec), fv.batch_size))
 
-  tfps.run_task(train, evaluator_fn=evaluate, cluster=cluster_config, **tfps.server_options_from_flags())
+def _evaluate_estimator(cluster, mode):
+  """The sidecar: every checkpoint evaluated on the held-out window current at it."""
+  from tfps.data import spec as spec_lib  # pylint: disable=g-import-not-at-top
+  from tfps.data.stream import holdout  # pylint: disable=g-import-not-at-top
+  from tfps.estimator import stream_evaluation  # pylint: disable=g-import-not-at-top
+  fv = flags.FLAGS
+  return stream_evaluation.run_window_evaluator(
+      _estimator(cluster, mode), holdout.window_input_fn(spec_lib.load_spec(fv.feature_spec), fv.batch_size))
+
+
+def _train_keras(cluster, mode):
+  """The chief's training on the Keras path: the bundled model compiled as `tfps.fit` trains it."""
+  from tfps import models  # pylint: disable=g-import-not-at-top
+  from tfps.keras import online  # pylint: disable=g-import-not-at-top
+  fv = flags.FLAGS
+  options = model_flags.model_options_from_flags(num_ps=cluster.num_ps)
+
+  def build_model():
+    model = models.build_model(fv.model, *_features(), **options)
+    return models.compile_model(model, optimizer=fv.optimizer, learning_rate=fv.learning_rate)
+
+  online.train_on_stream(build_model, tfps_flags.stream_batches_from_flags(), model_dir=_MODEL_DIR.value,
+                         max_steps=_MAX_STEPS.value, sync_mode=mode, cluster=cluster,
+                         strategy_options=tfps.strategy_options_from_flags(),
+                         steps_per_execution=_STEPS_PER_EXECUTION.value,
+                         checkpoint_every_steps=_CHECKPOINT_STEPS.value, log_every_steps=_LOG_STEPS.value,
+                         checkpoint_every_secs=fv.checkpoint_every_secs)
+
+
+def _features():
+  """`(categorical, dense)`: the model's features, from --feature_spec."""
+  from tfps.data import spec as spec_lib  # pylint: disable=g-import-not-at-top
+  return spec_lib.load_spec(flags.FLAGS.feature_spec).model_features()
 
 
 if __name__ == "__main__":

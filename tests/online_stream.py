@@ -2,8 +2,10 @@
 loopback), messages that each carry an id, and a model_fn that counts how many times each message was applied.
 
 The model is one embedding row per message id, starting at 0; the loss is minus the sum of the batch's rows and the
-optimizer plain SGD at rate 1, so every application of a message's step adds exactly 1 to its row. After training,
-row `i` of the checkpoint's table is the number of times message `i` was applied.
+optimizer plain SGD at rate 1, so every application of a message's step adds exactly 1 to its row (in sync mode a
+step averages the gradients of `replicas` batches: the rate is `replicas`). After training, row `i` of the
+checkpoint's table is the number of times message `i` was applied. `model_fn` is the Estimator path's model,
+`build_keras_model` the Keras path's.
 """
 
 import json
@@ -24,10 +26,36 @@ SPEC = spec_lib.spec_from_dict({"name": "clicks", "columns": ["id", "label", "pr
 TABLE = "counts"
 
 
-def model_fn(features, labels, mode):
-  del labels
-  rows = tf_keras.layers.Embedding(MAX_MESSAGES, 1, embeddings_initializer="zeros", name=TABLE)(features["id"])
-  return tfps.EstimatorSpec(mode, loss=-tf.reduce_sum(rows), optimizer=tf_keras.optimizers.legacy.SGD(1.0))
+def counting_model_fn(rate: float = 1.0):
+  """The Estimator path's counting model_fn, its SGD at `rate`."""
+  def model_fn(features, labels, mode):
+    del labels
+    rows = tf_keras.layers.Embedding(MAX_MESSAGES, 1, embeddings_initializer="zeros", name=TABLE)(features["id"])
+    return tfps.EstimatorSpec(mode, loss=-tf.reduce_sum(rows), optimizer=tf_keras.optimizers.legacy.SGD(rate))
+  return model_fn
+
+
+model_fn = counting_model_fn()
+
+
+class CountingModel(tf_keras.Model):
+  """The Keras path's counting model: its loss (added in `call`) is minus the sum of the batch's rows."""
+
+  def __init__(self):
+    super().__init__()
+    self.counts = tf_keras.layers.Embedding(MAX_MESSAGES, 1, embeddings_initializer="zeros", name=TABLE)
+
+  def call(self, features):
+    rows = self.counts(features["id"])
+    self.add_loss(-tf.reduce_sum(rows))
+    return rows[:, 0]
+
+
+def build_keras_model(rate: float = 1.0) -> tf_keras.Model:
+  """The compiled counting model (no loss but its own; SGD at `rate`)."""
+  model = CountingModel()
+  model.compile(tf_keras.optimizers.legacy.SGD(rate))
+  return model
 
 
 def mock_cluster():
@@ -55,24 +83,24 @@ def produce(bootstrap: str, ids, *, json_records: bool = False, extra=(), topic:
   producer.flush(30)
 
 
-def end_offsets(bootstrap: str) -> dict:
-  """`{partition: end offset}` of TOPIC."""
+def end_offsets(bootstrap: str, topic: str = TOPIC) -> dict:
+  """`{partition: end offset}` of `topic`."""
   from confluent_kafka import Consumer, TopicPartition  # pylint: disable=g-import-not-at-top
   consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe", "log_level": 2})
   try:
-    partitions = consumer.list_topics(TOPIC, timeout=10).topics[TOPIC].partitions
-    return {str(p): consumer.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10)[1] for p in partitions}
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    return {str(p): consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
   finally:
     consumer.close()
 
 
-def committed(bootstrap: str, group: str) -> dict:
-  """`{partition: offset}` committed by `group` on TOPIC (-1001 where none)."""
+def committed(bootstrap: str, group: str, topic: str = TOPIC) -> dict:
+  """`{partition: offset}` committed by `group` on `topic` (-1001 where none)."""
   from confluent_kafka import Consumer, TopicPartition  # pylint: disable=g-import-not-at-top
   consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "log_level": 2})
   try:
-    partitions = consumer.list_topics(TOPIC, timeout=10).topics[TOPIC].partitions
-    return {str(tp.partition): tp.offset for tp in consumer.committed([TopicPartition(TOPIC, p) for p in partitions],
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    return {str(tp.partition): tp.offset for tp in consumer.committed([TopicPartition(topic, p) for p in partitions],
                                                                        timeout=10)}
   finally:
     consumer.close()

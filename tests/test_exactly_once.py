@@ -279,7 +279,7 @@ def test_a_sync_update_run_again_applies_the_step_only_where_it_is_missing(clust
   counter_ps = model.optimizer.iterations.device
   reached = counter_ps if reached_holds_the_counter else next(device for device in devices if device != counter_ps)
   before = {variable.name: variable.numpy() for variable in model.variables}
-  runner.gather(iterator, 1)  # step 1's gradients
+  runner.gather(iterator, step=1)  # step 1's gradients
   # Its update reached `reached` and was recorded there (and counted, where the counter is), then its worker died:
   # slot 1, mark 2. The update runs again.
   runner.ps_records.vectors[reached].scatter_update(tf.IndexedSlices(tf.constant([2], tf.int64), tf.constant([1])))

@@ -2,6 +2,8 @@
 a cluster: a TensorFlow or tf-keras upgrade that changes one fails here."""
 
 import inspect
+import threading
+import types
 
 import numpy as np
 import pytest
@@ -237,3 +239,19 @@ def test_sharded_variables_compiled_models_and_adagrads_initial_accumulator_are_
   assert model._is_compiled and _tf_private.is_compiled(model)  # pylint: disable=protected-access
   assert _tf_private.initial_accumulator_value(tf_keras.optimizers.legacy.Adagrad(0.1, 0.25)) == 0.25
   assert _tf_private.initial_accumulator_value(tf_keras.optimizers.legacy.SGD(0.1)) == 0.0
+
+
+def test_a_coordinator_tells_through_its_cluster_s_failure_handler_whether_it_awaits_a_lost_worker():
+  coordinator_class = tf.distribute.experimental.coordinator.ClusterCoordinator
+  module = inspect.getmodule(coordinator_class)
+  assert "self._cluster.stop()" in inspect.getsource(coordinator_class.__del__)  # why a collected one may hang
+  assert "self.failure_handler = " in inspect.getsource(module.Cluster.__init__)
+  handler = module.WorkerPreemptionHandler  # the one a cluster without the coordination service uses (tfps's)
+  assert "self._cluster_due_for_update_or_finish.set()" in inspect.getsource(handler.wait_on_failure)
+  assert "with self._cluster_update_lock:" in inspect.getsource(handler.stop)
+  due = threading.Event()
+  coordinator = types.SimpleNamespace(_cluster=types.SimpleNamespace(
+      failure_handler=types.SimpleNamespace(_cluster_due_for_update_or_finish=due)))
+  assert not _tf_private.worker_recovery_pending(coordinator)
+  due.set()
+  assert _tf_private.worker_recovery_pending(coordinator)

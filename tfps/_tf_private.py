@@ -331,3 +331,15 @@ def checkpoint_object_graph(path: str):
   graph = trackable_object_graph_pb2.TrackableObjectGraph()
   graph.ParseFromString(tf.train.load_checkpoint(path).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
   return graph
+
+
+def worker_recovery_pending(coordinator) -> bool:
+  """Whether `coordinator` (a `ClusterCoordinator`) is waiting for a lost worker to come back and rejoin.
+
+  ClusterCoordinator has no public way to ask. It matters at the end of training: a coordinator collected while its
+  preemption thread waits (its `__del__` stops that thread under the lock the recovery holds) hangs the chief;
+  seen on TensorFlow 2.21 with a chief stopped by SIGTERM 2 s after its SIGKILLed worker had been restarted.
+  """
+  handler = getattr(getattr(coordinator, "_cluster", None), "failure_handler", None)
+  due = getattr(handler, "_cluster_due_for_update_or_finish", None)
+  return bool(due is not None and due.is_set())

@@ -308,7 +308,8 @@ def define_stream_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_float("checkpoint_every_secs", None, "Online training: a checkpoint at least this often (besides "
                      "every --save_checkpoints_steps steps and whenever the stream pauses).", lower_bound=1, **fv)
   flags.DEFINE_float("stream_idle_flush_secs", 10, "A record that has waited this long for its batch to fill is "
-                     "trained in a partial batch (a pause in the stream).", lower_bound=0, **fv)
+                     "trained in a partial batch (a pause in the stream); not in sync mode unless given (a sync step "
+                     "trains one batch per worker slot, so there it is refused).", lower_bound=0, **fv)
   flags.DEFINE_integer("stream_holdout_every", None, "Hold out about one message in this many (by a hash of its "
                        "partition and offset), never trained on: the evaluation windows.", lower_bound=2, **fv)
   flags.DEFINE_integer("stream_holdout_window", 2000, "The newest held-out messages an evaluation uses.",
@@ -334,6 +335,13 @@ def _check_stream(values: dict) -> bool:
   return True
 
 
+def _idle_flush_secs(fv: flags.FlagValues):
+  """--stream_idle_flush_secs, or None (no partial batches) in sync mode where it was not given."""
+  if "sync_mode" in fv and fv["sync_mode"].value == "sync" and not fv["stream_idle_flush_secs"].present:
+    return None
+  return fv.stream_idle_flush_secs
+
+
 def stream_batches_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> Callable:
   """`make_batches(positions)` for `tfps.estimator.online.train_on_stream`: the `--stream` source's batches of
   --batch_size records parsed with --feature_spec, starting at `positions` (a checkpoint's; None: --stream_start)."""
@@ -357,6 +365,6 @@ def stream_batches_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> Ca
                 if fv.stream_holdout_every else None)
     return batches.StreamBatches(source, feature_spec, batch_size=fv["batch_size"].value,
                                  record_format=fv.record_format, strict=fv["strict_data"].value, held_out=held_out,
-                                 idle_flush_secs=fv.stream_idle_flush_secs)
+                                 idle_flush_secs=_idle_flush_secs(fv))
 
   return make_batches

@@ -8,7 +8,6 @@ import tensorflow as tf
 from tfps import checks
 from tfps.errors import UsageError
 from tfps.estimator import stream_evaluation
-from tfps.training import checkpoints as checkpoints_lib
 from tfps.training import loop
 from tfps.training import online
 from tfps.training import stream_positions
@@ -21,14 +20,15 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
                     evaluate_every_steps: Optional[int] = None, evaluate_every_secs: Optional[float] = None,
                     eval_batch_size: int = 1024) -> int:
   """Trains `estimator` (a `tfps.Estimator`, on the cluster) on a stream until SIGTERM (or `stop`, a
-  `threading.Event`, is set; or the global step reaches `max_steps`), in async mode; returns the final step.
+  `threading.Event`, is set; or the global step reaches `max_steps`), async (not pipelined), sync or geo; returns the
+  final step.
 
   Every message is applied exactly once, across lost workers, ps and chief restarts: each checkpoint holds the
   stream position after its last example; a restarted chief reads on from the newest checkpoint's.
 
   Args:
     estimator: the `tfps.Estimator`; its `RunConfig` gives `save_checkpoints_steps`, `log_step_count_steps`,
-      `steps_per_execution`, the mode (async only), `delta_export_secs` (deltas name their examples' positions).
+      `steps_per_execution`, the training mode (async without pipelined updates, sync or geo), `delta_export_secs` (deltas name their examples' positions).
     make_batches: `fn(positions) -> tfps.data.stream.batches.StreamBatches`, the stream's batches starting at
       `positions` (the newest checkpoint's, or None: the stream's own start).
     max_steps: stop when the global step reaches it (None: never).
@@ -39,8 +39,8 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
   """
   checks.positive_int("max_steps", max_steps, allow_none=True)
   config = estimator.config
-  _check_mode(config.mode)
-  batches = make_batches(_newest_positions(estimator.model_dir))
+  online.check_mode(config.mode)
+  batches = make_batches(stream_positions.newest_positions(estimator.model_dir))
   after_checkpoint, evaluation_due = _with_window_evaluation(estimator, batches, after_checkpoint,
                                                              evaluate_every_steps, evaluate_every_secs, eval_batch_size)
 
@@ -59,21 +59,10 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
                              checkpoint_every_steps=config.save_checkpoints_steps),
       model_dir=estimator.model_dir, metrics=lambda: tables.table_metrics(model.model.variables.tables),
       deltas=model.deltas)
-  try:
-    step = _run(stream_loop, max_steps, after_checkpoint, stop)
-  finally:
-    batches.source.close()
+  step = online.run_until_stopped(stream_loop, max_steps, after_checkpoint, stop)
   if max_steps is not None and step >= max_steps:
     manager.finish()
   return step
-
-
-def _run(stream_loop, max_steps, after_checkpoint, stop) -> int:
-  """Runs the loop until `stop` is set (None: until SIGTERM) or `max_steps`; returns the final step."""
-  if stop is not None:
-    return stream_loop.run(max_steps, after_checkpoint, stop=stop)
-  with online.stop_on_sigterm() as sigterm:
-    return stream_loop.run(max_steps, after_checkpoint, stop=sigterm)
 
 
 def _with_window_evaluation(estimator, batches, after_checkpoint, every_steps, every_secs, batch_size):
@@ -95,21 +84,3 @@ def _with_window_evaluation(estimator, batches, after_checkpoint, every_steps, e
     inline(step)
 
   return after, inline.due
-
-
-def _check_mode(mode) -> None:
-  """Training on a stream is async without pipelined updates (a one-line `UsageError` otherwise)."""
-  if mode.sync_mode != "async" or mode.pipelined_updates:
-    raise UsageError(f"training on a stream needs sync_mode=async without pipelined_updates (given "
-                     f"sync_mode={mode.sync_mode}, pipelined_updates={mode.pipelined_updates})")
-
-
-def _newest_positions(model_dir: str):
-  """The stream position the newest checkpoint of `model_dir` holds (None: no checkpoint, or one not trained on a
-  stream: the stream starts where its source starts)."""
-  latest = tf.train.latest_checkpoint(checkpoints_lib.checkpoint_dir(model_dir))
-  positions = stream_positions.read_positions(model_dir, latest)
-  if latest and positions is None:
-    logging.warning("%s holds no stream position (it was not trained on a stream); the stream starts where its "
-                    "source starts", latest)
-  return positions

@@ -115,7 +115,7 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
   _check_run(run)
   mode = modes.as_mode(sync_mode)
   strategy_options = options_lib.as_strategy_options(strategy_options, **options)
-  config = _chief_cluster(cluster)
+  config = chief_cluster(cluster)
   runners.check_settings(mode, run.options.steps_per_execution)
   if not _env.command_line_parsed() and logging.get_verbosity() < logging.INFO:
     logging.set_verbosity(logging.INFO)  # outside absl.app (a notebook), absl would hide the progress lines
@@ -133,10 +133,11 @@ def _fit_options(options: dict) -> FitOptions:
   return FitOptions(**{name: options.pop(name) for name in list(options) if name in _FIT_OPTIONS})
 
 
-def _chief_cluster(cluster: Optional[cluster_lib.ClusterConfig]) -> cluster_lib.ClusterConfig:
+def chief_cluster(cluster: Optional[cluster_lib.ClusterConfig], what: str = "tfps.fit") -> cluster_lib.ClusterConfig:
+  """The cluster seen from its chief (`cluster`, default TF_CONFIG); a `UsageError` on another task."""
   config = roles.resolve_cluster(cluster)
   if config.task_type != "chief":
-    raise UsageError(f"tfps.fit trains on the chief, and this task is {config.task_type}:{config.task_index}; "
+    raise UsageError(f"{what} trains on the chief, and this task is {config.task_type}:{config.task_index}; "
                      "dispatch the roles with tfps.run_task(chief_fn, evaluator_fn=..., cluster=...): ps and workers "
                      "serve there, chief_fn calls tfps.fit, evaluator_fn calls tfps.run_sidecar_evaluator")
   return config
@@ -196,6 +197,13 @@ def _build(chief: chief_lib.Chief, run: _Run):
   and the chief's sample of the training input (its spec, maybe a batch)."""
   model = build_model_in_scope(run.build_model, chief.strategy)
   sample = dataset_fns.make_dataset(run.train_dataset_fn, "train_dataset_fn")
+  create_variables(chief, model, sample)
+  return model, sample
+
+
+def create_variables(chief: chief_lib.Chief, model: tf_keras.Model, sample: tf.data.Dataset) -> None:
+  """Makes every variable of `model` (built on a batch of `sample` where its inputs are not declared) and of its
+  optimizer, sharded over the ps, and binds its table layers (`Chief.create_variables`)."""
 
   def create():
     with chief.strategy.scope():
@@ -206,7 +214,6 @@ def _build(chief: chief_lib.Chief, run: _Run):
     return model.optimizer, tables.tables_of(model)
 
   chief.create_variables(create)
-  return model, sample
 
 
 def _train(chief: chief_lib.Chief, run: _Run) -> tf_keras.callbacks.History:

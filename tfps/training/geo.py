@@ -199,7 +199,7 @@ class GeoRunner(steps_lib.Runner):
     self.progress.ps_records = exactly_once.PsRecords()  # each ps takes a round's push once
     self.table_marks = tables_lib.StepMarks(self.strategy)  # table layers' bookkeeping, once per batch and shard
     self._names = _LocalNames()
-    self._functions: Dict[int, Callable] = {}
+    self._functions: Dict[object, Callable] = {}
 
   @classmethod
   def check_settings(cls, mode, steps_per_execution) -> None:
@@ -217,6 +217,17 @@ class GeoRunner(steps_lib.Runner):
         return self.round_function(iterator, num_steps, seq)
       self._functions[num_steps] = tf.function(round_of, autograph=False)
     return self.coordinator.schedule(self._functions[num_steps], args=(iterator, self.progress.next_sequence()))
+
+  def schedule_batches(self, stacked, num_steps: int):
+    """`schedule` for batches given by the chief (a stream): one round on the first `num_steps` batches of `stacked`
+    (a batch structure, batches stacked along a first dimension); a round run again trains the same batches, and a
+    round pushed is not run again."""
+    if ("given", num_steps) not in self._functions:
+      def round_of(stacked, seq):
+        return self.round_function(steps_lib.GivenBatches(stacked), num_steps, seq)
+      self._functions[("given", num_steps)] = tf.function(round_of, autograph=False)
+    return self.coordinator.schedule(self._functions[("given", num_steps)],
+                                     args=(stacked, self.progress.next_sequence()))
 
   def _slots(self, variable) -> List[tf.Variable]:
     optimizer = self.step.optimizer()
@@ -276,7 +287,7 @@ class GeoRunner(steps_lib.Runner):
 
   def _round(self, iterator, num_steps: int, slot, seq):
     optimizer = self.step.optimizer()
-    batches = [next(iterator) for _ in range(num_steps)]
+    batches = [steps_lib.next_batch(iterator, index) for index in range(num_steps)]
     dense = self._dense_copies(optimizer, batches[0])  # 1. Pull.
     with contextlib.ExitStack() as swaps:
       for copy in dense:

@@ -14,7 +14,9 @@ counts once in the model however the chief, a worker or a ps was lost.
 The loop saves every `checkpoint_every_steps` steps, after `checkpoint_every_secs`, whenever the stream pauses
 with steps not saved yet, and when `evaluation_due(step)` says so (an evaluation of the held-out window follows the
 checkpoint: `after_checkpoint`); a partial batch (`StreamBatches(idle_flush_secs=...)`) is scheduled alone. SIGTERM
-(`stop_on_sigterm`) ends it after the steps in flight, with a checkpoint and a commit. See docs/online.md.
+(`stop_on_sigterm`) ends it after the steps in flight, with a checkpoint and a commit, and where a worker was lost
+and is being restarted the chief waits for it to rejoin before it ends (`wait_for_lost_workers`). Sync and geo
+runners take the chief's batches too. See docs/online.md.
 """
 
 import collections
@@ -27,12 +29,14 @@ from typing import Callable, Optional
 from absl import logging
 import tensorflow as tf
 
+from tfps import _tf_private
 from tfps import run_records
 from tfps.errors import UsageError
 from tfps.training import loop as loop_lib
 from tfps.training import stream_positions
 
 _WAIT_SECS = 0.5  # the longest a step waits for its batch before the loop looks for a stop, a save and a log
+LOST_WORKER_WAIT_SECS = 600.0  # at the end, the longest the chief waits for a lost worker to rejoin
 
 
 @contextlib.contextmanager
@@ -53,14 +57,19 @@ class StreamLoop(loop_lib.TrainLoop):
   """Trains on `batches` (a `tfps.data.stream.batches.StreamBatches`) until `stop` is set or `max_steps` is reached.
 
   Takes `TrainLoop`'s arguments but `iterator`; `config.checkpoint_every_steps` and `checkpoint_every_secs` set the
-  checkpoints. The runner must take batches as arguments (`schedule_batches`: the async runner).
+  checkpoints. The runner must take batches as arguments (`schedule_batches`: async, one batch a step; sync,
+  `batches_per_step` a step, one per worker slot; geo, a round's).
   """
 
   def __init__(self, *, batches, checkpoint_every_secs: Optional[float] = None,
                evaluation_due: Optional[Callable[[int], bool]] = None, **kwargs):
     super().__init__(iterator=None, **kwargs)
     if not hasattr(self._runner, "schedule_batches"):
-      raise UsageError(f"training on a stream needs sync_mode=async (the runner is {type(self._runner).__name__})")
+      raise UsageError(f"training on a stream needs a runner that takes the chief's batches (the runner is "
+                       f"{type(self._runner).__name__})")
+    if self._runner.batches_per_step > 1 and batches.idle_flush_secs is not None:
+      raise UsageError(f"partial batches after a pause (idle_flush_secs={batches.idle_flush_secs}) need a mode that "
+                       f"trains one batch a step (async or geo): a sync step trains one batch per worker slot")
     self._batches = batches
     self._fed_positions = batches.positions()  # the position after the last batch scheduled
     self._ready = collections.deque()  # batches read ahead while the last chunk's functions ran, not scheduled yet
@@ -83,6 +92,7 @@ class StreamLoop(loop_lib.TrainLoop):
       fed, loss_sum, examples, paused = self._run_chunk_fed(min(boundary, max_steps or boundary) - step)
       step = self.step
       if fed:
+        loss_sum = self.chunk_ended(fed, loss_sum)
         clock = self._log(step, loss_sum, examples, clock, max_steps)
       due = (step >= saved + self._config.checkpoint_every_steps or step == max_steps or
              (self._every_secs is not None and time.monotonic() - saved_time >= self._every_secs) or paused or
@@ -106,31 +116,23 @@ class StreamLoop(loop_lib.TrainLoop):
   def _run_chunk_fed(self, num_steps: int):
     """Schedules up to `num_steps` steps on the stream's next batches, joins and settles: `(steps fed, loss sum,
     examples, paused)`, `paused` where the stream gave no batch for a while."""
-    runner = self._runner
+    runner, start = self._runner, self.step
     runner.begin()
-    since, results, fed, paused = runner.progress.position, [], 0, False
+    results, fed, paused, per_step = [], 0, False, runner.batches_per_step
     while fed < num_steps and not self._stop():
-      wanted = min(runner.steps_per_execution, num_steps - fed)
-      batches = []
-      while len(batches) < wanted and not self._stop():
-        batch = self._ready.popleft() if self._ready else self._batches.next_batch(_WAIT_SECS)
-        if batch is None:
-          paused = True
-          break
-        batches.append(batch)
-        if batch.size < self._batches.batch_size:  # a partial batch, after a pause: the chunk ends with it
-          paused = True
-          break
-      if batches:
-        results += _schedule(runner, batches)
+      batches, paused = self._next_batches(min(runner.steps_per_execution, num_steps - fed) * per_step)
+      steps = len(batches) // per_step
+      self._ready.extendleft(reversed(batches[steps * per_step:]))  # a step's batches go in together
+      if steps:
+        batches = batches[:steps * per_step]
+        results += _schedule(runner, batches, per_step)
         self._fed_positions = batches[-1].positions
-        fed += len(batches)
-      if paused or not batches:
+        fed += steps
+      if paused or not steps:
         break
-    self._read_ahead(runner.steps_per_execution)
+    self._read_ahead(runner.steps_per_execution * per_step)
     runner.coordinator.join()
-    runner.settle()
-    applied = runner.progress.steps_recorded(since)
+    applied = runner.settle() - start  # async: from its records; sync: each step checked as it ended
     if applied != fed:  # the coordinator re-runs a lost worker's functions, so after a join each one has ended
       raise RuntimeError(f"{fed} steps were fed from the stream and {applied} recorded as applied")
     loss_sum, examples = 0.0, 0
@@ -138,6 +140,25 @@ class StreamLoop(loop_lib.TrainLoop):
       loss, count = result.fetch()
       loss_sum, examples = loss_sum + float(loss), examples + int(count)
     return fed, loss_sum, examples, paused
+
+  def chunk_ended(self, steps: int, loss_sum: float) -> float:
+    """Called after each chunk of `steps` steps (joined) with their summed loss; returns the loss sum its progress line
+    shows (a subclass may read it elsewhere: the Keras path's loss metric)."""
+    del steps
+    return loss_sum
+
+  def _next_batches(self, count: int):
+    """`(batches, paused)`: up to `count` batches, those read ahead first; `paused` where the stream gave none for a
+    while."""
+    batches = []
+    while len(batches) < count and not self._stop():
+      batch = self._ready.popleft() if self._ready else self._batches.next_batch(_WAIT_SECS)
+      if batch is None:
+        return batches, True
+      batches.append(batch)
+      if batch.size < self._batches.batch_size:  # a partial batch, after a pause: the chunk ends with it
+        return batches, True
+    return batches, False
 
   def _read_ahead(self, count: int) -> None:
     """While the functions just scheduled run: reads up to `count` batches the stream has now, for the next chunk
@@ -183,6 +204,15 @@ class StreamLoop(loop_lib.TrainLoop):
     """`(stream name, position after the last batch scheduled)`: all of them applied between chunks."""
     return self._batches.source.name, self._fed_positions
 
+  @property
+  def coordinator(self):
+    """The cluster coordinator the loop's runner schedules on."""
+    return self._runner.coordinator
+
+  def close(self) -> None:
+    """Closes the stream's source (its connection, or files)."""
+    self._batches.source.close()
+
   def stream_metrics(self) -> dict:
     """Lag and malformed records, for the progress lines: `lag_messages` (where the source counts them),
     `lag_secs`, `malformed_records`."""
@@ -193,15 +223,16 @@ class StreamLoop(loop_lib.TrainLoop):
     return metrics
 
 
-def _schedule(runner, batches) -> list:
-  """Schedules `batches` (fed in order), the batches of one size in one function (a partial batch alone); returns
-  the functions' results."""
+def _schedule(runner, batches, per_step: int) -> list:
+  """Schedules `batches` (fed in order, `per_step` to a step), the steps whose batches are of one size in one function
+  (a partial batch's step alone); returns the functions' results."""
   results, start = [], 0
   while start < len(batches):
-    end = start + 1
+    end = start + per_step
     while end < len(batches) and batches[end].size == batches[start].size:
-      end += 1
-    results.append(runner.schedule_batches(_stacked(batches[start:end], runner.steps_per_execution), end - start))
+      end += per_step
+    results.append(runner.schedule_batches(_stacked(batches[start:end], runner.steps_per_execution * per_step),
+                                           (end - start) // per_step))
     start = end
   return results
 
@@ -212,3 +243,37 @@ def _stacked(batches, size: int):
   elements = [batch.element for batch in batches]
   elements += [elements[-1]] * (size - len(elements))
   return tf.nest.map_structure(lambda *tensors: tf.stack(tensors), *elements)
+
+
+def check_mode(mode) -> None:
+  """A one-line `UsageError`, before anything connects, where a stream cannot train in `mode`: with pipelined updates
+  (their steps take their batches from the workers' own input only; docs/online.md)."""
+  if mode.pipelined_updates:
+    raise UsageError("training on a stream needs pipelined_updates=False (given True): pipelined steps take their "
+                     "batches from the workers' own input, not from the chief")
+
+
+def run_until_stopped(stream_loop: StreamLoop, max_steps: Optional[int], after_checkpoint=None,
+                      stop: Optional[threading.Event] = None) -> int:
+  """`stream_loop.run` until `stop` is set (None: until SIGTERM) or `max_steps`; closes the stream's source after.
+  Returns the final step."""
+  try:
+    if stop is not None:
+      step = stream_loop.run(max_steps, after_checkpoint, stop=stop)
+    else:
+      with stop_on_sigterm() as sigterm:
+        step = stream_loop.run(max_steps, after_checkpoint, stop=sigterm)
+  finally:
+    stream_loop.close()
+  wait_for_lost_workers(stream_loop.coordinator)
+  return step
+
+
+def wait_for_lost_workers(coordinator, timeout_secs: float = LOST_WORKER_WAIT_SECS) -> None:
+  """Where `coordinator` waits for a lost worker to rejoin (one stopped while it was being restarted), waits up to
+  `timeout_secs` for that: a coordinator collected before hangs the chief (`_tf_private.worker_recovery_pending`)."""
+  deadline = time.monotonic() + timeout_secs
+  if _tf_private.worker_recovery_pending(coordinator):
+    logging.info("Waiting up to %.0f s for a lost worker to rejoin before the chief ends", timeout_secs)
+  while _tf_private.worker_recovery_pending(coordinator) and time.monotonic() < deadline:
+    time.sleep(0.2)

@@ -61,7 +61,9 @@ class Runner:
   A subclass implements:
     schedule(iterator, num_steps): runs `num_steps` (at most `steps_per_execution`) steps from the per-worker
       `iterator`; returns what `Step.outputs` gives for them (a RemoteValue, or a value with `fetch()`).
-  and may override `begin` and `settle` (the step counter is exact at `settle`), and `check_settings`.
+  and may override `begin` and `settle` (the step counter is exact at `settle`), and `check_settings`. A runner that
+  trains on batches the chief gives (a stream: async and sync) implements `schedule_batches(stacked, num_steps)`,
+  each step on `batches_per_step` of the stacked batches.
 
   Attributes:
     steps_per_execution: the most steps one `schedule` call runs.
@@ -85,6 +87,12 @@ class Runner:
     """The steps per execution the mode runs, given the caller's choice."""
     del mode
     return steps_per_execution
+
+  @property
+  def batches_per_step(self) -> int:
+    """The batches one step trains on where the chief gives them (`schedule_batches`, a stream): 1 (sync: one per
+    worker batch it averages)."""
+    return 1
 
   def schedule(self, iterator, num_steps: int):
     raise NotImplementedError(f"{type(self).__name__} must implement `schedule(iterator, num_steps)`")

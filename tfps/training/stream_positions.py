@@ -15,6 +15,7 @@ import os
 import re
 from typing import Optional
 
+from absl import logging
 import tensorflow as tf
 
 from tfps.training import checkpoints as checkpoints_lib
@@ -66,6 +67,17 @@ def read_positions(model_dir: str, checkpoint: Optional[str]) -> Optional[dict]:
   """The position `checkpoint` (a `ckpt-N` path) holds, or None where it holds none (trained on files)."""
   record = read_record(model_dir, checkpoints_lib.checkpoint_number(checkpoint)) if checkpoint else None
   return None if record is None else record["positions"]
+
+
+def newest_positions(model_dir: str) -> Optional[dict]:
+  """The position the newest checkpoint of `model_dir` holds (None: no checkpoint, or one not trained on a stream:
+  the stream starts where its source starts)."""
+  latest = tf.train.latest_checkpoint(checkpoints_lib.checkpoint_dir(model_dir))
+  positions = read_positions(model_dir, latest)
+  if latest and positions is None:
+    logging.warning("%s holds no stream position (it was not trained on a stream); the stream starts where its "
+                    "source starts", latest)
+  return positions
 
 
 def prune_positions(model_dir: str, kept_checkpoints) -> None:

@@ -17,6 +17,9 @@ A step runs in two phases, each a set of scheduled functions the coordinator wai
    it is missing and nowhere else. The step counter is then settled from the records (a count that reached its ps
    without that ps's record is not counted twice).
 
+On a stream (`schedule_batches`) the chief gives each step its `replicas` batches, batch k trained in slot k by
+whichever worker gets there first: a function run again, or two workers filling one slot, write the same gradients.
+
 The user's step (a `tfps.training.steps.Step`) runs unchanged: its `optimizer.apply_gradients` call is redirected into
 the buffer while the gradient function is traced.
 """
@@ -140,6 +143,7 @@ class SyncRunner(steps_lib.Runner):
     self.ps_records = exactly_once.PsRecords()  # the steps each ps has applied (slot: step % SLOTS, mark: step + 1)
     self.gradient_function = tf.function(self._gradients)
     self.update_function = tf.function(self._update)
+    self._given = None  # `gradient_function` for batches given as arguments (`schedule_batches`), made at first use
 
   @classmethod
   def check_settings(cls, mode, steps_per_execution) -> None:
@@ -150,6 +154,9 @@ class SyncRunner(steps_lib.Runner):
   def _gradients(self, iterator, step, may_steal):
     worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64)
     free = tf.not_equal(self.marks.read_value(), step)
+    if isinstance(iterator, steps_lib.GivenBatches):  # batch k in slot k: any worker may fill any free slot at once
+      free = tf.logical_and(free, tf.range(self.num_workers) < self._replicas)
+      may_steal = tf.constant(True)
     first_free = tf.argmax(tf.cast(free, tf.int32), output_type=tf.int64)
     slot = tf.where(free[worker], worker,
                     tf.where(tf.logical_and(may_steal, tf.reduce_any(free)), first_free, tf.constant(-1, tf.int64)))
@@ -159,7 +166,7 @@ class SyncRunner(steps_lib.Runner):
       with steps_lib.redirected_apply_gradients(
           self.step.optimizer(), lambda pairs, *_, **__: writes.extend(self.buffers.write(slot, pairs)) or tf.no_op()):
         loss, count = self.strategy.run(self.table_marks.marked(self.step.run, slot, step + 1),
-                                        args=(next(iterator),))
+                                        args=(steps_lib.next_batch(iterator, slot),))
       with tf.control_dependencies(writes):
         marked = self.marks.scatter_update(tf.IndexedSlices(tf.reshape(step, [1]), tf.reshape(slot, [1])))
       with tf.control_dependencies([marked]):
@@ -202,11 +209,32 @@ class SyncRunner(steps_lib.Runner):
       raise RuntimeError(f"sync step {step} was not applied (the step counter is {counter})")
     exactly_once.settle_counter(self.step.counter, step + 1)
 
+  @property
+  def batches_per_step(self) -> int:
+    return self._replicas
+
   def schedule(self, iterator, num_steps: int):
+    return self._schedule_steps(num_steps, lambda index: (iterator, self.gradient_function))
+
+  def schedule_batches(self, stacked, num_steps: int):
+    """`schedule` for batches given by the chief (a stream): `stacked` (a batch structure, batches stacked along a
+    first dimension) holds step `i`'s `batches_per_step` batches at `i * batches_per_step` on. A step trains its batch
+    `k` in gradient slot `k`, whichever worker fills it: a gradient function run again, or two filling one slot at
+    once, train the same batch on the same parameters, and the update averages each batch once."""
+    if self._given is None:
+      self._given = tf.function(lambda stacked, step, may_steal: self._gradients(
+          steps_lib.GivenBatches(stacked), step, may_steal), autograph=False)
+    size = self._replicas
+    return self._schedule_steps(num_steps, lambda index: (
+        tf.nest.map_structure(lambda tensor: tensor[index * size:(index + 1) * size], stacked), self._given))
+
+  def _schedule_steps(self, num_steps: int, inputs):
+    """Runs `num_steps` steps, step `index`'s gradients from `inputs(index)`: `(iterator or stacked batches, the
+    gradient function taking them)`."""
     loss_sum, examples, result = 0.0, 0, None
-    for _ in range(num_steps):
+    for index in range(num_steps):
       step = int(self.step.counter.numpy())
-      gradients = self.gather(iterator, step)
+      gradients = self.gather(*inputs(index), step=step)
       counted = [value for value in (g.fetch() for g in gradients) if value[0]]
       loss_sum += sum(float(loss) for _, loss, _ in counted) / max(len(counted), 1)
       examples += sum(int(count) for _, _, count in counted)
@@ -216,14 +244,15 @@ class SyncRunner(steps_lib.Runner):
       self.settle_step(step)
     return result
 
-  def gather(self, iterator, step: int) -> list:
-    """Schedules gradient functions until `replicas` slots hold gradients of `step`."""
+  def gather(self, iterator, function=None, *, step: int) -> list:
+    """Schedules gradient functions (`function`, default `gradient_function`, on `iterator`) until `replicas` slots
+    hold gradients of `step`."""
+    function = function or self.gradient_function
     started = time.monotonic()
     results, needed, rounds = [], self._replicas, 0
     while needed > 0:
       may_steal = tf.constant(time.monotonic() - started > STEAL_AFTER_SECS)
-      results += [self.coordinator.schedule(self.gradient_function,
-                                            args=(iterator, tf.constant(step, tf.int64), may_steal))
+      results += [self.coordinator.schedule(function, args=(iterator, tf.constant(step, tf.int64), may_steal))
                   for _ in range(needed)]
       self.coordinator.join()
       needed = self._replicas - int(tf.reduce_sum(tf.cast(tf.equal(self.marks, step), tf.int32)).numpy())

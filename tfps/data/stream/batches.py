@@ -90,6 +90,11 @@ class StreamBatches:
     """`fn(path) -> input_fn` of a held-out window file of this stream (`holdout.window_input_fn`)."""
     return holdout.window_input_fn(self.spec, batch_size)
 
+  @property
+  def idle_flush_secs(self) -> Optional[float]:
+    """How long a record waits for its batch to fill before a partial batch is made (None: never)."""
+    return self._flush_secs
+
   def positions(self) -> Positions:
     """The position after the last batch returned."""
     return dict(self._positions)
