@@ -1,0 +1,103 @@
+"""The summary of the table-size bench (bench/scale.py): step time, ps memory per row, checkpoint speed, and what a
+table of 10^9 rows would need. Reads the runs' JSON only: no TensorFlow, no flags.
+
+ps memory is each ps's peak RSS (`VmHWM`, sampled by bench/runner.py) less the peak of a ps in the same training with
+a table of 1,000 rows (`baseline`: TensorFlow, the server, traced functions, buffers); it is set against the ps's
+share of the rows plus their Adagrad accumulators (`state`).
+"""
+
+import math
+import statistics
+from typing import Dict, List
+
+# The bounds of ps memory over baseline, x its share of rows plus accumulators (the dynamic table's id map included).
+RSS_BOUND = {"hashed": 1.3, "dynamic": 2.0}
+STEP_SPREAD = 1.15  # slowest size's step / fastest's, per kind of table
+PS_MEMORY_GIB = (32, 64)  # ps machine sizes the advice for 10^9 rows is given for
+PS_MEMORY_USE = 0.75  # of a ps machine's memory the table may fill (the rest: baseline, checkpoint, headroom)
+GB = 1e9
+DIM = 16  # floats per row
+
+
+def state_bytes(table_rows: int) -> int:
+  """Bytes of a table's rows plus their Adagrad accumulators (float32)."""
+  return table_rows * DIM * 4 * 2
+
+
+def _peaks(results: List[dict], num_ps: int, field: str = "peak_rss_bytes") -> List[int]:
+  return [max(r["tasks"][f"ps:{i}"][field] for r in results) for i in range(num_ps)]
+
+
+def size_row(table: str, table_rows: int, results: List[dict], baseline: int) -> dict:
+  """One (table, rows): median step time over `results` (the runs), each ps's largest peak, memory against state."""
+  first = results[0]
+  num_ps, state = first["num_ps"], first["state_bytes"]
+  peaks = _peaks(results, num_ps)
+  over = (max(peaks) - baseline) / (state / num_ps)
+  row = {"table": table, "table_rows": table_rows, "num_ps": num_ps, "runs": len(results),
+         "step_secs": statistics.median(r["step_secs"] for r in results),
+         "step_secs_runs": [r["step_secs"] for r in results], "load_runs": [r["load_average"][0] for r in results],
+         "state_bytes": state, "baseline_bytes": baseline, "ps_peak_rss_bytes": peaks,
+         "ps_end_rss_bytes": _peaks(results, num_ps, "rss_bytes"), "over_baseline_vs_state": over,
+         "rss_bound": RSS_BOUND[table], "rss_holds": over <= RSS_BOUND[table],
+         "bytes_per_row": (sum(peaks) - num_ps * baseline) / table_rows}
+  if table == "dynamic":
+    row["occupancy"] = min(r["table_metrics"]["occupancy"] for r in results)
+    row["fill_secs"] = statistics.median(r["fill_secs"] for r in results)
+  return row
+
+
+def checkpoint_row(save: dict, resumed: dict) -> dict:
+  """Save and resume times of one checkpoint, per GB of checkpoint, and whether the rows read back are the saved."""
+  size = save["checkpoint_bytes"] / GB
+  return {"table": save["table"], "table_rows": save["table_rows"], "checkpoint_bytes": save["checkpoint_bytes"],
+          "saved_on_ps": save["num_ps"], "resumed_on_ps": resumed["num_ps"], "shards": resumed["shards"],
+          "save_secs": save["save_secs"], "save_secs_per_gb": save["save_secs"] / size,
+          "create_secs": resumed["create_secs"], "restore_secs": resumed["restore_secs"],
+          "restore_secs_per_gb": resumed["restore_secs"] / size, "resume_secs": resumed["resume_secs"],
+          "step_saved": save["step"], "step_restored": resumed["step"], "rows_read_back_equal":
+          save["probe"] == resumed["probe"], "load": [save["load_average"][0], resumed["load_average"][0]]}
+
+
+def advice(rows: List[dict], table_rows: int = 10**9) -> Dict[str, dict]:
+  """Per kind of table, from the bytes per row measured at its largest size: what `table_rows` rows need in all,
+  and how many ps of each of `PS_MEMORY_GIB` (filled to `PS_MEMORY_USE` by the table, above the baseline)."""
+  out = {}
+  for table in sorted({row["table"] for row in rows}):
+    largest = max((row for row in rows if row["table"] == table), key=lambda row: row["table_rows"])
+    total = largest["bytes_per_row"] * table_rows
+    ps = {}
+    for gib in PS_MEMORY_GIB:
+      count = math.ceil(total / (PS_MEMORY_USE * gib * 2**30 - largest["baseline_bytes"]))
+      ps[str(gib)] = {"num_ps": count, "gib_per_ps": (total / count + largest["baseline_bytes"]) / 2**30}
+    out[table] = {"from_rows": largest["table_rows"], "bytes_per_row": largest["bytes_per_row"],
+                  "table_rows": table_rows, "total_gib": total / 2**30, "ps": ps}
+  return out
+
+
+def summarize(runs: dict) -> dict:
+  """`runs` (bench/scale.py's `measure`) summarized: a row per (table, rows), the checkpoint, the targets, advice."""
+  grouped = {}
+  for result in runs["results"]:
+    grouped.setdefault((result["table"], result["table_rows"]), []).append(result)
+  baseline = max(runs["baseline"]["tasks"][f"ps:{i}"]["peak_rss_bytes"] for i in range(runs["baseline"]["num_ps"]))
+  rows = [size_row(table, size, results, baseline) for (table, size), results in sorted(grouped.items())]
+  targets, spread = {}, {}
+  for table in sorted({row["table"] for row in rows}):
+    steps = [row["step_secs"] for row in rows if row["table"] == table]
+    median = statistics.median(steps)
+    for row in rows:
+      if row["table"] == table:
+        row["step_vs_median"] = row["step_secs"] / median
+    spread[table] = max(steps) / min(steps)
+    targets[f"{table}: slowest step / fastest <= {STEP_SPREAD} over the sizes"] = [round(spread[table], 3),
+                                                                                   spread[table] <= STEP_SPREAD]
+    worst = max(row["over_baseline_vs_state"] for row in rows if row["table"] == table)
+    targets[f"{table}: ps memory over baseline <= {RSS_BOUND[table]}x its share of rows + slots"] = [
+        round(worst, 3), worst <= RSS_BOUND[table]]
+  summary = {"rows": rows, "step_spread": spread, "targets": targets, "advice": advice(rows),
+             "baseline_bytes": baseline, "load_before": runs["load_before"], "load_after": runs["load_after"],
+             "skipped": runs.get("skipped", [])}
+  if runs.get("checkpoint"):
+    summary["checkpoint"] = checkpoint_row(runs["checkpoint"]["save"], runs["checkpoint"]["resume"])
+  return summary
