@@ -7,9 +7,10 @@ Each run is one cluster under `tfps-launch` running bench/scale_run.py (the mode
 bench/scale_train.py); bench/runner.py samples every ps's memory. Sizes alternate, ascending in even repetitions and
 descending in odd ones, hashed and dynamic in turn, so that the machine's load falls on every size alike. A run is
 skipped, and named in the results, when the memory available is below what its ps would hold at the bound plus
-`--headroom_gib`. The checkpoint: the largest hashed run (1e8 with `--large`) writes one after its timed epochs, and
-a cluster of `--resume_ps` ps resumes from it. Writes `--out/scale.json` and `--out/scale.png`
-(summary: bench/scale_summary.py).
+`--headroom_gib`; a run that fails is named with the end of its log, and the others go on. The checkpoint: the
+largest hashed run (1e8 with `--large`) writes one after its timed epochs, and a cluster of `--resume_ps` ps resumes
+from it. Writes `--out/scale.json` and `--out/scale.png` (summary:
+bench/scale_summary.py), and the runs so far to `--out/scale_runs.json` after each run.
 """
 
 import json
@@ -69,8 +70,13 @@ def _run(runs: dict, table: str, rows: int, name: str, *extra, num_ps: int = NUM
   args = [f"--table={table}", f"--table_rows={rows}", f"--batch_size={_BATCH.value}", f"--steps={_STEPS.value}",
           f"--measure={_MEASURE.value}", *extra]
   timeout = 900 + scale_summary.state_bytes(rows) / 2e7  # a 1e8-row table: ~1 h more
-  return runner.run(args, num_ps=num_ps, num_workers=NUM_WORKERS, log_dir=runner.log_dir(f"scale_{name}"),
-                    timeout_secs=timeout, script=SCRIPT)
+  try:
+    return runner.run(args, num_ps=num_ps, num_workers=NUM_WORKERS, log_dir=runner.log_dir(f"scale_{name}"),
+                      timeout_secs=timeout, script=SCRIPT)
+  except runner.BenchError as error:  # noted, and the other sizes still run
+    runs["failed"].append({"table": table, "table_rows": rows, "name": name, "error": str(error)[-3000:]})
+    print(f"{name} failed: {error}", flush=True)
+    return None
 
 
 def _checkpoint(runs: dict, rows: int, name: str, checkpoint_dir: str):
@@ -85,10 +91,18 @@ def _checkpoint(runs: dict, rows: int, name: str, checkpoint_dir: str):
   return saved
 
 
+def _keep(runs: dict) -> None:
+  """The runs so far, to `--out/scale_runs.json` (what a long series has measured survives its end)."""
+  with open(os.path.join(_OUT.value, "scale_runs.json"), "w", encoding="utf-8") as out:
+    json.dump(runs, out, indent=1)
+
+
 def measure() -> dict:
   runs = {"load_before": os.getloadavg(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-          "results": [], "skipped": []}
+          "results": [], "skipped": [], "failed": []}
   runs["baseline"] = _run(runs, "hashed", BASELINE_ROWS, "baseline")
+  if runs["baseline"] is None:
+    raise runner.BenchError(f"the baseline run failed: {runs['failed'] or runs['skipped']}")
   checkpoint_rows = _LARGE_HASHED.value if _LARGE.value else max(int(r) for r in _HASHED.value)
   checkpoint_dir = tempfile.mkdtemp(prefix="tfps_scale_", dir=_SCRATCH.value)
   try:
@@ -99,12 +113,14 @@ def measure() -> dict:
         result = _checkpoint(runs, rows, name, checkpoint_dir) if saves else _run(runs, table, rows, name)
         if result is not None:
           runs["results"].append(dict(result, repeat=repeat))
+        _keep(runs)
     if _LARGE.value:
       for table, rows in (("hashed", _LARGE_HASHED.value), ("dynamic", _LARGE_DYNAMIC.value)):
         name = f"{table}_{rows}_large"
         result = _checkpoint(runs, rows, name, checkpoint_dir) if table == "hashed" else _run(runs, table, rows, name)
         if result is not None:
           runs["results"].append(dict(result, repeat=0))
+        _keep(runs)
   finally:
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
   runs["load_after"] = os.getloadavg()
@@ -119,6 +135,7 @@ def main(argv):
   path = os.path.join(_OUT.value, "scale.json")
   with open(path, "w", encoding="utf-8") as out:
     json.dump({"summary": summary, "runs": runs, "command": " ".join(sys.argv)}, out, indent=1)
+  os.remove(os.path.join(_OUT.value, "scale_runs.json"))  # all of it is in scale.json now
   print(report.scale_table(summary))
   if "checkpoint" in summary:
     print(report.checkpoint_table(summary))

@@ -97,7 +97,8 @@ def summarize(runs: dict) -> dict:
         round(worst, 3), worst <= RSS_BOUND[table]]
   summary = {"rows": rows, "step_spread": spread, "targets": targets, "advice": advice(rows),
              "baseline_bytes": baseline, "load_before": runs["load_before"], "load_after": runs["load_after"],
-             "skipped": runs.get("skipped", [])}
+             "skipped": runs.get("skipped", []), "failed": [dict(run, error=run["error"][-300:])
+                                                             for run in runs.get("failed", [])]}
   if runs.get("checkpoint"):
     summary["checkpoint"] = checkpoint_row(runs["checkpoint"]["save"], runs["checkpoint"]["resume"])
   return summary

@@ -6,8 +6,9 @@ so the ps hold `table_rows x DIM x 4 B x 2` (rows plus accumulators). `table="ha
 on the raw ids. The ids follow one power law over `RAW_IDS` raw ids at every size, so a step touches as many rows
 whatever the table's size.
 
-A dynamic table is filled before its steps are timed: after the first epoch the chief admits `table_rows` fresh ids
-(chunks scheduled on the workers), so the measured steps and the ps's memory are those of a full table and id map.
+A dynamic table is filled before its steps are timed: after the first epoch the chief admits more fresh ids than it
+has rows (`fill_count`; chunks scheduled on the workers), so the measured steps and the ps's memory are those of a
+full table and id map.
 With `save_to` the chief writes a checkpoint after the measured epochs (timed) and reads a few rows back (`probe`);
 with `resume_from` it does not train: it resumes from that checkpoint as `tfps.fit` would (bench/resume.py), on
 however many ps its cluster has, and reads the same rows.
@@ -100,6 +101,12 @@ def fill_table(model: tf_keras.Model, count: int) -> None:
   coordinator.join()
 
 
+def fill_count(table_rows: int) -> int:
+  """Fresh ids that fill every shard of a dynamic table of `table_rows` rows: ids fall into shards by hash, unevenly,
+  so 5% more than its rows, and 1,000 more for a small table (the rest read the default: `fallbacks`)."""
+  return table_rows + table_rows // 20 + 1000
+
+
 class _Fill(tf_keras.callbacks.Callback):
   """Fills the dynamic table at the end of the first epoch (untimed), noting `fill_secs` in `facts`."""
 
@@ -110,7 +117,7 @@ class _Fill(tf_keras.callbacks.Callback):
   def on_epoch_end(self, epoch, logs=None):
     if epoch == 0:
       start = time.monotonic()
-      fill_table(self.model, self.count)
+      fill_table(self.model, fill_count(self.count))
       self.facts["fill_secs"] = time.monotonic() - start
 
 
