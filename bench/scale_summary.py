@@ -68,7 +68,7 @@ def advice(rows: List[dict], table_rows: int = 10**9) -> Dict[str, dict]:
     total = largest["bytes_per_row"] * table_rows
     ps = {}
     for gib in PS_MEMORY_GIB:
-      count = math.ceil(total / (PS_MEMORY_USE * gib * 2**30 - largest["baseline_bytes"]))
+      count = max(1, math.ceil(total / (PS_MEMORY_USE * gib * 2**30 - largest["baseline_bytes"])))
       ps[str(gib)] = {"num_ps": count, "gib_per_ps": (total / count + largest["baseline_bytes"]) / 2**30}
     out[table] = {"from_rows": largest["table_rows"], "bytes_per_row": largest["bytes_per_row"],
                   "table_rows": table_rows, "total_gib": total / 2**30, "ps": ps}
