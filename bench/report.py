@@ -127,14 +127,21 @@ def plot_scaling(summary: dict, path: str) -> Optional[str]:
                        marker="o", label=f"{num_ps} ps: largest ps peak")
     right.plot([row["table_rows"] for row in rows], [row["limit_bytes"] / 2**20 for row in rows], linestyle="--",
                color=peak.get_color(), label=f"{num_ps} ps: limit")
+  return _save_size_plot(plt, fig, "rows of the large table", "peak RSS per ps (MiB)",
+                         "Wide&Deep, one table grown; the step should not grow, each ps should hold its share", path)
+
+
+def _save_size_plot(plt, fig, xlabel: str, memory_label: str, title: str, path: str) -> str:
+  """Labels a plot of step time (left) and ps memory (right) against table rows, and writes it to `path`."""
+  left, right = fig.axes
   for ax in (left, right):
     ax.set_xscale("log")
-    ax.set_xlabel("rows of the large table")
+    ax.set_xlabel(xlabel)
     ax.legend(fontsize=7)
   left.set_ylabel("step time (ms)")
   left.set_ylim(bottom=0)
-  right.set_ylabel("peak RSS per ps (MiB)")
-  fig.suptitle("Wide&Deep, one table grown; the step should not grow, each ps should hold its share")
+  right.set_ylabel(memory_label)
+  fig.suptitle(title)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
@@ -227,16 +234,6 @@ def plot_scale(summary: dict, path: str) -> Optional[str]:
     right.axhline(bound, linestyle="--", color=line.get_color(), label=f"{table}: bound ({rows[0]['rss_bound']}x)")
   right.axhline(rows[0]["state_bytes"] / rows[0]["table_rows"], linestyle=":", color="gray",
                 label="rows + Adagrad slots")
-  for ax in (left, right):
-    ax.set_xscale("log")
-    ax.set_xlabel("rows of the table (2 ps + 2 workers)")
-    ax.legend(fontsize=7)
-  left.set_ylabel("step time (ms)")
-  left.set_ylim(bottom=0)
-  right.set_ylabel("ps bytes per row over baseline (all ps)")
   right.set_ylim(bottom=0)
-  fig.suptitle("One table grown, dim 16, Adagrad: the step should stay flat, the ps hold only the rows")
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return path
+  return _save_size_plot(plt, fig, "rows of the table (2 ps + 2 workers)", "ps bytes per row over baseline (all ps)",
+                         "One table grown, dim 16, Adagrad: the step should stay flat, the ps hold only the rows", path)

@@ -4,11 +4,12 @@ While a cluster runs, every task process (found by its TF_CONFIG) is sampled eve
 (`VmHWM` of /proc/<pid>/status, through psutil), RSS (`VmRSS`), and the bytes its TCP sockets sent and received
 (`ss -tinp`: the kernel's per-connection `bytes_sent`/`bytes_received`; gRPC keeps its connections open, so nothing is
 lost between samples). The result is the chief's JSON plus, per task, `peak_rss_bytes`, `rss_bytes` (at its last
-sample), and over the chief's measured span `cores` (CPU seconds per second; between the first and last samples inside
-the span, or, where fewer than two fall inside a short span, interpolated between the samples around its ends) and
-`network_bytes` (between the first and last samples inside the span), and `span_network_bytes` (over the whole span,
-interpolated between the samples around its ends). One process run alone reports its own `process_cores` over its
-windows, which is taken as its `cores`: its short windows can fall between two samples. Imports no TensorFlow.
+sample that has one), and over the chief's measured span `cores` (CPU seconds per second; between the first and last
+samples inside the span, or, where fewer than two fall inside a short span, interpolated between the samples around
+its ends) and `network_bytes` (between the first and last samples inside the span), and `span_network_bytes` (over
+the whole span, interpolated between the samples around its ends). One process run alone reports its own
+`process_cores` over its windows, which is taken as its `cores`: its short windows can fall between two samples.
+Imports no TensorFlow.
 """
 
 import json
@@ -184,7 +185,9 @@ def run(args: Sequence[str], *, num_ps: int = 0, num_workers: int = 0, log_dir: 
 
 
 def _task_summary(series: List[tuple], span: Optional[Sequence[float]]) -> dict:
-  summary = {"peak_rss_bytes": max(sample[2] for sample in series), "rss_bytes": series[-1][4]}
+  # RSS at the last sample that has one (a task that has just exited has none)
+  summary = {"peak_rss_bytes": max(sample[2] for sample in series),
+             "rss_bytes": next((sample[4] for sample in reversed(series) if sample[4]), 0)}
   if span and span[0] and span[1]:
     inside = [sample for sample in series if span[0] <= sample[0] <= span[1]]
     if len(inside) >= 2 and inside[-1][0] > inside[0][0]:
