@@ -2,6 +2,8 @@
 
   .venv/bin/python bench/scale.py            # hashed and dynamic tables of 1e5, 1e6, 1e7 rows, twice (~25 min)
   .venv/bin/python bench/scale.py --large    # also hashed 1e8 rows (12.8 GB) and dynamic 3e7, once; needs ~16 GiB free
+  .venv/bin/python bench/scale.py --large --hashed_rows= --dynamic_rows= --add_to_results --wait_for_memory_secs=1800
+                                             # only the large ones, added to the results of an earlier run
 
 Each run is one cluster under `tfps-launch` running bench/scale_run.py (the model and its data:
 bench/scale_train.py); bench/runner.py samples every ps's memory. Sizes alternate, ascending in even repetitions and
@@ -45,6 +47,10 @@ _RESUME_PS = flags.DEFINE_integer("resume_ps", 3, "ps of the cluster that resume
                                   lower_bound=0)
 _SCRATCH = flags.DEFINE_string("scratch", tempfile.gettempdir(), "Where the checkpoint is written (then removed).")
 _HEADROOM = flags.DEFINE_float("headroom_gib", 3.0, "Memory a run leaves free beyond its ps's bound.", lower_bound=0)
+_ADD = flags.DEFINE_boolean("add_to_results", False, "Start from the runs of --out/scale.json (its baseline too) and "
+                            "add this invocation's (e.g. --large alone, with empty --hashed_rows and --dynamic_rows).")
+_WAIT = flags.DEFINE_integer("wait_for_memory_secs", 0, "How long a run waits for the memory it needs before it is "
+                             "skipped.", lower_bound=0)
 _OUT = flags.DEFINE_string("out", "bench/results/scale", "Folder for scale.json and scale.png (logs: "
                            "$TFPS_BENCH_LOGS).")
 NUM_PS, NUM_WORKERS, BASELINE_ROWS = 2, 2, 1000
@@ -61,7 +67,11 @@ def _order(repeat: int) -> list:
 def _run(runs: dict, table: str, rows: int, name: str, *extra, num_ps: int = NUM_PS):
   """One cluster's run (None, noted in `runs["skipped"]`, when memory is short)."""
   need = scale_summary.RSS_BOUND[table] * scale_summary.state_bytes(rows) + _HEADROOM.value * 2**30
+  deadline = time.monotonic() + _WAIT.value
   available = psutil.virtual_memory().available
+  while available < need and time.monotonic() < deadline:
+    time.sleep(15)
+    available = psutil.virtual_memory().available
   if available < need:
     runs["skipped"].append({"table": table, "table_rows": rows, "need_bytes": need, "available_bytes": available})
     print(f"skipped {table} {rows:,} rows: needs {need / 2**30:.1f} GiB, {available / 2**30:.1f} GiB available")
@@ -97,13 +107,24 @@ def _keep(runs: dict) -> None:
     json.dump(runs, out, indent=1)
 
 
-def measure() -> dict:
-  runs = {"load_before": os.getloadavg(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-          "results": [], "skipped": [], "failed": []}
+def _start() -> dict:
+  """The runs to add to: those of `--out/scale.json` with `--add_to_results`, else none but a fresh baseline."""
+  started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+  if _ADD.value:
+    with open(os.path.join(_OUT.value, "scale.json"), encoding="utf-8") as f:
+      runs = json.load(f)["runs"]
+    runs["added"] = runs.get("added", []) + [{"started": started, "load": os.getloadavg(), "command": sys.argv}]
+    return runs
+  runs = {"load_before": os.getloadavg(), "started": started, "results": [], "skipped": [], "failed": []}
   runs["baseline"] = _run(runs, "hashed", BASELINE_ROWS, "baseline")
   if runs["baseline"] is None:
     raise runner.BenchError(f"the baseline run failed: {runs['failed'] or runs['skipped']}")
-  checkpoint_rows = _LARGE_HASHED.value if _LARGE.value else max(int(r) for r in _HASHED.value)
+  return runs
+
+
+def measure() -> dict:
+  runs = _start()
+  checkpoint_rows = _LARGE_HASHED.value if _LARGE.value else max((int(r) for r in _HASHED.value), default=0)
   checkpoint_dir = tempfile.mkdtemp(prefix="tfps_scale_", dir=_SCRATCH.value)
   try:
     for repeat in range(_REPEATS.value):
@@ -123,6 +144,9 @@ def measure() -> dict:
         _keep(runs)
   finally:
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
+  measured = {(result["table"], result["table_rows"]) for result in runs["results"]}
+  for kind in ("skipped", "failed"):  # those an added run has measured since
+    runs[kind] = [run for run in runs[kind] if (run["table"], run["table_rows"]) not in measured]
   runs["load_after"] = os.getloadavg()
   return runs
 
