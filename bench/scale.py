@@ -136,7 +136,7 @@ def measure() -> dict:
           runs["results"].append(dict(result, repeat=repeat))
         _keep(runs)
     if _LARGE.value:
-      for table, rows in (("hashed", _LARGE_HASHED.value), ("dynamic", _LARGE_DYNAMIC.value)):
+      for table, rows in (("dynamic", _LARGE_DYNAMIC.value), ("hashed", _LARGE_HASHED.value)):  # smaller first
         name = f"{table}_{rows}_large"
         result = _checkpoint(runs, rows, name, checkpoint_dir) if table == "hashed" else _run(runs, table, rows, name)
         if result is not None:
