@@ -38,7 +38,8 @@ _DYNAMIC = flags.DEFINE_list("dynamic_rows", ["100000", "1000000", "10000000"], 
 _LARGE = flags.DEFINE_boolean("large", False, "After the others, once each: the hashed table at "
                               "--large_hashed_rows (the checkpoint's) and the dynamic at --large_dynamic_rows.")
 _LARGE_HASHED = flags.DEFINE_integer("large_hashed_rows", 10**8, "The hashed size of --large.", lower_bound=2)
-_LARGE_DYNAMIC = flags.DEFINE_integer("large_dynamic_rows", 3 * 10**7, "The dynamic size of --large.", lower_bound=2)
+_LARGE_DYNAMIC = flags.DEFINE_integer("large_dynamic_rows", 3 * 10**7, "The dynamic size of --large (0: none).",
+                                       lower_bound=0)
 _REPEATS = flags.DEFINE_integer("repeats", 2, "Repetitions of the sizes (not of --large's).", lower_bound=1)
 _STEPS = flags.DEFINE_integer("steps", 200, "Steps per epoch.", lower_bound=20)
 _MEASURE = flags.DEFINE_integer("measure", 3, "Timed epochs after the first.", lower_bound=1)
@@ -137,6 +138,8 @@ def measure() -> dict:
         _keep(runs)
     if _LARGE.value:
       for table, rows in (("dynamic", _LARGE_DYNAMIC.value), ("hashed", _LARGE_HASHED.value)):  # smaller first
+        if not rows:
+          continue
         name = f"{table}_{rows}_large"
         result = _checkpoint(runs, rows, name, checkpoint_dir) if table == "hashed" else _run(runs, table, rows, name)
         if result is not None:

@@ -122,9 +122,19 @@ class _Fill(tf_keras.callbacks.Callback):
 
 
 def probe(model: tf_keras.Model, table_rows: int) -> list:
-  """Four rows of the table (first, thirds, last), read from the ps, as lists of floats."""
-  rows = [0, table_rows // 3, 2 * table_rows // 3, table_rows - 1]
-  return tf.nn.embedding_lookup(model.get_layer(TABLE).embeddings, rows).numpy().tolist()
+  """Four rows of the table (first, thirds, last) as lists of floats, each gathered on its shard's ps (a lookup on
+  the chief would first read the whole shard over, and gRPC refuses a tensor over 2 GB)."""
+  table = model.get_layer(TABLE).embeddings
+  shards, start = [], 0
+  for shard in getattr(table, "variables", [table]):
+    shards.append((start, start + shard.shape[0], shard))
+    start += shard.shape[0]
+  values = []
+  for row in (0, table_rows // 3, 2 * table_rows // 3, table_rows - 1):
+    low, _, shard = next(bounds for bounds in shards if bounds[0] <= row < bounds[1])
+    with tf.device(shard.device):
+      values.append(shard.sparse_read([row - low]).numpy()[0].tolist())
+  return values
 
 
 def folder_bytes(path: str) -> int:
