@@ -12,7 +12,8 @@ skipped, and named in the results, when the memory available is below what its p
 `--headroom_gib`; a run that fails is named with the end of its log, and the others go on. The checkpoint: the
 largest hashed run (1e8 with `--large`) writes one after its timed epochs, and a cluster of `--resume_ps` ps resumes
 from it. Writes `--out/scale.json` and `--out/scale.png` (summary:
-bench/scale_summary.py), and the runs so far to `--out/scale_runs.json` after each run.
+bench/scale_summary.py), and the runs so far to `--out/scale_runs.json` after each run (`--summarize_only`: summarize
+the runs of scale.json again).
 """
 
 import json
@@ -52,6 +53,8 @@ _ADD = flags.DEFINE_boolean("add_to_results", False, "Start from the runs of --o
                             "add this invocation's (e.g. --large alone, with empty --hashed_rows and --dynamic_rows).")
 _WAIT = flags.DEFINE_integer("wait_for_memory_secs", 0, "How long a run waits for the memory it needs before it is "
                              "skipped.", lower_bound=0)
+_SUMMARIZE = flags.DEFINE_boolean("summarize_only", False, "Run nothing: summarize the runs of --out/scale.json "
+                                  "again (after a change to bench/scale_summary.py).")
 _OUT = flags.DEFINE_string("out", "bench/results/scale", "Folder for scale.json and scale.png (logs: "
                            "$TFPS_BENCH_LOGS).")
 NUM_PS, NUM_WORKERS, BASELINE_ROWS = 2, 2, 1000
@@ -85,7 +88,8 @@ def _run(runs: dict, table: str, rows: int, name: str, *extra, num_ps: int = NUM
     return runner.run(args, num_ps=num_ps, num_workers=NUM_WORKERS, log_dir=runner.log_dir(f"scale_{name}"),
                       timeout_secs=timeout, script=SCRIPT)
   except runner.BenchError as error:  # noted, and the other sizes still run
-    runs["failed"].append({"table": table, "table_rows": rows, "name": name, "error": str(error)[-3000:]})
+    runs["failed"].append({"table": table, "table_rows": rows, "name": name, "num_ps": num_ps,
+                           "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "error": str(error)[-3000:]})
     print(f"{name} failed: {error}", flush=True)
     return None
 
@@ -148,8 +152,8 @@ def measure() -> dict:
   finally:
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
   measured = {(result["table"], result["table_rows"]) for result in runs["results"]}
-  for kind in ("skipped", "failed"):  # those an added run has measured since
-    runs[kind] = [run for run in runs[kind] if (run["table"], run["table_rows"]) not in measured]
+  # A size skipped for memory and measured since is no longer missing; a failed run stays on record.
+  runs["skipped"] = [run for run in runs["skipped"] if (run["table"], run["table_rows"]) not in measured]
   runs["load_after"] = os.getloadavg()
   return runs
 
@@ -157,12 +161,18 @@ def measure() -> dict:
 def main(argv):
   del argv
   os.makedirs(_OUT.value, exist_ok=True)
-  runs = measure()
-  summary = scale_summary.summarize(runs)
   path = os.path.join(_OUT.value, "scale.json")
+  if _SUMMARIZE.value:
+    with open(path, encoding="utf-8") as f:
+      results = json.load(f)
+    runs, command = results["runs"], results["command"]
+  else:
+    runs, command = measure(), " ".join(sys.argv)
+  summary = scale_summary.summarize(runs)
   with open(path, "w", encoding="utf-8") as out:
-    json.dump({"summary": summary, "runs": runs, "command": " ".join(sys.argv)}, out, indent=1)
-  os.remove(os.path.join(_OUT.value, "scale_runs.json"))  # all of it is in scale.json now
+    json.dump({"summary": summary, "runs": runs, "command": command}, out, indent=1)
+  if not _SUMMARIZE.value:
+    os.remove(os.path.join(_OUT.value, "scale_runs.json"))  # all of it is in scale.json now
   print(report.scale_table(summary))
   if "checkpoint" in summary:
     print(report.checkpoint_table(summary))

@@ -14,7 +14,7 @@ from typing import Dict, List
 RSS_BOUND = {"hashed": 1.3, "dynamic": 2.0}
 STEP_SPREAD = 1.15  # slowest size's step / fastest's, per kind of table
 PS_MEMORY_GIB = (32, 64)  # ps machine sizes the advice for 10^9 rows is given for
-PS_MEMORY_USE = 0.75  # of a ps machine's memory the table may fill (the rest: baseline, checkpoint, headroom)
+PS_MEMORY_USE = 0.9  # of a ps machine's memory its peak may reach (a restore's included)
 GB = 1e9
 DIM = 16  # floats per row
 
@@ -47,10 +47,14 @@ def size_row(table: str, table_rows: int, results: List[dict], baseline: int) ->
   return row
 
 
-def checkpoint_row(save: dict, resumed: dict) -> dict:
-  """Save and resume times of one checkpoint, per GB of checkpoint, and whether the rows read back are the saved."""
+def checkpoint_row(save: dict, resumed: dict, baseline: int) -> dict:
+  """Save and resume times of one checkpoint, per GB of checkpoint, whether the rows read back are the saved, and
+  the resuming ps's peak over baseline against their share of the state (`restore_factor`)."""
   size = save["checkpoint_bytes"] / GB
-  return {"table": save["table"], "table_rows": save["table_rows"], "checkpoint_bytes": save["checkpoint_bytes"],
+  share = save["state_bytes"] / resumed["num_ps"]
+  return {"restore_factor": (max(_peaks([resumed], resumed["num_ps"])) - baseline) / share,
+          "save_factor": (max(_peaks([save], save["num_ps"])) - baseline) / (save["state_bytes"] / save["num_ps"]),
+          "table": save["table"], "table_rows": save["table_rows"], "checkpoint_bytes": save["checkpoint_bytes"],
           "saved_on_ps": save["num_ps"], "resumed_on_ps": resumed["num_ps"], "shards": resumed["shards"],
           "save_secs": save["save_secs"], "save_secs_per_gb": save["save_secs"] / size,
           "create_secs": resumed["create_secs"], "restore_secs": resumed["restore_secs"],
@@ -59,19 +63,22 @@ def checkpoint_row(save: dict, resumed: dict) -> dict:
           save["probe"] == resumed["probe"], "load": [save["load_average"][0], resumed["load_average"][0]]}
 
 
-def advice(rows: List[dict], table_rows: int = 10**9) -> Dict[str, dict]:
+def advice(rows: List[dict], restore_factor: float = 1.0, table_rows: int = 10**9) -> Dict[str, dict]:
   """Per kind of table, from the bytes per row measured at its largest size: what `table_rows` rows need in all,
-  and how many ps of each of `PS_MEMORY_GIB` (filled to `PS_MEMORY_USE` by the table, above the baseline)."""
+  and how many ps of each of `PS_MEMORY_GIB` so that a ps's peak (its share x `restore_factor`, the peak of a resume
+  against its share, plus the baseline) stays within `PS_MEMORY_USE` of its memory."""
   out = {}
+  factor = max(1.0, restore_factor)
   for table in sorted({row["table"] for row in rows}):
     largest = max((row for row in rows if row["table"] == table), key=lambda row: row["table_rows"])
     total = largest["bytes_per_row"] * table_rows
     ps = {}
     for gib in PS_MEMORY_GIB:
-      count = max(1, math.ceil(total / (PS_MEMORY_USE * gib * 2**30 - largest["baseline_bytes"])))
-      ps[str(gib)] = {"num_ps": count, "gib_per_ps": (total / count + largest["baseline_bytes"]) / 2**30}
+      count = max(1, math.ceil(factor * total / (PS_MEMORY_USE * gib * 2**30 - largest["baseline_bytes"])))
+      ps[str(gib)] = {"num_ps": count, "gib_per_ps": (total / count + largest["baseline_bytes"]) / 2**30,
+                      "peak_gib_per_ps": (factor * total / count + largest["baseline_bytes"]) / 2**30}
     out[table] = {"from_rows": largest["table_rows"], "bytes_per_row": largest["bytes_per_row"],
-                  "table_rows": table_rows, "total_gib": total / 2**30, "ps": ps}
+                  "table_rows": table_rows, "total_gib": total / 2**30, "restore_factor": factor, "ps": ps}
   return out
 
 
@@ -95,10 +102,14 @@ def summarize(runs: dict) -> dict:
     worst = max(row["over_baseline_vs_state"] for row in rows if row["table"] == table)
     targets[f"{table}: ps memory over baseline <= {RSS_BOUND[table]}x its share of rows + slots"] = [
         round(worst, 3), worst <= RSS_BOUND[table]]
-  summary = {"rows": rows, "step_spread": spread, "targets": targets, "advice": advice(rows),
-             "baseline_bytes": baseline, "load_before": runs["load_before"], "load_after": runs["load_after"],
-             "skipped": runs.get("skipped", []), "failed": [dict(run, error=run["error"][-300:])
-                                                             for run in runs.get("failed", [])]}
+  checkpoint = None
   if runs.get("checkpoint"):
-    summary["checkpoint"] = checkpoint_row(runs["checkpoint"]["save"], runs["checkpoint"]["resume"])
+    checkpoint = checkpoint_row(runs["checkpoint"]["save"], runs["checkpoint"]["resume"], baseline)
+  summary = {"rows": rows, "step_spread": spread, "targets": targets,
+             "advice": advice(rows, checkpoint["restore_factor"] if checkpoint else 1.0),
+             "baseline_bytes": baseline, "load_before": runs["load_before"], "load_after": runs["load_after"],
+             "skipped": runs.get("skipped", []),
+             "failed": [dict(run, error=run["error"][-300:]) for run in runs.get("failed", [])]}
+  if checkpoint:
+    summary["checkpoint"] = checkpoint
   return summary

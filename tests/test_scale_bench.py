@@ -86,6 +86,8 @@ def test_the_summary_tables_and_plot_have_every_field(runs, tmp_path):
   for table, advice in summary["advice"].items():
     assert advice["from_rows"] == _ROWS and advice["table_rows"] == 10**9
     assert set(advice["ps"]) == {"32", "64"} and advice["ps"]["32"]["num_ps"] >= advice["ps"]["64"]["num_ps"] >= 1
+    assert advice["restore_factor"] == max(1.0, summary["checkpoint"]["restore_factor"])
+    assert advice["ps"]["64"]["peak_gib_per_ps"] >= advice["ps"]["64"]["gib_per_ps"]
   checkpoint = summary["checkpoint"]
   assert checkpoint["rows_read_back_equal"] and checkpoint["step_restored"] == checkpoint["step_saved"]
   gigabytes = checkpoint["checkpoint_bytes"] / 1e9
