@@ -205,17 +205,19 @@ def scale_table(summary: dict) -> str:
 
 
 def checkpoint_table(summary: dict) -> str:
-  """bench/scale.py: the checkpoint's save and its resume on another number of ps, per GB."""
-  row = summary["checkpoint"]
-  return "\n".join([
+  """bench/scale.py: each checkpoint's save and its resume on the same or another number of ps, per GB."""
+  lines = [
       "| checkpoint | GB | save s | s per GB | resumed on | create s | restore s | restore s per GB | step | rows "
-      "read back equal | ps peak - baseline x share: saving, resuming | load |", "|" + " --- |" * 12,
-      f"| {row['table']} {row['table_rows']:.0e} rows, saved on {row['saved_on_ps']} ps | "
-      f"{row['checkpoint_bytes'] / 1e9:.2f} | {row['save_secs']:.1f} | {row['save_secs_per_gb']:.1f} | "
-      f"{row['resumed_on_ps']} ps ({row['shards']} shards) | {row['create_secs']:.1f} | {row['restore_secs']:.1f} | "
-      f"{row['restore_secs_per_gb']:.1f} | {row['step_saved']} -> {row['step_restored']} | "
-      f"{'yes' if row['rows_read_back_equal'] else 'no'} | {row['save_factor']:.2f}, {row['restore_factor']:.2f} | "
-      f"{row['load'][0]:.1f}, {row['load'][1]:.1f} |"])
+      "read back equal | ps peak - baseline x share: saving, resuming | load |", "|" + " --- |" * 12]
+  for row in summary["checkpoints"]:
+    lines.append(
+        f"| {row['table']} {row['table_rows']:.0e} rows, saved on {row['saved_on_ps']} ps | "
+        f"{row['checkpoint_bytes'] / 1e9:.2f} | {row['save_secs']:.1f} | {row['save_secs_per_gb']:.1f} | "
+        f"{row['resumed_on_ps']} ps ({row['shards']} shards) | {row['create_secs']:.1f} | "
+        f"{row['restore_secs']:.1f} | {row['restore_secs_per_gb']:.1f} | {row['step_saved']} -> "
+        f"{row['step_restored']} | {'yes' if row['rows_read_back_equal'] else 'no'} | "
+        f"{row['save_factor']:.2f}, {row['restore_factor']:.2f} | {row['load'][0]:.1f}, {row['load'][1]:.1f} |")
+  return "\n".join(lines)
 
 
 def plot_scale(summary: dict, path: str) -> Optional[str]:

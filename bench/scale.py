@@ -102,7 +102,7 @@ def _checkpoint(runs: dict, rows: int, name: str, checkpoint_dir: str):
   resumed = _run(runs, "hashed", rows, f"{name}_resume", f"--resume_from={checkpoint_dir}",
                  num_ps=_RESUME_PS.value)
   if resumed is not None:
-    runs["checkpoint"] = {"save": saved, "resume": resumed}
+    runs.setdefault("checkpoints", []).append({"save": saved, "resume": resumed})
   return saved
 
 
@@ -174,7 +174,7 @@ def main(argv):
   if not _SUMMARIZE.value:
     os.remove(os.path.join(_OUT.value, "scale_runs.json"))  # all of it is in scale.json now
   print(report.scale_table(summary))
-  if "checkpoint" in summary:
+  if summary["checkpoints"]:
     print(report.checkpoint_table(summary))
   for name, (value, holds) in summary["targets"].items():
     print(f"{name}: {value} ({'holds' if holds else 'does not hold'})")

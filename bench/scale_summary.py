@@ -102,14 +102,11 @@ def summarize(runs: dict) -> dict:
     worst = max(row["over_baseline_vs_state"] for row in rows if row["table"] == table)
     targets[f"{table}: ps memory over baseline <= {RSS_BOUND[table]}x its share of rows + slots"] = [
         round(worst, 3), worst <= RSS_BOUND[table]]
-  checkpoint = None
-  if runs.get("checkpoint"):
-    checkpoint = checkpoint_row(runs["checkpoint"]["save"], runs["checkpoint"]["resume"], baseline)
-  summary = {"rows": rows, "step_spread": spread, "targets": targets,
-             "advice": advice(rows, checkpoint["restore_factor"] if checkpoint else 1.0),
+  saved = runs.get("checkpoints", []) + ([runs["checkpoint"]] if runs.get("checkpoint") else [])  # (one, before)
+  checkpoints = [checkpoint_row(pair["save"], pair["resume"], baseline) for pair in saved]
+  summary = {"rows": rows, "step_spread": spread, "targets": targets, "checkpoints": checkpoints,
+             "advice": advice(rows, max((row["restore_factor"] for row in checkpoints), default=1.0)),
              "baseline_bytes": baseline, "load_before": runs["load_before"], "load_after": runs["load_after"],
              "skipped": runs.get("skipped", []),
              "failed": [dict(run, error=run["error"][-300:]) for run in runs.get("failed", [])]}
-  if checkpoint:
-    summary["checkpoint"] = checkpoint
   return summary

@@ -49,11 +49,11 @@ def runs(cluster, tmp_path_factory):
   as_ps = lambda result: _this_process_as_ps(result, cluster.num_ps)
   return {"load_before": [1.0, 1.0, 1.0], "load_after": [1.0, 1.0, 1.0], "skipped": [],
           "baseline": as_ps(dict(saved)), "results": [as_ps(saved), as_ps(dynamic)],
-          "checkpoint": {"save": as_ps(saved), "resume": as_ps(resumed)}}
+          "checkpoints": [{"save": as_ps(saved), "resume": as_ps(resumed)}]}
 
 
 def test_a_hashed_run_is_timed_checkpointed_and_resumed_into_other_shards_with_its_rows(runs):
-  saved, resumed = runs["checkpoint"]["save"], runs["checkpoint"]["resume"]
+  saved, resumed = runs["checkpoints"][0]["save"], runs["checkpoints"][0]["resume"]
   assert saved["step"] == 2 * _TINY["steps"] and len(saved["window_step_secs"]) == _TINY["measure"]
   assert saved["step_secs"] > 0 and saved["save_secs"] > 0
   assert saved["checkpoint_bytes"] > scale_summary.state_bytes(_ROWS)  # rows and accumulators, on disk
@@ -86,9 +86,9 @@ def test_the_summary_tables_and_plot_have_every_field(runs, tmp_path):
   for table, advice in summary["advice"].items():
     assert advice["from_rows"] == _ROWS and advice["table_rows"] == 10**9
     assert set(advice["ps"]) == {"32", "64"} and advice["ps"]["32"]["num_ps"] >= advice["ps"]["64"]["num_ps"] >= 1
-    assert advice["restore_factor"] == max(1.0, summary["checkpoint"]["restore_factor"])
+    assert advice["restore_factor"] == max(1.0, summary["checkpoints"][0]["restore_factor"])
     assert advice["ps"]["64"]["peak_gib_per_ps"] >= advice["ps"]["64"]["gib_per_ps"]
-  checkpoint = summary["checkpoint"]
+  checkpoint, = summary["checkpoints"]
   assert checkpoint["rows_read_back_equal"] and checkpoint["step_restored"] == checkpoint["step_saved"]
   gigabytes = checkpoint["checkpoint_bytes"] / 1e9
   assert checkpoint["save_secs_per_gb"] == pytest.approx(checkpoint["save_secs"] / gigabytes)
