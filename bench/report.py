@@ -210,6 +210,11 @@ def checkpoint_table(summary: dict) -> str:
       "| checkpoint | GB | save s | s per GB | resumed on | create s | restore s | restore s per GB | step | rows "
       "read back equal | ps peak - baseline x share: saving, resuming | load |", "|" + " --- |" * 12]
   for row in summary["checkpoints"]:
+    if row["resumed_on_ps"] is None:
+      lines.append(f"| {row['table']} {row['table_rows']:.0e} rows, saved on {row['saved_on_ps']} ps | "
+                   f"{row['checkpoint_bytes'] / 1e9:.2f} | {row['save_secs']:.1f} | {row['save_secs_per_gb']:.1f} | "
+                   f"not resumed | | | | | | {row['save_factor']:.2f}, - | {row['load'][0]:.1f} |")
+      continue
     lines.append(
         f"| {row['table']} {row['table_rows']:.0e} rows, saved on {row['saved_on_ps']} ps | "
         f"{row['checkpoint_bytes'] / 1e9:.2f} | {row['save_secs']:.1f} | {row['save_secs_per_gb']:.1f} | "
@@ -217,6 +222,21 @@ def checkpoint_table(summary: dict) -> str:
         f"{row['restore_secs']:.1f} | {row['restore_secs_per_gb']:.1f} | {row['step_saved']} -> "
         f"{row['step_restored']} | {'yes' if row['rows_read_back_equal'] else 'no'} | "
         f"{row['save_factor']:.2f}, {row['restore_factor']:.2f} | {row['load'][0]:.1f}, {row['load'][1]:.1f} |")
+  return "\n".join(lines)
+
+
+def advice_table(summary: dict) -> str:
+  """bench/scale.py: what a table of 10^9 rows needs, from the bytes per row and the resume peaks measured."""
+  lines = ["| table | rows | from bytes per row at | state GiB | resume | peak x share | ps of 64 GiB: count, GiB held "
+           "each, peak | ps of 32 GiB: count, GiB held each, peak |", "|" + " --- |" * 8]
+  for table, kinds in sorted(summary["advice"].items()):
+    for kind, advice in kinds.items():
+      cells = [f"{p['num_ps']}, {p['gib_per_ps']:.1f}, {p['peak_gib_per_ps']:.1f}"
+               for p in (advice["ps"]["64"], advice["ps"]["32"])]
+      lines.append(f"| {table} | {advice['table_rows']:.0e} | {advice['bytes_per_row']:.0f} B, "
+                   f"{advice['from_rows']:.0e} rows | {advice['total_gib']:.0f} | "
+                   f"{'on another number of ps' if kind == 'resharded' else 'on as many ps'} | "
+                   f"{advice['restore_factor']:.2f} | {cells[0]} | {cells[1]} |")
   return "\n".join(lines)
 
 

@@ -63,23 +63,41 @@ def checkpoint_row(save: dict, resumed: dict, baseline: int) -> dict:
           save["probe"] == resumed["probe"], "load": [save["load_average"][0], resumed["load_average"][0]]}
 
 
-def advice(rows: List[dict], restore_factor: float = 1.0, table_rows: int = 10**9) -> Dict[str, dict]:
+def save_row(save: dict, baseline: int) -> dict:
+  """A checkpoint's save alone (its resume failed or was skipped): the save's fields of `checkpoint_row`."""
+  return {"table": save["table"], "table_rows": save["table_rows"], "checkpoint_bytes": save["checkpoint_bytes"],
+          "saved_on_ps": save["num_ps"], "save_secs": save["save_secs"],
+          "save_secs_per_gb": save["save_secs"] / (save["checkpoint_bytes"] / GB),
+          "save_factor": (max(_peaks([save], save["num_ps"])) - baseline) / (save["state_bytes"] / save["num_ps"]),
+          "resumed_on_ps": None, "load": [save["load_average"][0]]}
+
+
+def advice(rows: List[dict], factors: Dict[str, float], table_rows: int = 10**9) -> Dict[str, dict]:
   """Per kind of table, from the bytes per row measured at its largest size: what `table_rows` rows need in all,
-  and how many ps of each of `PS_MEMORY_GIB` so that a ps's peak (its share x `restore_factor`, the peak of a resume
-  against its share, plus the baseline) stays within `PS_MEMORY_USE` of its memory."""
-  out = {}
-  factor = max(1.0, restore_factor)
-  for table in sorted({row["table"] for row in rows}):
-    largest = max((row for row in rows if row["table"] == table), key=lambda row: row["table_rows"])
-    total = largest["bytes_per_row"] * table_rows
-    ps = {}
-    for gib in PS_MEMORY_GIB:
-      count = max(1, math.ceil(factor * total / (PS_MEMORY_USE * gib * 2**30 - largest["baseline_bytes"])))
-      ps[str(gib)] = {"num_ps": count, "gib_per_ps": (total / count + largest["baseline_bytes"]) / 2**30,
-                      "peak_gib_per_ps": (factor * total / count + largest["baseline_bytes"]) / 2**30}
-    out[table] = {"from_rows": largest["table_rows"], "bytes_per_row": largest["bytes_per_row"],
-                  "table_rows": table_rows, "total_gib": total / 2**30, "restore_factor": factor, "ps": ps}
-  return out
+  and for each of `factors` (a resume's peak against its share: `{"resharded": ..., "same_ps": ...}`) how many ps of
+  each of `PS_MEMORY_GIB` keep a ps's peak (share x factor + baseline) within `PS_MEMORY_USE` of its memory."""
+  return {table: {kind: _advice(rows, table, max(1.0, factor), table_rows) for kind, factor in factors.items()
+                  if table == "hashed" or kind == "same_ps"}  # a dynamic table restores into as many shards only
+          for table in sorted({row["table"] for row in rows})}
+
+
+def _advice(rows: List[dict], table: str, factor: float, table_rows: int) -> dict:
+  largest = max((row for row in rows if row["table"] == table), key=lambda row: row["table_rows"])
+  total = largest["bytes_per_row"] * table_rows
+  ps = {}
+  for gib in PS_MEMORY_GIB:
+    count = max(1, math.ceil(factor * total / (PS_MEMORY_USE * gib * 2**30 - largest["baseline_bytes"])))
+    ps[str(gib)] = {"num_ps": count, "gib_per_ps": (total / count + largest["baseline_bytes"]) / 2**30,
+                    "peak_gib_per_ps": (factor * total / count + largest["baseline_bytes"]) / 2**30}
+  return {"from_rows": largest["table_rows"], "bytes_per_row": largest["bytes_per_row"], "table_rows": table_rows,
+          "total_gib": total / 2**30, "restore_factor": factor, "ps": ps}
+
+
+def _factors(checkpoints: List[dict]) -> Dict[str, float]:
+  """The largest resume peak against its share, on another number of ps and on the same (1.0 where none ran)."""
+  resumes = [row for row in checkpoints if row["resumed_on_ps"] is not None]
+  return {kind: max((row["restore_factor"] for row in resumes if (row["resumed_on_ps"] == row["saved_on_ps"]) == same),
+                    default=1.0) for kind, same in (("resharded", False), ("same_ps", True))}
 
 
 def summarize(runs: dict) -> dict:
@@ -104,8 +122,11 @@ def summarize(runs: dict) -> dict:
         round(worst, 3), worst <= RSS_BOUND[table]]
   saved = runs.get("checkpoints", []) + ([runs["checkpoint"]] if runs.get("checkpoint") else [])  # (one, before)
   checkpoints = [checkpoint_row(pair["save"], pair["resume"], baseline) for pair in saved]
+  resumed = {pair["save"]["save_secs"] for pair in saved}
+  checkpoints += [save_row(result, baseline) for result in runs["results"]
+                  if "save_secs" in result and result["save_secs"] not in resumed]  # saved, never resumed
   summary = {"rows": rows, "step_spread": spread, "targets": targets, "checkpoints": checkpoints,
-             "advice": advice(rows, max((row["restore_factor"] for row in checkpoints), default=1.0)),
+             "advice": advice(rows, _factors(checkpoints)),
              "baseline_bytes": baseline, "load_before": runs["load_before"], "load_after": runs["load_after"],
              "skipped": runs.get("skipped", []),
              "failed": [dict(run, error=run["error"][-300:]) for run in runs.get("failed", [])]}

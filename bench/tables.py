@@ -277,6 +277,7 @@ BLOCKS = {
     "scaling": scaling_table,
     "scale": lambda: report.scale_table(load(SCALE)["summary"]),
     "scale_checkpoint": lambda: report.checkpoint_table(load(SCALE)["summary"]),
+    "scale_advice": lambda: report.advice_table(load(SCALE)["summary"]),
 }
 _BLOCK = re.compile(r"(<!-- tables\.py: (\w+) -->\n)(.*?)(<!-- /tables\.py -->)", re.S)
 

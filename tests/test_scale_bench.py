@@ -83,11 +83,17 @@ def test_the_summary_tables_and_plot_have_every_field(runs, tmp_path):
     assert set(row["ps_end_rss_bytes"]) and row["load_runs"]
   assert rows["dynamic"]["occupancy"] == _ROWS and rows["dynamic"]["fill_secs"] > 0
   assert len(summary["targets"]) == 4 and all(len(value) == 2 for value in summary["targets"].values())
-  for table, advice in summary["advice"].items():
-    assert advice["from_rows"] == _ROWS and advice["table_rows"] == 10**9
-    assert set(advice["ps"]) == {"32", "64"} and advice["ps"]["32"]["num_ps"] >= advice["ps"]["64"]["num_ps"] >= 1
-    assert advice["restore_factor"] == max(1.0, summary["checkpoints"][0]["restore_factor"])
-    assert advice["ps"]["64"]["peak_gib_per_ps"] >= advice["ps"]["64"]["gib_per_ps"]
+  assert set(summary["advice"]["dynamic"]) == {"same_ps"}  # its checkpoint restores into as many shards only
+  for table, kinds in summary["advice"].items():
+    if table == "hashed":
+      assert set(kinds) == {"resharded", "same_ps"}
+      assert kinds["resharded"]["restore_factor"] == max(1.0, summary["checkpoints"][0]["restore_factor"])
+    assert kinds["same_ps"]["restore_factor"] == 1.0  # no resume on as many ps here
+    for advice in kinds.values():
+      assert advice["from_rows"] == _ROWS and advice["table_rows"] == 10**9
+      assert set(advice["ps"]) == {"32", "64"} and advice["ps"]["32"]["num_ps"] >= advice["ps"]["64"]["num_ps"] >= 1
+      assert advice["ps"]["64"]["peak_gib_per_ps"] >= advice["ps"]["64"]["gib_per_ps"]
+  assert "| hashed | 1e+09 |" in report.advice_table(summary)
   checkpoint, = summary["checkpoints"]
   assert checkpoint["rows_read_back_equal"] and checkpoint["step_restored"] == checkpoint["step_saved"]
   gigabytes = checkpoint["checkpoint_bytes"] / 1e9
