@@ -142,7 +142,7 @@ def main(argv):
   if flags.FLAGS.job_name is None and _ROLE.value == "bench":
     _report(_bench())
     return
-  tfps.run_task(_chief)
+  tfps.run_task(_chief, cluster=tfps.config_from_flags())
 
 
 if __name__ == "__main__":
