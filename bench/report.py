@@ -127,14 +127,21 @@ def plot_scaling(summary: dict, path: str) -> Optional[str]:
                        marker="o", label=f"{num_ps} ps: largest ps peak")
     right.plot([row["table_rows"] for row in rows], [row["limit_bytes"] / 2**20 for row in rows], linestyle="--",
                color=peak.get_color(), label=f"{num_ps} ps: limit")
+  return _save_size_plot(plt, fig, "rows of the large table", "peak RSS per ps (MiB)",
+                         "Wide&Deep, one table grown; the step should not grow, each ps should hold its share", path)
+
+
+def _save_size_plot(plt, fig, xlabel: str, memory_label: str, title: str, path: str) -> str:
+  """Labels a plot of step time (left) and ps memory (right) against table rows, and writes it to `path`."""
+  left, right = fig.axes
   for ax in (left, right):
     ax.set_xscale("log")
-    ax.set_xlabel("rows of the large table")
+    ax.set_xlabel(xlabel)
     ax.legend(fontsize=7)
   left.set_ylabel("step time (ms)")
   left.set_ylim(bottom=0)
-  right.set_ylabel("peak RSS per ps (MiB)")
-  fig.suptitle("Wide&Deep, one table grown; the step should not grow, each ps should hold its share")
+  right.set_ylabel(memory_label)
+  fig.suptitle(title)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
@@ -180,3 +187,76 @@ def plot_host_delay(summary: dict, path: str) -> Optional[str]:
   fig.savefig(path, dpi=100)
   plt.close(fig)
   return path
+
+
+def scale_table(summary: dict) -> str:
+  """bench/scale.py: step time and ps memory per table size (each verdict from the unrounded value beside it)."""
+  lines = ["| table | rows | step ms (runs) | x median | load | rows + slots per ps MiB | largest ps peak - baseline "
+           "MiB | x rows + slots | bound | holds | bytes per row |", "|" + " --- |" * 11]
+  for row in sorted(summary["rows"], key=lambda r: (r["table"] != "hashed", r["table_rows"])):
+    runs = ", ".join(f"{1000 * secs:.1f}" for secs in row["step_secs_runs"])
+    load = ", ".join(f"{value:.1f}" for value in row["load_runs"])
+    over = max(row["ps_peak_rss_bytes"]) - row["baseline_bytes"]
+    lines.append(f"| {row['table']} | {row['table_rows']:.0e} | {1000 * row['step_secs']:.1f} ({runs}) | "
+                 f"{row['step_vs_median']:.2f} | {load} | {row['state_bytes'] / row['num_ps'] / 2**20:,.0f} | "
+                 f"{over / 2**20:,.0f} | {row['over_baseline_vs_state']:.2f} | {row['rss_bound']} | "
+                 f"{'yes' if row['rss_holds'] else 'no'} | {row['bytes_per_row']:.0f} |")
+  return "\n".join(lines)
+
+
+def checkpoint_table(summary: dict) -> str:
+  """bench/scale.py: each checkpoint's save and its resume on the same or another number of ps, per GB."""
+  lines = [
+      "| checkpoint | GB | save s | s per GB | resumed on | create s | restore s | restore s per GB | step | rows "
+      "read back equal | ps peak - baseline x share: saving, resuming | load |", "|" + " --- |" * 12]
+  for row in summary["checkpoints"]:
+    if row["resumed_on_ps"] is None:
+      lines.append(f"| {row['table']} {row['table_rows']:.0e} rows, saved on {row['saved_on_ps']} ps | "
+                   f"{row['checkpoint_bytes'] / 1e9:.2f} | {row['save_secs']:.1f} | {row['save_secs_per_gb']:.1f} | "
+                   f"not resumed | | | | | | {row['save_factor']:.2f}, - | {row['load'][0]:.1f} |")
+      continue
+    lines.append(
+        f"| {row['table']} {row['table_rows']:.0e} rows, saved on {row['saved_on_ps']} ps | "
+        f"{row['checkpoint_bytes'] / 1e9:.2f} | {row['save_secs']:.1f} | {row['save_secs_per_gb']:.1f} | "
+        f"{row['resumed_on_ps']} ps ({row['shards']} shards) | {row['create_secs']:.1f} | "
+        f"{row['restore_secs']:.1f} | {row['restore_secs_per_gb']:.1f} | {row['step_saved']} -> "
+        f"{row['step_restored']} | {'yes' if row['rows_read_back_equal'] else 'no'} | "
+        f"{row['save_factor']:.2f}, {row['restore_factor']:.2f} | {row['load'][0]:.1f}, {row['load'][1]:.1f} |")
+  return "\n".join(lines)
+
+
+def advice_table(summary: dict) -> str:
+  """bench/scale.py: what a table of 10^9 rows needs, from the bytes per row and the resume peaks measured."""
+  lines = ["| table | rows | from bytes per row at | state GiB | resume | peak x share | ps of 64 GiB: count, GiB held "
+           "each, peak | ps of 32 GiB: count, GiB held each, peak |", "|" + " --- |" * 8]
+  for table, kinds in sorted(summary["advice"].items()):
+    for kind, advice in kinds.items():
+      cells = [f"{p['num_ps']}, {p['gib_per_ps']:.1f}, {p['peak_gib_per_ps']:.1f}"
+               for p in (advice["ps"]["64"], advice["ps"]["32"])]
+      lines.append(f"| {table} | {advice['table_rows']:.0e} | {advice['bytes_per_row']:.0f} B, "
+                   f"{advice['from_rows']:.0e} rows | {advice['total_gib']:.0f} | "
+                   f"{'on another number of ps' if kind == 'resharded' else 'on as many ps'} | "
+                   f"{advice['restore_factor']:.2f} | {cells[0]} | {cells[1]} |")
+  return "\n".join(lines)
+
+
+def plot_scale(summary: dict, path: str) -> Optional[str]:
+  """Step time, and the ps's bytes per row over baseline against the bounds, by table size and kind."""
+  plt = _pyplot()
+  if plt is None:
+    return None
+  fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+  for table in ("hashed", "dynamic"):
+    rows = sorted((r for r in summary["rows"] if r["table"] == table), key=lambda r: r["table_rows"])
+    if not rows:
+      continue
+    sizes = [row["table_rows"] for row in rows]
+    left.plot(sizes, [1000 * row["step_secs"] for row in rows], marker="o", label=table)
+    line, = right.plot(sizes, [row["bytes_per_row"] for row in rows], marker="o", label=f"{table}: measured")
+    bound = rows[0]["rss_bound"] * rows[0]["state_bytes"] / rows[0]["table_rows"]
+    right.axhline(bound, linestyle="--", color=line.get_color(), label=f"{table}: bound ({rows[0]['rss_bound']}x)")
+  right.axhline(rows[0]["state_bytes"] / rows[0]["table_rows"], linestyle=":", color="gray",
+                label="rows + Adagrad slots")
+  right.set_ylim(bottom=0)
+  return _save_size_plot(plt, fig, "rows of the table (2 ps + 2 workers)", "ps bytes per row over baseline (all ps)",
+                         "One table grown, dim 16, Adagrad: the step should stay flat, the ps hold only the rows", path)

@@ -19,7 +19,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 from absl import flags
 import portpicker
@@ -27,6 +26,8 @@ import portpicker
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 
 import tfps  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from bench import resume  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 tfps.define_flags()
 _ROLE = flags.DEFINE_enum("role", "bench", ["bench", "save", "resume"], "What this process does (the bench starts "
@@ -59,23 +60,11 @@ def _dataset(input_context=None):
 
 def _resume(cluster) -> dict:
   """What `tfps.fit` does before its first step on a model_dir with checkpoints, timed."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tfps.keras import evaluation, fitting  # pylint: disable=g-import-not-at-top
-  from tfps.training import checkpoints, resharding, strategy as strategy_lib  # pylint: disable=g-import-not-at-top
-  strategy, _ = strategy_lib.build_strategy(cluster, tfps.strategy_options_from_flags())
-  start = time.monotonic()
-  model = fitting.build_model_in_scope(_build_model, strategy)
-  with strategy.scope():
-    evaluation.ensure_built(model, _dataset())
-    resharding.create_optimizer_variables(model.optimizer, model.trainable_variables)
-  built = time.monotonic()
+  from tfps.training import checkpoints  # pylint: disable=g-import-not-at-top
   path = checkpoints.list_checkpoints(_MODEL_DIR.value)[-1]
-  with strategy.scope():
-    resharding.restore(path, tf.train.Checkpoint(model=model))
-  restored = time.monotonic()
-  shards = len(getattr(model.get_layer("table").embeddings, "variables", [None]))
-  return {"num_ps": cluster.num_ps, "shards": shards, "create_secs": built - start, "restore_secs": restored - built,
-          "resume_secs": restored - start, "step": int(model.optimizer.iterations.numpy())}
+  _, facts = resume.timed_resume(cluster, _build_model, _dataset(), path, tfps.strategy_options_from_flags(),
+                                 table="table")
+  return facts
 
 
 def _chief(cluster):
@@ -153,7 +142,7 @@ def main(argv):
   if flags.FLAGS.job_name is None and _ROLE.value == "bench":
     _report(_bench())
     return
-  tfps.run_task(_chief)
+  tfps.run_task(_chief, cluster=tfps.config_from_flags())
 
 
 if __name__ == "__main__":

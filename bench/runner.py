@@ -1,13 +1,15 @@
 """Runs one `train_bench.py` measurement (alone, or as a cluster under `tfps-launch`) and watches its processes.
 
 While a cluster runs, every task process (found by its TF_CONFIG) is sampled every `sample_secs`: CPU time, peak RSS
-(`VmHWM` of /proc/<pid>/status, through psutil), and the bytes its TCP sockets sent and received (`ss -tinp`: the
-kernel's per-connection `bytes_sent`/`bytes_received`; gRPC keeps its connections open, so nothing is lost between
-samples). The result is the chief's JSON plus, per task, `peak_rss_bytes`, and over the chief's measured span `cores`
-(CPU seconds per second; between the first and last samples inside the span, or, where fewer than two fall inside a
-short span, interpolated between the samples around its ends) and `network_bytes` (between the first and last samples
-inside the span), and `span_network_bytes` (over the whole span, interpolated between the samples around its ends). One process run alone reports its own `process_cores` over its windows,
-which is taken as its `cores`: its short windows can fall between two samples. Imports no TensorFlow.
+(`VmHWM` of /proc/<pid>/status, through psutil), RSS (`VmRSS`), and the bytes its TCP sockets sent and received
+(`ss -tinp`: the kernel's per-connection `bytes_sent`/`bytes_received`; gRPC keeps its connections open, so nothing is
+lost between samples). The result is the chief's JSON plus, per task, `peak_rss_bytes`, `rss_bytes` (at its last
+sample that has one), and over the chief's measured span `cores` (CPU seconds per second; between the first and last
+samples inside the span, or, where fewer than two fall inside a short span, interpolated between the samples around
+its ends) and `network_bytes` (between the first and last samples inside the span), and `span_network_bytes` (over
+the whole span, interpolated between the samples around its ends). One process run alone reports its own
+`process_cores` over its windows, which is taken as its `cores`: its short windows can fall between two samples.
+Imports no TensorFlow.
 """
 
 import json
@@ -49,12 +51,15 @@ def task_name(process: psutil.Process) -> Optional[str]:
   return f"{task.get('type')}:{task.get('index', 0)}"
 
 
-def _peak_rss(process: psutil.Process) -> int:
+def _memory(process: psutil.Process) -> Dict[str, int]:
+  """`{"VmHWM": peak RSS, "VmRSS": RSS now}` of `process`, bytes (0 where /proc lacks a field)."""
+  found = {"VmHWM": 0, "VmRSS": 0}
   with open(f"/proc/{process.pid}/status", encoding="ascii") as status:
     for line in status:
-      if line.startswith("VmHWM:"):
-        return int(line.split()[1]) * 1024
-  return 0
+      field = line.split(":", 1)[0]
+      if field in found:
+        found[field] = int(line.split()[1]) * 1024
+  return found
 
 
 _SS_PID = re.compile(r"pid=(\d+),")
@@ -97,7 +102,9 @@ def _sample(root: psutil.Process, tasks: Dict[str, psutil.Process]) -> Dict[str,
   for name, process in tasks.items():
     try:
       times = process.cpu_times()
-      result[name] = (time.time(), times.user + times.system, _peak_rss(process), network.get(process.pid, 0))
+      memory = _memory(process)
+      result[name] = (time.time(), times.user + times.system, memory["VmHWM"], network.get(process.pid, 0),
+                      memory["VmRSS"])
     except (psutil.Error, OSError):
       continue
   return result
@@ -178,7 +185,9 @@ def run(args: Sequence[str], *, num_ps: int = 0, num_workers: int = 0, log_dir: 
 
 
 def _task_summary(series: List[tuple], span: Optional[Sequence[float]]) -> dict:
-  summary = {"peak_rss_bytes": max(sample[2] for sample in series)}
+  # RSS at the last sample that has one (a task that has just exited has none)
+  summary = {"peak_rss_bytes": max(sample[2] for sample in series),
+             "rss_bytes": next((sample[4] for sample in reversed(series) if sample[4]), 0)}
   if span and span[0] and span[1]:
     inside = [sample for sample in series if span[0] <= sample[0] <= span[1]]
     if len(inside) >= 2 and inside[-1][0] > inside[0][0]:

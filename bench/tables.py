@@ -19,6 +19,7 @@ from absl import flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, for `bench`
 
 from bench import aims  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bench import report  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bench import throughput  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -262,6 +263,7 @@ def modes_table(name: str) -> str:
 
 
 PROFILE = "loop_index/profile/profile.json"
+SCALE = "scale/scale.json"
 BLOCKS = {
     "defaults_b256": lambda: series_table(DEFAULTS[:2], 256),
     "defaults_b4096": lambda: series_table(DEFAULTS[2:], 4096),
@@ -273,6 +275,9 @@ BLOCKS = {
     "switches": switches_table,
     "modes": lambda: modes_table("modes.json"),
     "scaling": scaling_table,
+    "scale": lambda: report.scale_table(load(SCALE)["summary"]),
+    "scale_checkpoint": lambda: report.checkpoint_table(load(SCALE)["summary"]),
+    "scale_advice": lambda: report.advice_table(load(SCALE)["summary"]),
 }
 _BLOCK = re.compile(r"(<!-- tables\.py: (\w+) -->\n)(.*?)(<!-- /tables\.py -->)", re.S)
 

@@ -39,9 +39,16 @@ def test_a_short_window_alone_gets_the_process_own_cpu(tmp_path):
 
 
 def test_a_span_between_two_samples_gets_the_cpu_interpolated_at_its_ends():
-  # (time, CPU seconds, peak RSS, network bytes): 0.5 cores until t=10.5, then 1 core; the span holds no sample.
-  series = [(10.0, 2.0, 1, 0), (10.5, 2.25, 1, 0), (11.0, 2.75, 1, 0)]
+  # (time, CPU seconds, peak RSS, network bytes, RSS): 0.5 cores until t=10.5, then 1 core; the span holds no sample.
+  series = [(10.0, 2.0, 1, 0, 1), (10.5, 2.25, 1, 0, 1), (11.0, 2.75, 1, 0, 1)]
   assert runner._task_summary(series, [10.6, 10.9])["cores"] == pytest.approx(1.0)
   assert runner._task_summary(series, [10.25, 10.75])["cores"] == pytest.approx(0.75)  # 0.125 + 0.25 CPU s in 0.5 s
   assert runner._task_summary(series, [10.0, 10.5])["cores"] == pytest.approx(0.5)  # two samples inside: theirs
   assert "cores" not in runner._task_summary(series, [10.6, 11.2])  # no sample after the span's end
+
+
+def test_a_tasks_rss_is_that_of_its_last_sample_that_has_one():
+  # The last sample of a task that has just exited reads no RSS from /proc.
+  series = [(10.0, 2.0, 300, 0, 200), (10.5, 2.25, 500, 0, 450), (11.0, 2.5, 500, 0, 0)]
+  summary = runner._task_summary(series, None)
+  assert summary["peak_rss_bytes"] == 500 and summary["rss_bytes"] == 450
