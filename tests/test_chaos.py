@@ -191,24 +191,6 @@ def test_ps_or_chief_killed_resumes_from_the_backup(run):
     assert job.applied(final) == on_each_ps(EPOCHS * STEPS), victim  # the epoch run again, from the backup's values
 
 
-def test_ps_killed_after_training_ended_does_not_train_again(run):
-  job = run(script_args=["--count_applied_steps"])
-  final_marker = job.model_dir / "checkpoints" / "FINAL"
-  deadline = time.monotonic() + 300
-  while not final_marker.exists():
-    assert time.monotonic() < deadline and job.process.poll() is None, job.output()[-3000:]
-    time.sleep(0.05)
-  job.kill("ps:0")  # the chief is still on its way out of fit (seconds under ParameterServerStrategy)
-  code, final = job.finish()
-  output = job.output()
-  assert code == 0, output[-3000:]
-  assert "restart 1/3: ps:0 failed" in output
-  assert "Training already finished in" in output
-  assert "epoch 1/4" not in output.split("restart 1/3")[1]  # no epoch trained again
-  assert final["step"] == EPOCHS * STEPS
-  assert job.applied(final) == on_each_ps(EPOCHS * STEPS, num_ps=1)
-
-
 def test_sigterm_to_the_launcher_mid_training_leaves_nothing(run):
   job = run("--evaluator")
   job.wait_for_checkpoint(1)
@@ -221,7 +203,11 @@ def test_sigterm_to_the_launcher_mid_training_leaves_nothing(run):
   assert alive == []
 
 
-def test_chief_killed_while_writing_a_checkpoint_restores_the_last_complete_one(run):
+def test_chief_killed_while_writing_a_checkpoint_then_the_ps_after_the_end(run):
+  """One run on 1 ps with both kills: the chief killed while it writes a checkpoint restores the last complete one;
+  once training has ended (the FINAL marker written), the ps killed while the chief is still on its way out of fit
+  (seconds under ParameterServerStrategy) restarts the cluster, whose chief finds the marker and trains nothing
+  again."""
   # a 128 MB table (and as much Adagrad state): saves take a while
   job = run(script_args=["--vocab_size=4000000", "--count_applied_steps"])
   job.wait_for_checkpoint(1)
@@ -230,11 +216,22 @@ def test_chief_killed_while_writing_a_checkpoint_restores_the_last_complete_one(
     assert time.monotonic() < deadline and job.process.poll() is None, "never saw a checkpoint being written"
     time.sleep(0.005)
   job.kill("chief:0")
+  final_marker = job.model_dir / "checkpoints" / "FINAL"
+  deadline = time.monotonic() + 300
+  while not final_marker.exists():
+    assert time.monotonic() < deadline and job.process.poll() is None, job.output()[-3000:]
+    time.sleep(0.05)
+  job.kill("ps:0")
   code, final = job.finish()
   output = job.output()
   assert code == 0, output[-3000:]
   assert "restart 1/3: chief:0 failed" in output
-  assert "Resumed from the backup at epoch" in output
+  before_end, _, after_end = output.partition("restart 2/3: ps:0 failed")
+  assert "Resumed from the backup at epoch" in before_end, writing
+  assert after_end, output[-3000:]  # the ps kill restarted the cluster
+  assert "Training already finished in" in after_end
+  # no epoch trained again, from the start or from a backup
+  assert "epoch 1/4" not in after_end and "| step " not in after_end and "Resumed from" not in after_end, after_end
   assert final["step"] == EPOCHS * STEPS, writing
   assert job.applied(final) == on_each_ps(EPOCHS * STEPS, num_ps=1)
 
