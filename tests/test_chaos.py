@@ -181,7 +181,9 @@ def test_ps_then_chief_killed_each_resume_from_the_backup(run):
   epoch that lasts seconds (a kill after the end would find no backup to resume from)."""
   job = run(TWO_PS, script=COUNTING_ARGS)
   kill_after_checkpoints({job: [(2, "ps:0")]})
-  resumed_lines = lambda: [line for line in job.output().splitlines() if "Resumed from the backup at epoch" in line]
+  # The chief's own lines; not the launcher's quotes ("  | ...") of a dead task's log, which may repeat one.
+  resumed_lines = lambda: [line for line in job.output().splitlines()
+                           if "Resumed from the backup at epoch" in line and not line.startswith("  | ")]
   deadline = time.monotonic() + 240
   while not (resumed_lines() and (job.model_dir / "checkpoints" / "ckpt-3.index").exists()):
     assert time.monotonic() < deadline and job.process.poll() is None, job.output()[-3000:]
