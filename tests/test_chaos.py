@@ -38,9 +38,8 @@ TWO_PS = "--num_ps=2"
 # The ps is killed after the checkpoint at step 1500 and must be restored from it, not from the next one (2000): the
 # run ends there, so no step runs that the assertions do not need.
 ESTIMATOR_STEPS = 2000
-ESTIMATOR_EVAL_EXAMPLES = 1000
 ESTIMATOR_ARGS = ("scripts/train_estimator.py", "--", f"--max_steps={ESTIMATOR_STEPS}", "--save_checkpoints_steps=500",
-                  f"--eval_examples={ESTIMATOR_EVAL_EXAMPLES}", "--noinline_eval", "--count_applied_steps")
+                  "--noinline_eval", "--count_applied_steps")
 
 
 def on_each_ps(steps, num_ps=2):
@@ -248,9 +247,8 @@ def test_chief_killed_while_writing_a_checkpoint_then_the_ps_after_the_end(run):
 
 
 def test_estimator_path_workers_and_ps_killed_ends_at_exactly_max_steps(run):
-  """On 2 ps; the ps killed is one of them. The sidecar evaluator tfps-launch starts beside them follows the
-  checkpoints to the last one (it is not restarted with the training cluster)."""
-  job = run("--max_restarts=5", TWO_PS, "--evaluator", script=ESTIMATOR_ARGS)
+  """On 2 ps; the ps killed is one of them."""
+  job = run("--max_restarts=5", TWO_PS, script=ESTIMATOR_ARGS)
   for step, victim in ((500, "worker:0"), (1000, "worker:1"), (1500, "ps:0")):
     job.wait_for_checkpoint(step)
     time.sleep(0.2)
@@ -264,8 +262,3 @@ def test_estimator_path_workers_and_ps_killed_ends_at_exactly_max_steps(run):
   assert len(resumed) == 1 and resumed[0].endswith("resuming at step 1500"), resumed
   assert final["step"] == ESTIMATOR_STEPS  # exact: after the worker kills and after the ps restart
   assert job.applied(final) == on_each_ps(ESTIMATOR_STEPS)
-  assert f"step {ESTIMATOR_STEPS} | loss" in (job.model_dir / "loss.log").read_text()
-  records = [json.loads(line) for line in (job.model_dir / "eval" / "metrics.jsonl").read_text().splitlines()]
-  assert records[-1]["step"] == ESTIMATOR_STEPS, records[-1]
-  assert records[-1]["metrics"]["examples_counted"] == ESTIMATOR_EVAL_EXAMPLES, records[-1]
-  assert records[-1]["metrics"]["auc"] >= 0.95, records[-1]

@@ -1,6 +1,6 @@
-"""scripts/train_estimator.py as real processes, per role: a chief SIGKILLed after its first checkpoint and started
-again resumes at the checkpointed step and ends at exactly max_steps; a sidecar evaluator follows the checkpoints.
-(Under tfps-launch, with its sidecar evaluator: tests/test_chaos.py, the Estimator run.)"""
+"""scripts/train_estimator.py as real processes: per role (a chief SIGKILLed after its first checkpoint and started
+again resumes at the checkpointed step and ends at exactly max_steps; a sidecar evaluator follows the checkpoints),
+and under tfps-launch."""
 
 import json
 import pathlib
@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+from fixtures.launcher import QUICK_STOP
 import portpicker
 import psutil
 import pytest
@@ -133,6 +134,27 @@ def test_chief_restart_resumes_and_sidecar_follows(tmp_path, subprocess_env):
   finally:
     processes.stop_all()
   assert all(p.poll() is not None for p in processes.started.values())
+
+
+@pytest.mark.slow
+def test_train_estimator_under_tfps_launch(tmp_path, subprocess_env):
+  model_dir = tmp_path / "model"
+  env = {k: v for k, v in subprocess_env.items() if k != "TF_CONFIG"}
+  command = [sys.executable, "-m", "tfps.cluster.launch", "--num_ps=1", "--num_workers=2", "--evaluator", QUICK_STOP,
+             f"--log_dir={tmp_path / 'logs'}", str(SCRIPT), "--", f"--model_dir={model_dir}", "--max_steps=400",
+             "--save_checkpoints_steps=200", f"--eval_examples={EVAL_EXAMPLES}", "--noinline_eval"]
+  launcher = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, start_new_session=True)
+  try:
+    output, _ = launcher.communicate(timeout=240)
+    assert launcher.returncode == 0, output[-4000:]
+  finally:
+    kill_tree(launcher)
+  assert json.loads((model_dir / "checkpoints" / "FINAL").read_text())["step"] == 400
+  assert "step 400 | loss" in (model_dir / "loss.log").read_text()
+  records = [json.loads(line) for line in (model_dir / "eval" / "metrics.jsonl").read_text().splitlines()]
+  assert records[-1]["step"] == 400 and records[-1]["metrics"]["examples_counted"] == EVAL_EXAMPLES
+  assert records[-1]["metrics"]["auc"] >= 0.95, records[-1]
 
 
 CHIEF_EVAL = """
