@@ -5,7 +5,9 @@ Each run trains scripts/train_keras.py, or a model that counts on every ps the s
 steps it counted are the step counter the chief records in the FINAL marker, the steps applied are each ps's
 counter in the final checkpoint. Runs that claim an exact count under failures run the counting models on 2 ps and
 assert both: the step counter is settled from the ps's records (`tfps.training.exactly_once`), so alone it would not
-show a step applied twice or lost.
+show a step applied twice or lost. Each run costs a cluster's start-up: kills that do not interfere share a run (the
+ps, then the chief; the chief while it writes a checkpoint, then the ps after the end), and runs of the same kills in
+two modes go side by side.
 """
 
 import json
@@ -173,40 +175,30 @@ def test_sync_and_geo_modes_survive_worker_kills(run):
     assert job.applied(final) == on_each_ps(EPOCHS * STEPS), mode
 
 
-def test_ps_or_chief_killed_resumes_from_the_backup(run):
-  """One run with a ps killed and one with its chief killed, side by side, on 2 ps; each kill lands in epoch 3, which
-  lasts seconds (a kill after the end would find no backup to resume from)."""
-  victims = ("ps:0", "chief:0")
-  jobs = {victim: run(TWO_PS, script=COUNTING_ARGS, folder=victim.replace(":", "")) for victim in victims}
-  kill_after_checkpoints({job: [(2, victim)] for victim, job in jobs.items()})
-  for victim, job in jobs.items():
-    code, final = job.finish()
-    output = job.output()
-    assert code == 0, (victim, output[-3000:])
-    assert f"restart 1/3: {victim} failed; restarting the training cluster" in output
-    resumed = [line for line in output.splitlines() if "Resumed from the backup at epoch" in line]
-    assert len(resumed) == 1 and ("epoch 3/4 (step 200)" in resumed[0] or "epoch 4/4 (step 300)" in resumed[0]), (
-        victim, resumed)
-    assert final["step"] == EPOCHS * STEPS, victim  # at most one epoch was run again, none twice in the count
-    assert job.applied(final) == on_each_ps(EPOCHS * STEPS), victim  # the epoch run again, from the backup's values
-
-
-def test_ps_killed_after_training_ended_does_not_train_again(run):
-  job = run(script_args=["--count_applied_steps"])
-  final_marker = job.model_dir / "checkpoints" / "FINAL"
-  deadline = time.monotonic() + 300
-  while not final_marker.exists():
+def test_ps_then_chief_killed_each_resume_from_the_backup(run):
+  """On 2 ps, one run: ps:0 killed in epoch 3, then, once the run resumed, the chief in epoch 4; each kill lands in an
+  epoch that lasts seconds (a kill after the end would find no backup to resume from)."""
+  job = run(TWO_PS, script=COUNTING_ARGS)
+  kill_after_checkpoints({job: [(2, "ps:0")]})
+  # The chief's own lines; not the launcher's quotes ("  | ...") of a dead task's log, which may repeat one.
+  resumed_lines = lambda: [line for line in job.output().splitlines()
+                           if "Resumed from the backup at epoch" in line and not line.startswith("  | ")]
+  deadline = time.monotonic() + 240
+  while not (resumed_lines() and (job.model_dir / "checkpoints" / "ckpt-3.index").exists()):
     assert time.monotonic() < deadline and job.process.poll() is None, job.output()[-3000:]
     time.sleep(0.05)
-  job.kill("ps:0")  # the chief is still on its way out of fit (seconds under ParameterServerStrategy)
+  time.sleep(0.2)  # into epoch 4, which lasts seconds
+  job.kill("chief:0")
   code, final = job.finish()
   output = job.output()
   assert code == 0, output[-3000:]
-  assert "restart 1/3: ps:0 failed" in output
-  assert "Training already finished in" in output
-  assert "epoch 1/4" not in output.split("restart 1/3")[1]  # no epoch trained again
-  assert final["step"] == EPOCHS * STEPS
-  assert job.applied(final) == on_each_ps(EPOCHS * STEPS, num_ps=1)
+  assert "restart 1/3: ps:0 failed; restarting the training cluster" in output
+  assert "restart 2/3: chief:0 failed; restarting the training cluster" in output
+  resumed = resumed_lines()
+  assert len(resumed) == 2 and ("epoch 3/4 (step 200)" in resumed[0] or "epoch 4/4 (step 300)" in resumed[0]), resumed
+  assert "epoch 4/4 (step 300)" in resumed[1], resumed
+  assert final["step"] == EPOCHS * STEPS  # the epochs run again are not counted twice
+  assert job.applied(final) == on_each_ps(EPOCHS * STEPS)  # each epoch run again, from the backup's values
 
 
 def test_sigterm_to_the_launcher_mid_training_leaves_nothing(run):
@@ -221,7 +213,11 @@ def test_sigterm_to_the_launcher_mid_training_leaves_nothing(run):
   assert alive == []
 
 
-def test_chief_killed_while_writing_a_checkpoint_restores_the_last_complete_one(run):
+def test_chief_killed_while_writing_a_checkpoint_then_the_ps_after_the_end(run):
+  """One run on 1 ps with both kills: the chief killed while it writes a checkpoint restores the last complete one;
+  once training has ended (the FINAL marker written), the ps killed while the chief is still on its way out of fit
+  (seconds under ParameterServerStrategy) restarts the cluster, whose chief finds the marker and trains nothing
+  again."""
   # a 128 MB table (and as much Adagrad state): saves take a while
   job = run(script_args=["--vocab_size=4000000", "--count_applied_steps"])
   job.wait_for_checkpoint(1)
@@ -230,11 +226,22 @@ def test_chief_killed_while_writing_a_checkpoint_restores_the_last_complete_one(
     assert time.monotonic() < deadline and job.process.poll() is None, "never saw a checkpoint being written"
     time.sleep(0.005)
   job.kill("chief:0")
+  final_marker = job.model_dir / "checkpoints" / "FINAL"
+  deadline = time.monotonic() + 300
+  while not final_marker.exists():
+    assert time.monotonic() < deadline and job.process.poll() is None, job.output()[-3000:]
+    time.sleep(0.05)
+  job.kill("ps:0")
   code, final = job.finish()
   output = job.output()
   assert code == 0, output[-3000:]
   assert "restart 1/3: chief:0 failed" in output
-  assert "Resumed from the backup at epoch" in output
+  before_end, _, after_end = output.partition("restart 2/3: ps:0 failed")
+  assert "Resumed from the backup at epoch" in before_end, writing
+  assert after_end, output[-3000:]  # the ps kill restarted the cluster
+  assert "Training already finished in" in after_end
+  # no epoch trained again, from the start or from a backup
+  assert "epoch 1/4" not in after_end and "| step " not in after_end and "Resumed from" not in after_end, after_end
   assert final["step"] == EPOCHS * STEPS, writing
   assert job.applied(final) == on_each_ps(EPOCHS * STEPS, num_ps=1)
 
