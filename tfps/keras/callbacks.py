@@ -24,13 +24,14 @@ RECORD_SECS = 1.0  # a progress record (what tfps-report plots) this often while
 class ProgressLogger(tf_keras.callbacks.Callback):
   """Logs `epoch | step | loss | ex/s` every `interval_secs` on the chief, without slowing training down.
 
-  Under ParameterServerStrategy `fit` schedules an epoch's functions long before they run (the coordinator queues
-  them), so its batch hooks say nothing about progress. A thread of this callback reads, every interval, the
-  optimizer's step from its ps and fetches the loss of the newest function that ran that far (done: no wait); the
-  rate is the steps since the previous line (or the epoch's start) over the time, training only. The loss is the
-  epoch's running mean, as tf-keras reports it. With a `recorder`, the thread also writes a progress record every
-  `RECORD_SECS` (or `interval_secs` if shorter) while steps run, with the rate since the previous record, and each
-  epoch's metrics go to the run records (`model_dir/run/`); the summary is written when training ends.
+  Under ParameterServerStrategy `fit` schedules an epoch's functions long before they run (the coordinator queues them),
+  so its batch hooks say nothing about progress. A thread of this callback reads, every interval, the optimizer's step
+  from its ps and fetches the loss of the newest function that ran that far (done: no wait); the rate is the steps since
+  the previous line (or the epoch's start) over the time, training only. In geo mode the step moves once per round, when
+  a worker pushes its steps. The loss is the epoch's running mean, as tf-keras reports it. With a `recorder`, the thread
+  also writes a progress record every `RECORD_SECS` (or `interval_secs` if shorter) while steps run, with the rate since
+  the previous record, and each epoch's metrics go to the run records (`model_dir/run/`); the summary is written when
+  training ends.
   """
 
   def __init__(self, steps_per_epoch: int, epochs: int, batch_size: Optional[int], interval_secs: float = 10.0,
@@ -85,9 +86,8 @@ class ProgressLogger(tf_keras.callbacks.Callback):
         step = int(self.model.optimizer.iterations.numpy())
       except (tf.errors.OpError, RuntimeError, ValueError):  # the cluster is going away: the run's end says why
         return
-      except TypeError:  # geo mode: the step lives in the rounds' functions, not readable here; epoch ends only
-        logging.debug("Progress lines within an epoch: the optimizer's step cannot be read in this mode")
-        return
+      except TypeError:  # geo mode while a round is traced: its variables answer from local copies; look again
+        continue
       with self._lock:
         if not self._training or step <= self._last[1]:
           continue
