@@ -4,7 +4,8 @@ What a step is (a `Step`) and how the mode drives steps (the `Runner`) are not t
 runner in chunks up to each log or checkpoint boundary, joins the coordinator and lets the runner settle the step
 counter after each chunk, saves checkpoints at fixed step intervals and writes the step log
 (`step | loss | steps/s | ex/s`, then any `metrics()` the caller gives, e.g. dynamic tables' `<layer>/occupancy`) to
-absl logging, `model_dir/loss.log` and TensorBoard.
+absl logging, `model_dir/loss.log` and TensorBoard. The rates of a run's first line are measured from the moment its
+first function was traced (the coordinator traces it where it is first scheduled): the trace is not training.
 """
 
 import dataclasses
@@ -90,11 +91,13 @@ class TrainLoop:
       if max_steps is not None:
         boundary = min(boundary, max_steps)
       try:
-        loss_sum, examples = self._run_chunk(boundary - step)
+        loss_sum, examples, traced = self._run_chunk(boundary - step)
       except tf.errors.OutOfRangeError:
         logging.info("The training input ended at step %d", self.step)
         step = self.step
         break
+      if step == self._records.start_step:  # a run's first chunk: its clock starts once the function is traced
+        clock = (traced, step)
       step = self.step
       clock = self._log(step, loss_sum, examples, clock, max_steps)
       if step >= last_saved + self._config.checkpoint_every_steps or step == max_steps:
@@ -111,12 +114,15 @@ class TrainLoop:
 
   def _run_chunk(self, num_steps: int):
     """Runs `num_steps` steps through the runner, `steps_per_execution` at a time, and waits for them; returns their
-    summed loss and examples."""
+    summed loss and examples, and when the first function was scheduled (the coordinator traces a function where it
+    is first scheduled, on the chief: seconds, before any of its steps can run)."""
     self._runner.begin()
     results: List = []
+    traced = None
     while num_steps > 0:
       count = min(num_steps, self._runner.steps_per_execution)
       results.append(self._runner.schedule(self._iterator, count))
+      traced = traced or time.monotonic()
       num_steps -= count
     self._runner.coordinator.join()
     self._runner.settle()
@@ -124,7 +130,7 @@ class TrainLoop:
     for result in results:
       loss, count = result.fetch()
       loss_sum, examples = loss_sum + float(loss), examples + int(count)
-    return loss_sum, examples
+    return loss_sum, examples, traced
 
   def _log(self, step: int, loss_sum: float, examples: int, clock, max_steps: Optional[int]):
     start_time, start_step = clock
