@@ -26,4 +26,4 @@ def train(cluster):                              # the chief's job; data, checkp
                      cluster=cluster)
   print("final:", {name: round(float(values[-1]), 4) for name, values in history.history.items()})
 
-tfps.run_task(train)                             # ps and workers serve; the chief runs train()
+tfps.run_main(lambda argv: tfps.run_task(train))  # ps and workers serve; the chief runs train()

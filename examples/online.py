@@ -74,4 +74,4 @@ def train(cluster):
       stop.set()                                 # every full batch of the clicks written has been trained on
   online.train_on_stream(estimator, make_batches, checkpoint_every_secs=1, stop=stop, after_checkpoint=evaluate_newest)
 
-tfps.run_task(train)                             # ps and workers serve until stopped; the chief runs train()
+tfps.run_main(lambda argv: tfps.run_task(train))  # ps and workers serve until stopped; the chief runs train()

@@ -177,3 +177,25 @@ def test_a_lost_ps_in_a_graph_functions_error_is_named_with_its_cause():
   assert message.startswith("task ps:1 at ps-1:2222 became unreachable (failed to connect to all addresses; last "
                             "error: UNAVAILABLE: ipv4:10.250.60.3:2222: Connection timed out); check that it runs")
   assert failures.cause("Graph execution error:\n\n") == "no detail given"
+
+
+# A ps killed while a function ran: its error in TensorFlow 2.21 with two roots (seen in tests/test_k8s_runs.py).
+TWO_ROOTS_ERROR = """Graph execution error:
+
+Detected at node GroupCrossDeviceControlEdges_1/while/body/_1/while/NoOp/_128 defined at (most recent call last):
+<stack traces unavailable>
+Detected at node GroupCrossDeviceControlEdges_1/while/body/_1/while/NoOp/_128 defined at (most recent call last):
+<stack traces unavailable>
+2 root error(s) found.
+  (0) UNAVAILABLE:  failed to connect to all addresses; last error: UNKNOWN: ipv4:10.250.114.2:2222: Failed to \
+connect to remote host: Connection refused
+Additional GRPC error information from remote target /job:ps/replica:0/task:1/device:CPU:0 while calling \
+/tensorflow.eager.EagerService/RunComponentFunction:"""
+
+
+def test_the_cause_of_an_error_with_several_roots_is_the_first_roots():
+  from tfps.cluster import failures
+  assert failures.cause(TWO_ROOTS_ERROR) == (
+      "failed to connect to all addresses; last error: UNKNOWN: ipv4:10.250.114.2:2222: Failed to connect to remote "
+      "host: Connection refused")
+

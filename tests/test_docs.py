@@ -130,6 +130,31 @@ def test_readme_shows_the_first_model_file_as_it_is():
   assert code.startswith("import") and code in README.read_text(encoding="utf-8")
 
 
+def test_the_examples_run_without_a_cluster_say_so_in_one_line(subprocess_env):
+  """Run as `python examples/x.py` with no cluster anywhere: one line naming what to give, as every entry point."""
+  env = {name: value for name, value in subprocess_env.items() if name not in ("TF_CONFIG", "TFPS_TASK_TYPE")}
+  examples = [FIRST_MODEL, REPO / "examples" / "online.py"]
+  runs = [subprocess.Popen([sys.executable, str(path)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True) for path in examples]  # both at once: two imports of TF
+  for path, run in zip(examples, runs):
+    _, stderr = run.communicate(timeout=180)
+    lines = [line for line in stderr.splitlines() if line.startswith(f"{path.name}: ")]
+    assert run.returncode == 2 and "Traceback" not in stderr, stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith(f"{path.name}: no cluster given: pass cluster="), stderr[-3000:]
+
+
+def test_the_code_cites_the_notes_its_figures_come_from():
+  """A measured figure in a comment or docstring of tfps/ names the notes beside its results
+  (bench/results/**/NOTES.md), which exist; docs/performance.md no longer holds those figures."""
+  cited = set()
+  for path in (REPO / "tfps").rglob("*.py"):
+    text = path.read_text(encoding="utf-8")
+    assert "docs/performance.md" not in text, f"{path.relative_to(REPO)} cites docs/performance.md for a figure"
+    cited.update(re.findall(r"bench/results/[\w/]*NOTES\.md", text))
+  assert len(cited) >= 5, cited  # the check sees the citations at all
+  assert all((REPO / target).is_file() for target in cited), sorted(t for t in cited if not (REPO / t).is_file())
+
+
 @pytest.mark.slow
 def test_first_model_trains_under_the_local_launcher_to_the_stated_auc(tmp_path, subprocess_env):
   env = dict(subprocess_env, TMPDIR=str(tmp_path))  # the example keeps its data and model_dir in the temp folder

@@ -2,6 +2,7 @@
 
 import json
 import re
+import statistics
 import subprocess
 import sys
 
@@ -55,6 +56,8 @@ def test_run_records(trained):
   train = [r for r in progress if r["kind"] == "train"]
   assert [(r["step"], round(r["metrics"]["loss"], 4)) for r in train] == logged
   assert all(r["examples_per_sec"] > 0 for r in train)
+  rates = [r["examples_per_sec"] for r in train]  # the first line's clock starts once its function is traced
+  assert rates[0] > 0.3 * statistics.median(rates), rates  # with the trace it was below a fifth of the median
   validation = [r for r in progress if r["kind"] == "validation"]
   assert [(r["step"], r["metrics"]["auc"]) for r in validation] == [
       (r["step"], pytest.approx(r["metrics"]["auc"])) for r in records]

@@ -294,6 +294,30 @@ PERFORMANCE_PROSE = (
     ("load average {:.1f} before and {:.1f} after", "modes.json",
      lambda: (_json("modes.json")["load_before"][0], _json("modes.json")["load_after"][0])),
 )
+
+
+def _main_job(key: str):
+  return _json("main_job.json")[key]
+
+
+def _main_job_training_rate() -> float:
+  """The summary's examples/s for training alone: the median of the progress records' rates (tfps.cluster.summary)."""
+  return statistics.median(r["examples_per_sec"] for r in _main_job("progress")
+                           if r["kind"] == "train" and r.get("examples_per_sec"))
+
+
+# Figures in the README's prose on the main job (`bash scripts/main.sh`): (quoted text, values from main_job.json).
+MAIN_JOB_PROSE = (
+    ("Measured ({}, after set-up", lambda: (_main_job("date"),)),
+    ("): {:.0f} s wall;", lambda: (_main_job("launch_wall_secs"),)),
+    ("`Final: {}`", lambda: (" | ".join(f"{name} {value:.4f}" for name, value in
+                                       sorted(_main_job("summary")["final_metrics"].items())),)),
+    ("gives {} steps in {} s of wall time", lambda: (_main_job("summary")["steps"],
+                                                     int(_main_job("summary")["wall_secs"]))),
+    ("({:,.0f} examples/s over it)", lambda: (_main_job("summary")["examples_per_sec"],)),
+    ("{:,.0f} examples/s for training alone", lambda: (_main_job_training_rate(),)),
+    ("`{}` (AUC {:.4f})", lambda: (pathlib.PurePath(_main_job("best")["checkpoint"]).name, _main_job("best")["value"])),
+)
 # Numbers in the table that are not measurements: shapes, settings, dates, what a target is.
 _CONTEXT = re.compile(
     r"\d+ ps\b|\d+ \+ \d+|\d+ workers?\b|batch \d+|\d+ seeds|\d+ alternating runs|\d+ shared cores|\d{4}-\d\d-\d\d|"
@@ -416,3 +440,23 @@ def test_a_series_with_both_peers_is_judged_against_the_tutorials(monkeypatch):
   assert "| plain PSS `Model.fit`, FixedShards 2x2 | 90 (90) |" in table
   targets = tables.targets_table(["tutorial_peer/b256_more"])
   assert "| tfps.fit 2x2, batch 256 >= 1.15x the tutorial's peer | 1.149 | no |" in targets  # 1.149 shows as 1.15
+
+
+def main_job_prose() -> str:
+  """The README's sentences on the main job's measured run, whitespace as single spaces."""
+  text = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+  return text[text.index("Measured ("):text.index("Logs of every task")]
+
+
+@pytest.mark.parametrize("template,values", MAIN_JOB_PROSE, ids=[p[0][:30] for p in MAIN_JOB_PROSE])
+def test_each_figure_in_the_readmes_main_job_prose_is_its_results_value(template, values):
+  quoted = template.format(*values())
+  assert quoted in main_job_prose(), f"README's main job quotes bench/results/main_job.json; it gives {quoted!r}"
+
+
+def test_no_number_in_the_readmes_main_job_prose_is_without_a_source():
+  prose = main_job_prose()
+  for template, values in MAIN_JOB_PROSE:
+    prose = prose.replace(template.format(*values()), "")
+  prose = re.sub(r"\([^()]*\.md\)|`[^`]*\.(py|json)`|\d+-core", "", prose)  # links, file names, the machine
+  assert not re.findall(r"\d[\d,.]*", prose), prose

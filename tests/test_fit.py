@@ -4,6 +4,7 @@ import json
 import os
 import pathlib
 import shutil
+import statistics
 import subprocess
 import sys
 
@@ -323,6 +324,10 @@ def test_progress_is_measured_while_steps_run_and_plotted_record_by_record(clust
   train = [r for r in run["progress"] if r["kind"] == "train"]
   recorded = [r["step"] for r in train]  # every 0.25 s too (at least the lines' steps), and the epoch's end
   assert set(shown) <= set(recorded) and len(recorded) > len(shown) and recorded[-1] == steps
+  # The clock starts once the first steps ran: the first interval's rate holds no trace (seconds, where an interval
+  # is 0.25 s: with it, the first record was below a tenth of the others' median).
+  rates = [r["examples_per_sec"] for r in train[:-1]]
+  assert rates[0] > 0.3 * statistics.median(rates), rates
   speed, = series_lib.build_series(run).panels["examples/s"]
   assert speed.steps == [r["step"] for r in train] and len(speed.values) == len(train)
 

@@ -49,3 +49,13 @@ def test_every_program_help_lists_its_flags():
       if process.poll() is None:
         process.kill()
         process.wait()
+
+
+@pytest.mark.parametrize("module,usage", [("launch", "usage: tfps-launch [flags] SCRIPT [-- SCRIPT_ARGS]\n"),
+                                          ("report", "usage: tfps-report MODEL_DIR [--out FILE.png]\n")])
+def test_a_console_scripts_help_begins_with_its_usage(module, usage):
+  """Run as the installed command runs it, from a wrapper without a docstring (absl's help would then begin
+  `USAGE: program [flags]`, without the arguments it needs)."""
+  result = subprocess.run([sys.executable, "-c", f"from tfps.cli import {module}; {module}.run()", "--help"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+  assert result.stdout.startswith(usage), result.stdout[:1000]

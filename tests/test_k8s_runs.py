@@ -95,7 +95,9 @@ def test_each_kind_survives_a_worker_and_a_ps_failure_and_ends_exact(hosts, tmp_
   if kind == "jobset":
     assert pods.events[1:] == ["ps-1 exited -9", "job ps failed: the set restarted (1)"], pods.events
   else:  # the ps started again alone; the chief, which lost it, exits 3 and is started again
-    # once or more: in 3 of 5 runs alone the restarted chief exited 3 a second time before the run went on
+    # once or more: in 3 of 5 runs alone on an otherwise idle machine the restarted chief exited 3 a second time before
+    # the run went on; not seen in 10 runs at load average 20-30, nor with the workers' gRPC reconnect backoff at 30 s
+    # (a worker's stale connection to the restarted ps is not the cause). The chief's one-line exits are printed.
     assert pods.events[1] == "ps-1 exited -9" and pods.events[2:] and set(pods.events[2:]) == {"chief-0 exited 3"}, (
         pods.events)
     assert pods.set_restarts == 0
@@ -104,5 +106,6 @@ def test_each_kind_survives_a_worker_and_a_ps_failure_and_ends_exact(hosts, tmp_
   assert final["step"] == EPOCHS * STEPS, final
   assert applied_steps.applied_per_ps(final["last_checkpoint"], pods.log(("chief", 0))) == {
       "ps:0": EPOCHS * STEPS, "ps:1": EPOCHS * STEPS}
+  exits = [line for line in pods.log(("chief", 0)).splitlines() if line.startswith("worker_kills_train.py: ")]
   print(f"{kind}: succeeded after {succeeded - started:.0f}s, every pod ended {ended - succeeded:.1f}s later; "
-        f"events {pods.events}")
+        f"events {pods.events}; the chief's exits: {exits}")

@@ -111,6 +111,8 @@ def test_signal_to_launcher_leaves_no_process_behind(tmp_path, marked_env, signu
     (["missing.py"], "tfps-launch: script 'missing.py' is not a file"),
     (["--num_workers=0", "x.py"], "tfps-launch: flag --num_workers=0: 0 is not a positive integer"),
     (["--num_ps=two", "x.py"], "tfps-launch: flag --num_ps=two: invalid literal"),
+    (["x.py", "--epochs=2"], "tfps-launch: Unknown command line flag 'epochs' (the script's own flags go after `--`"),
+    (["README.md"], "tfps-launch: script 'README.md' does not compile as Python: unterminated string literal"),
 ])
 def test_bad_launcher_arguments_are_one_line(args, message):
   result = subprocess.run([sys.executable, "-m", "tfps.cluster.launch", *args], cwd=REPO, capture_output=True, text=True,

@@ -95,6 +95,11 @@ def run_report(*args, prelude=""):
 
 
 def test_report_command_errors_are_one_line(tmp_path):
+  none = run_report()
+  assert none.returncode == 2 and none.stderr == (
+      "tfps-report: give one MODEL_DIR (got 0 arguments); usage: tfps-report MODEL_DIR [--out FILE.png]\n")
+  bad_flag = run_report("--bogus", str(tmp_path))
+  assert bad_flag.returncode == 2 and bad_flag.stderr == "tfps-report: Unknown command line flag 'bogus'\n"
   missing = run_report(str(tmp_path / "nope"))
   assert missing.returncode == 2 and missing.stderr.strip() == (
       f"tfps-report: model_dir '{tmp_path / 'nope'}' is not a directory")

@@ -181,14 +181,14 @@ def adagrad_rows_at_once(optimizer, locked: bool = True):
   """While tracing: a tf-keras legacy `Adagrad` applies a gradient of table rows by gathering the rows and their
   accumulators, updating them all at once and scattering them back, instead of TensorFlow's sparse Adagrad kernel.
 
-  The kernel evaluates one Eigen expression per row (two: accumulator, then weights); for a batch's ~6,000 rows that
-  was 29% of a ps's CPU (docs/performance.md). The arithmetic is the kernel's, in its order, so the results are equal
-  bit for bit; the ids are unique there (the optimizer sums duplicates before `_resource_apply_sparse`, where the
-  kernel is called), so no row is gathered twice. `locked` (the default) holds a lock of the variable's own (a
-  `MutexV2` shared by name on its ps) from the gathers to the scatters, as the kernel holds the variable's: two
-  workers updating the same rows take turns, and no update is lost. Without it the rows are read and written as TF1's
-  optimizers did by default (`tfps.TrainingMode.lockfree_row_updates`). The kernel is called from that method,
-  replaced on this optimizer instance; an optimizer of another class keeps its own.
+  The kernel evaluates one Eigen expression per row (two: accumulator, then weights); for a batch's ~6,000 rows that was
+  29% of a ps's CPU (bench/results/row_updates/NOTES.md). The arithmetic is the kernel's, in its order, so the results
+  are equal bit for bit; the ids are unique there (the optimizer sums duplicates before `_resource_apply_sparse`, where
+  the kernel is called), so no row is gathered twice. `locked` (the default) holds a lock of the variable's own (a
+  `MutexV2` shared by name on its ps) from the gathers to the scatters, as the kernel holds the variable's: two workers
+  updating the same rows take turns, and no update is lost. Without it the rows are read and written as TF1's optimizers
+  did by default (`tfps.TrainingMode.lockfree_row_updates`). The kernel is called from that method, replaced on this
+  optimizer instance; an optimizer of another class keeps its own.
   """
   if type(optimizer) is not tf_keras.optimizers.legacy.Adagrad:  # pylint: disable=unidiomatic-typecheck
     return contextlib.nullcontext()

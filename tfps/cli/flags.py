@@ -229,16 +229,24 @@ def define_report_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   declare_program_flags(flag_values, __name__)
 
 
-def command_line_parser(program: str) -> Callable[[Sequence[str]], list]:
+def command_line_parser(program: str, unknown_hint: str = "") -> Callable[[Sequence[str]], list]:
   """absl's flag parsing for `absl.app.run(flags_parser=...)`, but a bad flag (unknown, or a bad value) ends the
   process with one line `program: ...` and status `EXIT_REFUSED`: absl's own ends it with two lines and status 1,
-  which a supervisor takes for a failure and restarts."""
+  which a supervisor takes for a failure and restarts. `unknown_hint` follows the line of an unknown flag."""
   def parse(argv: Sequence[str]) -> list:
     try:
       return flags.FLAGS(list(argv))
     except flags.Error as e:
-      refuse(program, str(e).splitlines()[0])
+      hint = f" ({unknown_hint})" if unknown_hint and isinstance(e, flags.UnrecognizedFlagError) else ""
+      refuse(program, str(e).splitlines()[0] + hint)
   return parse
+
+
+def show_usage_in_help(usage: str) -> None:
+  """Makes absl's `--help` begin with `usage`: it prints the `__main__` module's docstring, which a console script's
+  generated wrapper lacks (absl then shows `USAGE: program [flags]`, no arguments) and which `python -m` takes from
+  the module, written for its readers."""
+  sys.modules["__main__"].__doc__ = usage
 
 
 CHECK_RUN_NAME = "__tfps_flag_check__"  # the script's module name while its flags are checked: its main never runs

@@ -31,6 +31,16 @@ from tfps.errors import EXIT_REFUSED
 from tfps.errors import refuse
 
 PROGRAM = "tfps-launch"
+USAGE = "usage: tfps-launch [flags] SCRIPT [-- SCRIPT_ARGS]"
+HELP = f"""{USAGE}
+
+Runs SCRIPT (a tfps script: `tfps.run_task` serves each role) as a whole parameter-server cluster on this machine:
+one process per task (ps, workers, the chief; with --evaluator a sidecar evaluator), each with its TF_CONFIG and a
+log file in --log_dir; arguments after `--` go to every task. A failed task is restarted (--max_restarts); the run
+ends with a summary and the chief's exit status.
+  tfps-launch --num_ps=1 --num_workers=2 examples/first_model.py
+  tfps-launch --num_ps=1 --num_workers=2 --evaluator scripts/train.py -- --flagfile=configs/main.cfg
+"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +62,7 @@ class LaunchConfig:
 
   def __post_init__(self):
     if not pathlib.Path(self.script).is_file():
-      raise app.UsageError(f"script {self.script!r} is not a file; usage: tfps-launch [flags] SCRIPT -- SCRIPT_ARGS")
+      raise app.UsageError(f"script {self.script!r} is not a file; {USAGE}")
     for name in ("num_ps", "num_workers"):
       if getattr(self, name) < 1:
         raise app.UsageError(f"--{name}={getattr(self, name)} must be at least 1")
@@ -65,7 +75,7 @@ class LaunchConfig:
 def config_from_args(argv: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS) -> LaunchConfig:
   """The launch from parsed flags and the positional arguments `SCRIPT [SCRIPT_ARGS...]`."""
   if len(argv) < 2:
-    raise app.UsageError("no script given; usage: tfps-launch [flags] SCRIPT -- SCRIPT_ARGS")
+    raise app.UsageError(f"no script given; {USAGE}")
   return LaunchConfig(script=argv[1], script_args=tuple(argv[2:]), num_ps=flag_values.num_ps,
                       num_workers=flag_values.num_workers, evaluator=flag_values.evaluator,
                       log_dir=flag_values.log_dir or "logs", host=flag_values.host,
@@ -98,12 +108,13 @@ _CHECK_TIMEOUT_SECS = 300.0
 def check_script_flags(config: LaunchConfig) -> None:
   """Parses the script's flags once, in a child without a cluster, before any task starts
   (`tfps.flags.check_script_flags`): a flag the script refuses stops the launch within seconds, in the script's one
-  line, instead of after every task imported TensorFlow. A script that is not an absl program, or fails otherwise
-  without a cluster, is left to its tasks.
+  line, instead of after every task imported TensorFlow; so does a script that does not compile. A script that is not
+  an absl program, or fails otherwise without a cluster, is left to its tasks.
 
   Raises:
-    app.UsageError: the script refused its flags (its line).
+    app.UsageError: the script refused its flags (its line), or does not compile.
   """
+  _check_compiles(config.script)
   code = "import sys; from tfps import flags; flags.check_script_flags(sys.argv[1], sys.argv[2:])"
   environ = {key: value for key, value in os.environ.items() if key not in ("TF_CONFIG", "TFPS_TASK_TYPE")}
   try:
@@ -114,6 +125,19 @@ def check_script_flags(config: LaunchConfig) -> None:
   if result.returncode == EXIT_REFUSED:
     lines = result.stderr.strip().splitlines()
     raise app.UsageError(lines[-1] if lines else f"{config.script} refused its flags {config.script_args}")
+
+
+def _check_compiles(script: str) -> None:
+  """Raises `app.UsageError` unless `script` compiles as Python: every task would fail at once (restarted until
+  --max_restarts, the same traceback each time)."""
+  try:
+    with open(script, "rb") as f:
+      compile(f.read(), script, "exec")
+  except (SyntaxError, ValueError) as e:
+    message = str(getattr(e, "msg", e))
+    where = f" (line {e.lineno})" if getattr(e, "lineno", None) and "line" not in message else ""
+    raise app.UsageError(f"script {script!r} does not compile as Python: {message}{where}; "
+                         f"{USAGE}") from None
 
 
 def launch_tasks(config: LaunchConfig, cluster: cluster_lib.ClusterConfig) -> tasks_lib.TaskGroup:
@@ -201,7 +225,9 @@ def main(argv: Sequence[str], command_line: Optional[Sequence[str]] = None) -> i
 def run(argv: Optional[Sequence[str]] = None) -> None:
   """Console-script entry point of `tfps-launch`: bad flags or arguments give one line on stderr and status 2."""
   flags_lib.define_launch_flags(flags.FLAGS)
-  app.run(lambda args: sys.exit(main(args, argv)), argv=argv, flags_parser=flags_lib.command_line_parser(PROGRAM))
+  flags_lib.show_usage_in_help(HELP)
+  parser = flags_lib.command_line_parser(PROGRAM, unknown_hint=f"the script's own flags go after `--`: {USAGE}")
+  app.run(lambda args: sys.exit(main(args, argv)), argv=argv, flags_parser=parser)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 stream run it also prints the table of its evaluations on the held-out windows."""
 
 import os
-import sys
 from typing import Optional, Sequence
 
 from absl import app
@@ -10,11 +9,14 @@ from absl import flags
 
 from tfps.cli import flags as flags_lib
 from tfps.errors import UsageError
+from tfps.errors import refuse
 from tfps.report import plot
 from tfps.report import series as series_lib
 from tfps import run_records
 
 REPORT_FILE = "report.png"
+PROGRAM = "tfps-report"
+USAGE = "usage: tfps-report MODEL_DIR [--out FILE.png]"
 
 
 def write_report(model_dir: str, out_path: Optional[str] = None) -> str:
@@ -36,8 +38,7 @@ def window_lines(model_dir: str) -> list:
 
 def main(argv: Sequence[str]) -> None:
   if len(argv) != 2:
-    raise app.UsageError(f"give one MODEL_DIR (got {len(argv) - 1} arguments); usage: tfps-report MODEL_DIR "
-                         "[--out FILE.png]")
+    refuse(PROGRAM, f"give one MODEL_DIR (got {len(argv) - 1} arguments); {USAGE}")
   try:
     path = write_report(argv[1], flags.FLAGS.out)
     table = window_lines(argv[1])
@@ -45,14 +46,15 @@ def main(argv: Sequence[str]) -> None:
       print("evaluations on the newest held-out window of the stream:\n" + "\n".join(table))
     print(path)
   except UsageError as e:
-    print(f"tfps-report: {e}", file=sys.stderr)
-    sys.exit(2)
+    refuse(PROGRAM, str(e))
 
 
 def run(argv: Optional[Sequence[str]] = None) -> None:
-  """Console-script entry point of `tfps-report`."""
+  """Console-script entry point of `tfps-report`: bad arguments or flags give one line on stderr and status 2."""
   flags_lib.define_report_flags(flags.FLAGS)
-  app.run(main, argv=argv)
+  flags_lib.show_usage_in_help(f"{USAGE}\n\nPlots the run records of MODEL_DIR (written by tfps.fit or "
+                               "tfps.Estimator): loss, AUC and examples/s against the step.\n")
+  app.run(main, argv=argv, flags_parser=flags_lib.command_line_parser(PROGRAM))
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ _MAX_PORT = 65535
 
 # TensorFlow's thread pools spin by default: a thread out of work keeps polling for more before it sleeps. A ps and a
 # worker take turns within a step, so each one's idle threads spin while the other works, taking CPU from it where they
-# share cores; sleeping measured 3-8% more examples/s at 1 ps + 1 worker on 2 cores (docs/performance.md). tfps's
-# servers let them sleep unless told otherwise (`--thread_spinning`).
+# share cores; sleeping measured 3-8% more examples/s at 1 ps + 1 worker on 2 cores (bench/results/profile/NOTES.md).
+# tfps's servers let them sleep unless told otherwise (`--thread_spinning`).
 DEFAULT_THREAD_SPINNING = False
 # How long a ps or worker waits for a silent chief before it fails (`tfps.cluster.job_end`): long enough for a chief
 # pod to be scheduled again and its image pulled.

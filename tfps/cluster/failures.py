@@ -11,10 +11,13 @@ from tfps.cluster import config as cluster_lib
 
 _TASK = re.compile(r"/job:(ps|worker|chief)/replica:\d+/task:(\d+)")
 _SHOWN_CHARS = 160
-# What TensorFlow writes before the cause: a graph function's header, the node and the Python frames that defined it
-_PREAMBLE = re.compile(r"Graph execution error:|Detected at node .* defined at \(most recent call last\):|"
-                       r"<stack traces unavailable>|\s+File \".*\", line \d+, in .*|\s{4}.*")
+# What TensorFlow writes before the cause: a graph function's header, the node and the Python frames that defined it,
+# the count of an error with several roots; each root's cause is numbered and coded (`(0) UNAVAILABLE:  ...`)
+_HEADER = re.compile(r"Graph execution error:|Detected at node .* defined at \(most recent call last\):|"
+                     r"<stack traces unavailable>|\d+ root error\(s\) found\.")
+_FRAME = re.compile(r"\s+File \".*\", line \d+, in .*|\s{4}.*")
 _NODE_TAG = re.compile(r"\{\{[^}]*\}\}\s*")
+_ROOT_NUMBER = re.compile(r"^\(\d+\) [A-Z_]+:\s+")
 
 
 def describe_lost_task(error: BaseException, config: cluster_lib.ClusterConfig) -> Optional[str]:
@@ -41,8 +44,10 @@ def cause(text: str) -> str:
   """The first line of TensorFlow's error `text` that says what went wrong, at most 160 characters.
 
   A graph function's error begins with `Graph execution error:`, an empty line and the Python frames that defined the
-  failing node; the cause (e.g. gRPC's `failed to connect to all addresses; ...`) comes after them.
+  failing node; the cause (e.g. gRPC's `failed to connect to all addresses; ...`) comes after them, after `2 root
+  error(s) found.` and numbered (`(0) UNAVAILABLE:  failed to connect ...`) where the function failed twice at once.
   """
-  lines = (_NODE_TAG.sub("", line).strip() for line in text.splitlines() if not _PREAMBLE.fullmatch(line))
+  lines = (_ROOT_NUMBER.sub("", _NODE_TAG.sub("", line).strip()) for line in text.splitlines()
+           if not _FRAME.fullmatch(line) and not _HEADER.fullmatch(line.strip()))
   detail = " ".join(next((line for line in lines if line), "no detail given").split())
   return detail[:_SHOWN_CHARS] + "..." if len(detail) > _SHOWN_CHARS else detail

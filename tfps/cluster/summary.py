@@ -31,7 +31,7 @@ def _metrics_text(metrics: dict) -> str:
 
 def _training_rates(progress: Sequence[dict]) -> List[str]:
   """The line of the examples/s the progress records measured over training alone (what tfps-report plots): their
-  median (the first, with the tracing of the step, is far below the rest)."""
+  median (a record of an interval a checkpoint or another process slowed is far from the rest)."""
   rates = [r["examples_per_sec"] for r in progress if r.get("kind") == "train" and r.get("examples_per_sec")]
   if not rates:
     return []

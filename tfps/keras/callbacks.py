@@ -24,13 +24,16 @@ RECORD_SECS = 1.0  # a progress record (what tfps-report plots) this often while
 class ProgressLogger(tf_keras.callbacks.Callback):
   """Logs `epoch | step | loss | ex/s` every `interval_secs` on the chief, without slowing training down.
 
-  Under ParameterServerStrategy `fit` schedules an epoch's functions long before they run (the coordinator queues
-  them), so its batch hooks say nothing about progress. A thread of this callback reads, every interval, the
-  optimizer's step from its ps and fetches the loss of the newest function that ran that far (done: no wait); the
-  rate is the steps since the previous line (or the epoch's start) over the time, training only. The loss is the
-  epoch's running mean, as tf-keras reports it. With a `recorder`, the thread also writes a progress record every
-  `RECORD_SECS` (or `interval_secs` if shorter) while steps run, with the rate since the previous record, and each
-  epoch's metrics go to the run records (`model_dir/run/`); the summary is written when training ends.
+  Under ParameterServerStrategy `fit` schedules an epoch's functions long before they run (the coordinator queues them),
+  so its batch hooks say nothing about progress. A thread of this callback reads, every interval, the optimizer's step
+  from its ps and fetches the loss of the newest function that ran that far (done: no wait); the rate is the steps since
+  the previous line (or the epoch's start) over the time, training only. The clock of a fit's first steps starts once
+  the thread first sees the step move: the trace of the training function before them (seconds) is not training. In geo
+  mode the step moves once per round, when a worker pushes its steps. The loss is the epoch's running mean, as tf-keras
+  reports it. With a `recorder`, the thread also writes a progress record every `RECORD_SECS` (or `interval_secs` if
+  shorter) while steps run, with the rate since the previous record, and each epoch's metrics go to the run records
+  (`model_dir/run/`), its rate over the epoch's training (from the clock's start in the first); the summary is written
+  when training ends.
   """
 
   def __init__(self, steps_per_epoch: int, epochs: int, batch_size: Optional[int], interval_secs: float = 10.0,
@@ -51,10 +54,14 @@ class ProgressLogger(tf_keras.callbacks.Callback):
     self._lock = threading.Lock()
     self._stop = threading.Event()
     self._sampler = None
-    self._epoch_times = [time.monotonic(), None]
+    self._epoch_began = time.monotonic()
+    self._epoch_start = (self._epoch_began, 0)  # (time, global step) the epoch's training rate is measured from
+    self._epoch_end: Optional[float] = None  # when its training ended (its validation comes after)
+    self._clock_started = False  # the thread saw this fit's first steps run (their trace is over)
     self._began = False  # an epoch began in this run (the first one > 0 means a resumed run)
 
   def on_train_begin(self, logs=None):
+    self._clock_started = False
     self._stop.clear()
     self._sampler = threading.Thread(target=self._sample_until_stopped, name="tfps-progress", daemon=True)
     self._sampler.start()
@@ -69,7 +76,7 @@ class ProgressLogger(tf_keras.callbacks.Callback):
       self._epoch = epoch
       self._began = True
       self._last = self._last_line = (time.monotonic(), epoch * self.steps_per_epoch)  # not evaluation, checkpoints
-      self._epoch_times = [self._last[0], None]  # start, end of training (the epoch's validation comes after)
+      self._epoch_began, self._epoch_start, self._epoch_end = self._last[0], self._last, None
       self._logs_at = {}
       self._training = True
 
@@ -85,13 +92,16 @@ class ProgressLogger(tf_keras.callbacks.Callback):
         step = int(self.model.optimizer.iterations.numpy())
       except (tf.errors.OpError, RuntimeError, ValueError):  # the cluster is going away: the run's end says why
         return
-      except TypeError:  # geo mode: the step lives in the rounds' functions, not readable here; epoch ends only
-        logging.debug("Progress lines within an epoch: the optimizer's step cannot be read in this mode")
-        return
+      except TypeError:  # geo mode while a round is traced: its variables answer from local copies; look again
+        continue
       with self._lock:
         if not self._training or step <= self._last[1]:
           continue
         now, epoch, first = time.monotonic(), self._epoch, self._epoch * self.steps_per_epoch
+        if not self._clock_started:  # the first steps ran: the clock starts now, after the function's trace
+          self._clock_started = True
+          self._last = self._last_line = self._epoch_start = (now, step)
+          continue
         rate = (step - self._last[1]) / (now - self._last[0])
         line_rate = (step - self._last_line[1]) / (now - self._last_line[0])
         line = now - self._last_line[0] >= self.interval_secs
@@ -125,12 +135,13 @@ class ProgressLogger(tf_keras.callbacks.Callback):
   def on_test_begin(self, logs=None):
     with self._lock:
       self._training = False
-      if self._epoch_times[1] is None:
-        self._epoch_times[1] = time.monotonic()
+      if self._epoch_end is None:
+        self._epoch_end = time.monotonic()
 
   def on_epoch_end(self, epoch, logs=None):
     with self._lock:
       self._training = False
+      self._clock_started = True  # the next epochs' functions are traced already
     values = {name: _fetch_scalar(value) for name, value in (logs or {}).items()}
     values = {name: value for name, value in values.items() if value is not None}
     logging.info("epoch %d/%d done | %s", epoch + 1, self.epochs,
@@ -139,11 +150,18 @@ class ProgressLogger(tf_keras.callbacks.Callback):
     if self.recorder is not None:
       step = (epoch + 1) * self.steps_per_epoch
       train, validation = run_records.split_metrics(values)
-      start, end = self._epoch_times[0], self._epoch_times[1] or time.monotonic()
-      speed = self.steps_per_epoch * self.batch_size / (end - start) if self.batch_size and end > start else None
-      self.recorder.progress(step, train, speed)
+      self.recorder.progress(step, train, self._epoch_speed(step))
       if validation:
         self.recorder.validation(step, validation)
+
+  def _epoch_speed(self, step: int) -> Optional[float]:
+    """Examples/s of the epoch ending at `step`, over its training from its start (or the clock's)."""
+    (start, start_step), end = self._epoch_start, self._epoch_end or time.monotonic()
+    if start_step >= step:  # the clock started at the epoch's end: over the whole epoch, trace included
+      start, start_step = self._epoch_began, step - self.steps_per_epoch
+    if not self.batch_size or end <= start:
+      return None
+    return (step - start_step) * self.batch_size / (end - start)
 
   def stop(self) -> None:
     """Stops the sampling thread: at the end of training, and where fit ends with an error (tf-keras then calls no

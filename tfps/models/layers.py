@@ -16,7 +16,7 @@ be far larger than any table): no two live ids share a row, whatever the id spac
 rows of the features before it, so features still never collide. Under ParameterServerStrategy every table-shard
 costs a gather and a sparse update crossing the network per step, a fixed cost that weighs most at small batches: on
 Wide&Deep over the 26 Criteo features stacking cuts 104 such remote operations per ps and step to 4 (measured in
-docs/performance.md).
+bench/results/NOTES.md).
 """
 
 import dataclasses

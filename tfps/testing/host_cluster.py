@@ -7,8 +7,10 @@ orchestrator gives a pod:
   form="flags"   python train.py --job_name=ps --task_index=0 --ps_hosts=ps-0:2222,... --worker_hosts=...
   form="tfjob"   TF_CONFIG exactly as the Kubeflow TFJob operator writes it: names `<job>-<type>-<index>.<ns>.svc`,
                  the evaluator in the cluster, "environment": "cloud"
-  form="jobset"  TFPS_TASK_TYPE, TFPS_REPLICAS, TFPS_JOB and HOSTNAME `<job>-<type>-<index>` (the names of a
-                 StatefulSet behind a headless Service); tfps derives the cluster at start
+  form="jobset"  the pod environment of `tfps-k8s`'s manifests (TFPS_TASK_TYPE, TFPS_REPLICAS, TFPS_JOB, no
+                 TF_CONFIG) and HOSTNAME `<job>-<type>-<index>`: the pods of an Indexed Job `<job>-<type>` in the
+                 headless Service `<job>`'s subdomain (`tfps-k8s --kind=plain`; a JobSet's own pods are
+                 `<job>-<type>-0-<index>`, run by `tfps.testing.k8s_pods`); tfps derives the cluster at start
 
 Every orchestrator name resolves to the task's test host. `model_dir` is one folder every host sees (shared
 storage). The harness plays the orchestrator's restart policy with `restart(task)`: the same command again.
@@ -84,8 +86,9 @@ class HostCluster:
     return f"{task[0]}-{task[1]}"
 
   def orchestrator_name(self, task: Task) -> str:
-    """The name an orchestrator gives `task`'s pod (TFJob: `<job>-<type>-<index>.<namespace>.svc`; StatefulSet
-    behind headless Service `<job>`: `<job>-<type>-<index>.<job>`)."""
+    """The name an orchestrator gives `task`'s pod (TFJob: `<job>-<type>-<index>.<namespace>.svc`; the "jobset"
+    form: pod `<index>` of the Indexed Job `<job>-<type>` in the headless Service `<job>`'s subdomain,
+    `<job>-<type>-<index>.<job>`)."""
     if self.form == "jobset":
       return f"{self.job_name}-{task[0]}-{task[1]}.{self.job_name}"
     return f"{self.job_name}-{task[0]}-{task[1]}.{self.namespace}.svc"

@@ -1,12 +1,12 @@
 """Sparse gradients known to hold each table row once reach the ps without being summed per row there.
 
 A tf-keras legacy optimizer sums the duplicate ids of every sparse gradient before applying it (`Unique` and
-`UnsortedSegmentSum`, on the variable's ps). A table looked up with distinct ids already gives a gradient with one
-slice per row, and the sum changes nothing but costs the ps CPU in every step (docs/performance.md: about half of a
-batch's table update). While async training traces a step (`applying`), a table layer that looks up distinct ids
-through `lookup` marks the ids each shard gathers, and the optimizer applies a gradient whose ids are marked without
-the sum. Anywhere else (geo, sync, pipelined updates, one process, serving), `active()` is False and the layer looks
-up as tf-keras does.
+`UnsortedSegmentSum`, on the variable's ps). A table looked up with distinct ids already gives a gradient with one slice
+per row, and the sum changes nothing but costs the ps CPU in every step (bench/results/distinct_rows/NOTES.md: `Unique`
+alone was 3.9% of the ps's CPU samples). While async training traces a step (`applying`), a table layer that looks up
+distinct ids through `lookup` marks the ids each shard gathers, and the optimizer applies a gradient whose ids are
+marked without the sum. Anywhere else (geo, sync, pipelined updates, one process, serving), `active()` is False and the
+layer looks up as tf-keras does.
 
 With `bf16_rows` (`tfps.training.wire`) every table lookup of the step sends its rows to the worker as bfloat16: a
 distinct-ids table's through `lookup` (a `DynamicEmbedding` shard's through `gather`, its ids made and marked on its

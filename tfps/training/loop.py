@@ -4,8 +4,10 @@ What a step is (a `Step`) and how the mode drives steps (the `Runner`) are not t
 runner in chunks up to each log or checkpoint boundary, joins the coordinator and lets the runner settle the step
 counter after each chunk, saves checkpoints at fixed step intervals and writes the step log
 (`step | loss | steps/s | ex/s`, then any `metrics()` the caller gives, e.g. dynamic tables' `<layer>/occupancy`) to
-absl logging, `model_dir/loss.log` and TensorBoard. Given a delta schedule (`tfps.training.delta_schedule`), it
-writes the deltas due after a chunk (no step in flight then) and the last one at the end.
+absl logging, `model_dir/loss.log` and TensorBoard. A run's first function runs alone, and its first line measures
+the steps after it: that function's trace on the chief and its first run on each worker are not training. Given a
+delta schedule (`tfps.training.delta_schedule`), it writes the deltas due after a chunk (no step in flight then)
+and the last one at the end.
 """
 
 import dataclasses
@@ -94,11 +96,13 @@ class TrainLoop:
       if max_steps is not None:
         boundary = min(boundary, max_steps)
       try:
-        loss_sum, examples = self._run_chunk(boundary - step)
+        loss_sum, examples, measured = self._run_chunk(boundary - step, step == self._records.start_step)
       except tf.errors.OutOfRangeError:
         logging.info("The training input ended at step %d", self.step)
         step = self.step
         break
+      if measured is not None:  # a run's first chunk: measured after its first function
+        clock, self._examples = (measured[0], clock[1] + measured[1]), self._examples + measured[2]
       step = self.step
       clock = self._log(step, loss_sum, examples, clock, max_steps)
       if step >= last_saved + self._config.checkpoint_every_steps or step == max_steps:
@@ -135,22 +139,27 @@ class TrainLoop:
     if self._deltas is not None:
       self._deltas.finish(self.stream_position())
 
-  def _run_chunk(self, num_steps: int):
-    """Runs `num_steps` steps through the runner, `steps_per_execution` at a time, and waits for them; returns their
-    summed loss and examples."""
+  def _run_chunk(self, num_steps: int, first: bool = False):
+    """Runs `num_steps` steps through the runner, `steps_per_execution` at a time, and waits for them; returns the
+    summed loss and examples of the steps measured, and where not all are: `(time measured from, steps and examples
+    not measured)`. With `first` (a run's first chunk of more than one function) the first function runs alone and
+    is not measured: the coordinator traces it on the chief where it is first scheduled, and each worker prepares it
+    at its first run (seconds, before any step)."""
     self._runner.begin()
-    results: List = []
+    results, measured = [], None
     while num_steps > 0:
       count = min(num_steps, self._runner.steps_per_execution)
       results.append(self._runner.schedule(self._iterator, count))
       num_steps -= count
+      if first and num_steps > 0 and measured is None:
+        self._runner.coordinator.join()
+        measured = (time.monotonic(), count)
     self._runner.coordinator.join()
     self._runner.settle()
-    loss_sum, examples = 0.0, 0
-    for result in results:
-      loss, count = result.fetch()
-      loss_sum, examples = loss_sum + float(loss), examples + int(count)
-    return loss_sum, examples
+    sums = [(float(loss), int(examples)) for loss, examples in (result.fetch() for result in results)]
+    if measured is not None:
+      measured, sums = (*measured, sums[0][1]), sums[1:]
+    return sum(loss for loss, _ in sums), sum(examples for _, examples in sums), measured
 
   def _log(self, step: int, loss_sum: float, examples: int, clock, max_steps: Optional[int]):
     start_time, start_step = clock

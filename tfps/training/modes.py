@@ -22,15 +22,17 @@ DEFAULT_GEO_STEPS = 10
 DEFAULT_STEPS_PER_EXECUTION = 20
 # Async steps traced one after another in each iteration of a scheduled function's loop (`unrolled_steps`). Each loop
 # iteration costs about 5 transfers between every ps and the worker (the loop's condition and control signals: 5 of
-# a step's 25 at 1 ps), and it ends only once every op of its steps has run. Measured (docs/performance.md, "Unrolled
-# steps"): 4 runs 1.15x as fast at 1 ps + 1 worker and batch 256, but 0.81x at 2 ps + 2 workers and batch 4096 (the
-# workers spend 1.6x the CPU per step; most likely each runs parts of several steps at once), and its first trace
-# takes twice as long; so one step per iteration stays the default, and 4 is opt-in.
+# a step's 25 at 1 ps), and it ends only once every op of its steps has run. Measured
+# (bench/results/unrolled_steps/NOTES.md): 4 runs 1.15x as fast at 1 ps + 1 worker and batch 256, but 0.81x at
+# 2 ps + 2 workers and batch 4096 (the workers spend 1.6x the CPU per step; most likely each runs parts of several
+# steps at once), and its first trace takes twice as long; so one step per iteration stays the default, and 4 is
+# opt-in.
 DEFAULT_UNROLLED_STEPS = 1
 # Async: the small dense variables of each ps read in one transfer per step (`packed_reads`) unless the user says
-# otherwise. Measured side by side (docs/performance.md, "Packed dense reads"), 3 alternating runs each, batch 256:
-# 1 ps + 1 worker 1.05x the examples/s of reading each variable on its own with 5% less CPU per step, on both paths;
-# 2 ps + 2 and 4 ps + 2 workers, and batch 4096, within the runs' spread (0.98-1.08x).
+# otherwise. Measured side by side (bench/results/packed_default/NOTES.md), 3 alternating runs each, batch 256:
+# 1 ps + 1 worker 1.05x the examples/s of reading each variable on its own with 5-6% less CPU per step, on both paths;
+# 2 ps + 2 and 4 ps + 2 workers, and batch 4096, within the runs' spread (0.91-1.08x, each shape on either side of 1
+# in its two series).
 DEFAULT_PACKED_READS = True
 
 
@@ -42,29 +44,29 @@ class TrainingMode:
     sync_mode: "async", "sync" or "geo".
     geo_steps: local steps between two pushes of a worker's difference (geo only; default 10).
     replicas_to_aggregate: worker batches averaged into one sync step (sync only; default: the number of workers).
-    packed_reads: async: read the small dense variables of each ps in one transfer per step
-      (`tfps.training.packing`; the default with async, `DEFAULT_PACKED_READS`: fewer transfers, measured faster at
-      1 ps + 1 worker and no slower elsewhere, docs/performance.md); False reads each one on its own, as
-      ParameterServerStrategy does.
+    packed_reads: async: read the small dense variables of each ps in one transfer per step (`tfps.training.packing`;
+      the default with async, `DEFAULT_PACKED_READS`: fewer transfers, measured faster at 1 ps + 1 worker and no slower
+      elsewhere, bench/results/packed_default/NOTES.md); False reads each one on its own, as ParameterServerStrategy
+      does.
     lockfree_row_updates: async: a legacy Adagrad applies a batch's table rows all at once (gather, the kernel's
-      arithmetic on every row, scatter: `tfps._tf_private.adagrad_rows_at_once`; the same values as TensorFlow's
-      sparse kernel bit for bit, and measured faster: docs/performance.md) either way. False (the default) holds a
-      lock of each table shard's own from the gathers to the scatters, as the kernel holds the variable's, so every
-      row update is applied; True takes none, as TF1's optimizers ran by default: two workers updating the same row
-      at the same moment may each overwrite the other's update of it.
-    pipelined_updates: async: each ps applies a step's updates while the worker computes the next step, whose
-      gradients are then taken on parameters without the previous step's updates (one step of delay, as one more
-      worker would add); measured faster (docs/performance.md). Not for models with table layers
+      arithmetic on every row, scatter: `tfps._tf_private.adagrad_rows_at_once`; the same values as TensorFlow's sparse
+      kernel bit for bit, and measured faster: bench/results/row_updates/NOTES.md) either way. False (the default) holds
+      a lock of each table shard's own from the gathers to the scatters, as the kernel holds the variable's, so every
+      row update is applied; True takes none, as TF1's optimizers ran by default: two workers updating the same row at
+      the same moment may each overwrite the other's update of it.
+    pipelined_updates: async: each ps applies a step's updates while the worker computes the next step, whose gradients
+      are then taken on parameters without the previous step's updates (one step of delay, as one more worker would
+      add); measured faster at 1 ps + 1 worker (bench/results/pipelined/NOTES.md). Not for models with table layers
       (`tfps.layers.DynamicEmbedding`). False (the default) applies each step's updates before the next step reads.
     bf16_rows: async: table rows and their gradients cross the network as bfloat16 (`tfps.training.wire`): the
       rows of every lookup of a tf-keras `Embedding` layer or a stacked table, and every sparse gradient of a float32
       variable; half their bytes, rounded to 8 significant bits (tables, optimizer slots and updates stay float32).
       False (the default): they cross as float32.
     unrolled_steps: async, updates not pipelined: steps traced one after another in each iteration of a scheduled
-      function's loop (default 1, `DEFAULT_UNROLLED_STEPS`: one step per iteration, as tf-keras runs them). More:
-      fewer loop transfers and waits per step (measured faster with small batches, slower with large batches on
-      several workers: docs/performance.md), and a trace about `unrolled_steps + 1` times one step's (the steps
-      left over run one per iteration). Each step still reads the parameters after the previous step's updates.
+      function's loop (default 1, `DEFAULT_UNROLLED_STEPS`: one step per iteration, as tf-keras runs them). More: fewer
+      loop transfers and waits per step (measured faster with small batches, slower with large batches on several
+      workers: bench/results/unrolled_steps/NOTES.md), and a trace about `unrolled_steps + 1` times one step's (the
+      steps left over run one per iteration). Each step still reads the parameters after the previous step's updates.
   """
 
   sync_mode: str = "async"
