@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -13,6 +14,8 @@ import tensorflow as tf
 import tf_keras
 
 import tfps
+from tfps.keras import delta_watch
+from tfps.training import delta_files
 from tfps.training import deltas
 from tfps.training import touched_rows
 
@@ -114,13 +117,90 @@ def test_command_line_applies_and_refuses_a_gap(trained, tmp_path):
   refused = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
   assert refused.returncode == 2
   assert "Traceback" not in refused.stderr and not os.path.exists(f"{tmp_path}/gap")
-  assert refused.stderr.strip().splitlines()[-1] == (  # after TensorFlow's start-up lines
+  assert refused.stderr == (  # checked before TensorFlow is imported: no start-up lines
       "tfps-delta: the delta chain has a gap: delta-000003 follows version 2, but the version before it here is 1; "
-      "give every delta from 2 on")
+      "give every delta from 2 on\n")
   command[-2:-1] = [second, third]
   done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
   assert done.returncode == 0, done.stderr
   assert deltas.read_manifest(f"{tmp_path}/gap")["step"] == 3 * STEPS
+
+
+def publish(path, folder, name=None, edit=None):
+  """Puts a copy of the export `path` into `folder` as a writer does: a temporary folder, renamed."""
+  scratch = copy_delta(path, folder, f".tmp-{name or os.path.basename(path)}", edit)
+  final = os.path.join(folder, name or os.path.basename(path))
+  os.rename(scratch, final)
+  return final
+
+
+def assert_answers_as(served_path, full):
+  served, expected = (tf_keras.models.load_model(path, compile=False) for path in (served_path, full))
+  for got, want in zip(served.weights, expected.weights):
+    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-6, rtol=0)
+  features, _ = examples(100, seed=5)
+  np.testing.assert_allclose(served.predict(features, verbose=0), expected.predict(features, verbose=0), atol=1e-6)
+
+
+def test_watch_once_serves_the_newest_state_and_keeps_the_last_versions(trained, tmp_path):
+  folder, full, _ = trained
+  base, (first, second, third) = chain(folder)
+  watched, serving = tmp_path / "deltas", str(tmp_path / "serving")
+  watched.mkdir()
+  publish(base, watched)
+  publish(first, watched)
+  lines = []
+  assert delta_watch.watch(str(watched), serving, keep=1, once=True, report=lambda *told: lines.append(told))
+  assert sorted(os.listdir(serving)) == ["1"] and deltas.read_manifest(os.path.join(serving, "1"))["step"] == STEPS
+  publish(second, watched)
+  publish(third, watched)
+  assert delta_watch.watch(str(watched), serving, keep=1, once=True, report=lambda *told: lines.append(told))
+  assert sorted(os.listdir(serving)) == ["3"]  # deltas 2 and 3 applied to version 1 in one go; 1 removed
+  assert lines == [(f"serving {serving}/1 (step {STEPS})", True), (f"serving {serving}/3 (step {3 * STEPS})", True)]
+  assert_answers_as(os.path.join(serving, "3"), full)
+
+
+@pytest.mark.slow  # a process importing TensorFlow
+def test_watch_follows_new_deltas_and_refuses_a_gap(trained, tmp_path, subprocess_env):
+  """`tfps-delta watch` running: deltas written meanwhile are served, each version whole; a gap is told in one line
+  and the last good version stays served."""
+  folder, full, _ = trained
+  base, (first, second, third) = chain(folder)
+  watched, serving = tmp_path / "deltas", str(tmp_path / "serving")
+  watched.mkdir()
+  publish(base, watched)
+  out_path, err_path = tmp_path / "watch.out", tmp_path / "watch.err"
+  with open(out_path, "w") as out, open(err_path, "w") as err:
+    watch = subprocess.Popen([sys.executable, "-m", "tfps.cli.delta", "watch", str(watched), f"--serving={serving}",
+                              "--keep=2", "--interval=0.2"], stdout=out, stderr=err, text=True, env=subprocess_env)
+  try:
+    wait_for(lambda: 0 in delta_files.served_versions(serving), watch)
+    publish(first, watched)
+    wait_for(lambda: 1 in delta_files.served_versions(serving), watch)
+    publish(second, watched)
+    publish(third, watched)
+    wait_for(lambda: 3 in delta_files.served_versions(serving), watch)
+    publish(third, watched, "delta-000005", lambda manifest: manifest.update(version=5, previous=4))
+    wait_for(lambda: "gap" in err_path.read_text(), watch)
+    time.sleep(1)  # five more looks at the folder: told once
+  finally:
+    watch.terminate()
+    watch.wait(timeout=60)
+  out, err = out_path.read_text(), err_path.read_text()
+  assert watch.returncode == 0 and "Traceback" not in err, err
+  assert sorted(delta_files.served_versions(serving)) in ([1, 3], [2, 3])  # the newest 2
+  assert f"serving {serving}/3 (step {3 * STEPS})" in out.splitlines()
+  refusals = [line for line in err.splitlines() if line.startswith("tfps-delta:")]
+  assert refusals == ["tfps-delta: the delta chain has a gap: delta-000005 follows version 4, but the version before "
+                      "it here is 3; give every delta from 4 on; still serving the last good version"]  # told once
+  assert_answers_as(os.path.join(serving, "3"), full)
+
+
+def wait_for(condition, process, timeout=120):
+  deadline = time.monotonic() + timeout
+  while not condition():
+    assert process.poll() is None and time.monotonic() < deadline, f"timed out, or the process ended ({process.poll()})"
+    time.sleep(0.1)
 
 
 def test_a_failed_write_keeps_the_last_delta_and_the_marks(tmp_path, monkeypatch):
@@ -201,8 +281,8 @@ def test_command_line_usage_errors_are_one_line(capsys):
   assert delta_cli.main(["tfps-delta", "apply", "base-000000", "delta-000001"]) == 2
   assert capsys.readouterr().err == ("tfps-delta: give --out=DIR once; usage: tfps-delta apply BASE [DELTA ...] "
                                      "--out=DIR\n")
-  assert delta_cli.main(["tfps-delta", "watch", "deltas"]) == 2
-  assert capsys.readouterr().err.startswith("tfps-delta: unknown command 'watch' (known: apply)")
+  assert delta_cli.main(["tfps-delta", "serve", "deltas"]) == 2
+  assert capsys.readouterr().err.startswith("tfps-delta: unknown command 'serve' (known: apply, watch)")
   assert delta_cli.main(["tfps-delta", "--help"]) == 0
   assert "usage: tfps-delta apply BASE" in capsys.readouterr().out
 

@@ -4,9 +4,7 @@ starts and, every T seconds (checked at each epoch's end, and at the end of trai
 """
 
 import os
-import shutil
 import time
-import uuid
 from typing import Callable, Optional, Sequence
 
 from absl import logging
@@ -15,6 +13,7 @@ import tf_keras
 from tfps import checks
 from tfps.errors import UsageError
 from tfps.keras import export
+from tfps.training import delta_files
 from tfps.training import deltas
 from tfps.training import tables
 from tfps.training import touched_rows
@@ -92,13 +91,7 @@ def apply(base: str, delta_paths: Sequence[str], out: str) -> str:
   the chain, a delta of another base or model, a folder that is not a complete delta, an existing `out`) raises a
   one-line `tfps.training.deltas.DeltaError` and writes nothing.
   """
-  base_manifest = deltas.read_manifest(base)
-  if base_manifest.get("kind") != "base":
-    raise deltas.DeltaError(f"{base!r} is a {base_manifest.get('kind')}, not a base export")
-  manifests = [deltas.read_manifest(path) for path in delta_paths]
-  deltas.check_chain(base_manifest, manifests, delta_paths)
-  if os.path.exists(out):
-    raise deltas.DeltaError(f"--out {out!r} exists already; give a new folder")
+  base_manifest, manifests = delta_files.check_apply(base, delta_paths, out)
   model = tf_keras.models.load_model(base, compile=False)
   if deltas.fingerprint(model.weights) != base_manifest["model"]:
     raise deltas.DeltaError(f"the SavedModel in {base!r} does not match its manifest (another model's variables)")
@@ -106,11 +99,10 @@ def apply(base: str, delta_paths: Sequence[str], out: str) -> str:
     deltas.apply_delta(model.weights, path)
   last = manifests[-1] if manifests else base_manifest
   manifest = dict(base_manifest, version=last["version"], step=last["step"])
-  scratch = f"{os.path.normpath(out)}.tmp-{uuid.uuid4().hex[:8]}"
-  try:
-    model.save(scratch, include_optimizer=False)
-    deltas.write_json(os.path.join(scratch, deltas.BASE_MANIFEST), manifest)
-    os.rename(scratch, out)
-  finally:
-    shutil.rmtree(scratch, ignore_errors=True)
+
+  def fill(folder):
+    model.save(folder, include_optimizer=False)
+    deltas.write_json(os.path.join(folder, deltas.BASE_MANIFEST), manifest)
+
+  delta_files.write_atomically(*os.path.split(os.path.abspath(out)), fill)  # a reader sees all of it or none
   return out
