@@ -360,3 +360,66 @@ def test_a_resumed_run_writes_a_new_base_and_numbers_on(trained, cluster, tmp_pa
                      r"not to base-000004 \(id [0-9a-f]{12}\)$"):
     tfps.delta.apply(os.path.join(exports, "base-000004"), [os.path.join(exports, "delta-000003")],
                      str(tmp_path / "mixed"))
+
+
+DYNAMIC_IDS, PHASE_BATCHES = 4, 3
+
+
+def build_dynamic():
+  ids = tf_keras.Input((DYNAMIC_IDS,), dtype="int64", name="ids")
+  table = tfps.layers.DynamicEmbedding(256, 4, steps_to_live=4, num_shards=2, name="dynamic")
+  model = tf_keras.Model({"ids": ids}, tf_keras.layers.Dense(1, activation="sigmoid")(
+      tf_keras.layers.Flatten()(table(ids))))
+  model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "binary_crossentropy")
+  return model
+
+
+def phase_ids(phase, rng, rows):
+  """Raw ids of a phase: 40 of its own, so an id of an earlier phase goes unseen (and is evicted) in a later one."""
+  return rng.integers(0, 40, size=(rows, DYNAMIC_IDS)) * 7_919 + phase * 10**9 + 11
+
+
+def phased_fn(input_context):
+  rng = np.random.default_rng(input_context.input_pipeline_id)
+  ids = np.concatenate([phase_ids(phase, rng, PHASE_BATCHES * 16) for phase in range(4)])
+  labels = (ids % 3 == 0).mean(axis=1).astype(np.float32)
+  return tf.data.Dataset.from_tensor_slices(({"ids": ids}, labels)).batch(16).repeat()
+
+
+def test_dynamic_table_deltas_delete_evicted_ids_and_equal_the_full_export(cluster, tmp_path):
+  """A dynamic table evicting ids between deltas: base + deltas answers as the full export at the last step, and an
+  id a delta deletes answers as an id never seen."""
+  model_dir = str(tmp_path / "run")
+  history = tfps.fit(build_dynamic, phased_fn, epochs=3, steps_per_epoch=2 * PHASE_BATCHES, model_dir=model_dir,
+                     cluster=cluster, min_shard_bytes=0, delta_export_secs=0)
+  full = tfps.export_saved_model(build_dynamic, str(tmp_path / "full"), model=history.model)
+  base, delta_paths = chain(os.path.join(model_dir, "deltas"))
+  assert len(delta_paths) == 3
+  deleted = []
+  for path in delta_paths:
+    with np.load(os.path.join(path, deltas.TENSORS)) as tensors:
+      deleted += [int(key) for shard in (0, 1) for key in tensors[f"table0/{shard}/deleted"]]
+  layer = history.model.get_layer("dynamic")
+  gone = [key for key in set(deleted) if layer.rows_of(tf.constant([key], tf.int64)).numpy()[0] == -1]
+  assert gone, deleted  # evicted between deltas, and not given a row again since
+  served = tf_keras.models.load_model(tfps.delta.apply(base, delta_paths, str(tmp_path / "served")), compile=False)
+  expected = tf_keras.models.load_model(full, compile=False)
+  compared = 0
+  for got, want in zip(served.weights, expected.weights):
+    assert got.name == want.name
+    if got.name.split("/")[-1].split(":")[0] in ("last_seen", "free"):  # training's bookkeeping: not shipped
+      continue
+    if got.dtype.is_floating:
+      np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-6, rtol=0)
+    else:
+      np.testing.assert_array_equal(got.numpy(), want.numpy())
+    compared += 1
+  assert compared >= 3  # the rows, the dense layer, the maps' keys per row
+  live = phase_ids(2, np.random.default_rng(9), 8)  # the last phases' ids, seen lately
+  unseen = np.full((1, DYNAMIC_IDS), 5, np.int64)
+  features = {"ids": np.concatenate([live, phase_ids(3, np.random.default_rng(9), 8),
+                                     np.full((1, DYNAMIC_IDS), gone[0], np.int64), unseen])}
+  answers = served.predict(features, verbose=0)
+  np.testing.assert_allclose(answers, expected.predict(features, verbose=0), atol=1e-6, rtol=0)
+  assert answers[-2] == answers[-1]  # the evicted id answers as the unseen one
+  assert len(set(np.round(answers[:-2, 0], 6))) > 4  # live ids answer from their rows

@@ -15,6 +15,7 @@ from tfps.errors import UsageError
 from tfps.keras import export
 from tfps.training import delta_files
 from tfps.training import deltas
+from tfps.training import table_deltas
 from tfps.training import tables
 from tfps.training import touched_rows
 
@@ -47,13 +48,15 @@ class DeltaExport(tf_keras.callbacks.Callback):
 
   def on_train_begin(self, logs=None):
     layers = tables.tables_of(self.model)
-    if layers:
-      raise UsageError(f"`delta_export_secs` ({self.secs}) cannot export table layers yet (" + ", ".join(
-          layer.name for layer in layers) + "): their id maps are not in the deltas; export whole SavedModels "
-          "(tfps.export_saved_model) for them")
+    refused = [layer.name for layer in layers if not callable(getattr(layer, "delta_shards", None))]
+    if refused:
+      raise UsageError(f"`delta_export_secs` ({self.secs}) cannot export table layers without `delta_shards` ("
+                       + ", ".join(refused) + "): their id maps would not be in the deltas; export whole SavedModels "
+                       "(tfps.export_saved_model) for them")
     # Before the first step is traced: its updates mark the rows they change from then on.
     touched = touched_rows.track(self.model.distribute_strategy)
-    self.writer = deltas.DeltaWriter(self.directory, deltas.whole_variables(self.model, self.model.weights), touched)
+    self.writer = deltas.DeltaWriter(self.directory, deltas.whole_variables(self.model, self.model.weights), touched,
+                                     tables=layers)
     self._step = self._current_step()
     path = self.writer.write_base(lambda folder: export.export_saved_model(
         self.build_model, folder, model=self.model, dataset_fn=self.dataset_fn), self._step)
@@ -97,6 +100,7 @@ def apply(base: str, delta_paths: Sequence[str], out: str) -> str:
     raise deltas.DeltaError(f"the SavedModel in {base!r} does not match its manifest (another model's variables)")
   for path in delta_paths:
     deltas.apply_delta(model.weights, path)
+    table_deltas.apply_delta(model, path)  # dynamic tables' id maps
   last = manifests[-1] if manifests else base_manifest
   manifest = dict(base_manifest, version=last["version"], step=last["step"])
 

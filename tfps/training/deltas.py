@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from tfps import _tf_private
 from tfps.training import strategy as strategy_lib
+from tfps.training import table_deltas
 from tfps.training.delta_files import (BASE_MANIFEST, FORMAT, MANIFEST, TENSORS, DeltaError,  # pylint: disable=unused-import
                                       check_chain, name_of, read_manifest, versions_in, write_atomically, write_json)
 
@@ -62,13 +63,16 @@ class DeltaWriter:
     directory: the folder of exports.
     weights: the model's variables (`model.weights`, sharded or not), in order.
     touched: the `touched_rows.TouchedRows` recording the tables' changed rows.
+    tables: the model's dynamic tables (layers with `delta_shards()`): their id maps' changes go in the deltas too
+      (`tfps.training.table_deltas`).
   """
 
-  def __init__(self, directory: str, weights, touched):
+  def __init__(self, directory: str, weights, touched, tables=()):
     self.directory = directory
     self.weights = list(weights)
     self.touched = touched
     touched.watch([shard for weight in self.weights for shard in strategy_lib.shards_of(weight)])
+    self.tables = table_deltas.TableDeltas(tables, self.weights, touched)
     self.model = fingerprint(self.weights)
     self.base: Optional[dict] = None
     self.version = 0
@@ -85,6 +89,7 @@ class DeltaWriter:
         rows, _ = self.touched.changed(shard)
         if rows is not None:
           self.touched.clear(shard, rows)
+    self.tables.clear()
 
     def fill(folder):
       export(folder)
@@ -100,6 +105,9 @@ class DeltaWriter:
       raise RuntimeError("write_base comes before the first delta")
     tensors, described, shipped = {}, describe(self.weights), []
     for index, weight in enumerate(self.weights):
+      if self.tables.owns(weight):
+        described[index]["shipped"] = table_deltas.SHIPPED
+        continue
       rows = self._changed_rows(weight, shipped)
       if rows is None:
         tensors[f"{index}/value"] = np.asarray(weight.numpy())
@@ -108,9 +116,10 @@ class DeltaWriter:
         tensors[f"{index}/ids"], tensors[f"{index}/rows"] = rows
         described[index]["shipped"] = "rows"
         described[index]["rows"] = int(len(rows[0]))
+    evicted = self.tables.add(tensors)
     version = self.version + 1
     manifest = {"format": FORMAT, "kind": "delta", "version": version, "previous": self.version, "base": self.base,
-                "step": step, "model": self.model, "variables": described}
+                "step": step, "model": self.model, "variables": described, "tables": self.tables.describe()}
 
     def fill(folder):
       os.makedirs(folder)
@@ -122,6 +131,7 @@ class DeltaWriter:
     self.version = version
     for shard, rows in shipped:
       self.touched.clear(shard, rows)
+    self.tables.clear(evicted)
     return path
 
   def _changed_rows(self, weight, shipped: list):
@@ -148,7 +158,7 @@ def apply_delta(weights, path: str) -> dict:
     for index, (weight, described) in enumerate(zip(weights, manifest["variables"])):
       if described["shipped"] == "whole":
         weight.assign(tensors[f"{index}/value"])
-      elif len(tensors[f"{index}/ids"]):
+      elif described["shipped"] == "rows" and len(tensors[f"{index}/ids"]):
         weight.scatter_update(tf.IndexedSlices(tf.constant(tensors[f"{index}/rows"]),
                                                tf.constant(tensors[f"{index}/ids"], tf.int64)))
   return manifest
