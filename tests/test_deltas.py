@@ -14,7 +14,7 @@ import tensorflow as tf
 import tf_keras
 
 import tfps
-from tfps.keras import delta_watch
+from tfps.cli import delta as delta_cli
 from tfps.training import delta_files
 from tfps.training import deltas
 from tfps.training import touched_rows
@@ -55,7 +55,8 @@ def test_base_plus_deltas_answers_as_the_full_export(trained, tmp_path):
   table = manifests[0]["variables"][0]
   assert table["shape"] == [VOCAB, 8] and table["shipped"] == "rows" and 0 < table["rows"] < VOCAB // 10
   assert all(m["shipped"] == "whole" for m in manifests[0]["variables"][1:])  # the dense layers
-  applied = tfps.delta.apply(base, delta_paths, str(tmp_path / "served"))
+  assert delta_cli.main(["tfps-delta", "apply", base] + delta_paths + [f"--out={tmp_path}/served"]) == 0
+  applied = str(tmp_path / "served")
   served, expected = (tf_keras.models.load_model(path, compile=False) for path in (applied, full))
   assert len(served.weights) == len(expected.weights) == len(manifests[0]["variables"])
   for got, want in zip(served.weights, expected.weights):
@@ -108,24 +109,6 @@ def test_bad_chains_are_refused_in_one_line(trained, tmp_path):
   assert not os.path.exists(out)
 
 
-@pytest.mark.slow  # two processes importing TensorFlow
-def test_command_line_applies_and_refuses_a_gap(trained, tmp_path):
-  folder, full, _ = trained
-  base, (first, second, third) = chain(folder)
-  command = [sys.executable, "-m", "tfps.cli.delta", "apply", base, first, third, f"--out={tmp_path}/gap"]
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-  refused = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
-  assert refused.returncode == 2
-  assert "Traceback" not in refused.stderr and not os.path.exists(f"{tmp_path}/gap")
-  assert refused.stderr == (  # checked before TensorFlow is imported: no start-up lines
-      "tfps-delta: the delta chain has a gap: delta-000003 follows version 2, but the version before it here is 1; "
-      "give every delta from 2 on\n")
-  command[-2:-1] = [second, third]
-  done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
-  assert done.returncode == 0, done.stderr
-  assert deltas.read_manifest(f"{tmp_path}/gap")["step"] == 3 * STEPS
-
-
 def publish(path, folder, name=None, edit=None):
   """Puts a copy of the export `path` into `folder` as a writer does: a temporary folder, renamed."""
   scratch = copy_delta(path, folder, f".tmp-{name or os.path.basename(path)}", edit)
@@ -142,21 +125,27 @@ def assert_answers_as(served_path, full):
   np.testing.assert_allclose(served.predict(features, verbose=0), expected.predict(features, verbose=0), atol=1e-6)
 
 
-def test_watch_once_serves_the_newest_state_and_keeps_the_last_versions(trained, tmp_path):
+def test_watch_once_serves_the_newest_state_and_keeps_the_last_versions(trained, tmp_path, capsys):
   folder, full, _ = trained
   base, (first, second, third) = chain(folder)
   watched, serving = tmp_path / "deltas", str(tmp_path / "serving")
   watched.mkdir()
   publish(base, watched)
   publish(first, watched)
-  lines = []
-  assert delta_watch.watch(str(watched), serving, keep=1, once=True, report=lambda *told: lines.append(told))
+  command = ["tfps-delta", "watch", str(watched), f"--serving={serving}", "--keep=1", "--once"]
+  assert delta_cli.main(command) == 0
   assert sorted(os.listdir(serving)) == ["1"] and deltas.read_manifest(os.path.join(serving, "1"))["step"] == STEPS
   publish(second, watched)
   publish(third, watched)
-  assert delta_watch.watch(str(watched), serving, keep=1, once=True, report=lambda *told: lines.append(told))
+  assert delta_cli.main(command) == 0
   assert sorted(os.listdir(serving)) == ["3"]  # deltas 2 and 3 applied to version 1 in one go; 1 removed
-  assert lines == [(f"serving {serving}/1 (step {STEPS})", True), (f"serving {serving}/3 (step {3 * STEPS})", True)]
+  publish(third, watched, "delta-000005", lambda manifest: manifest.update(version=5, previous=4))
+  assert delta_cli.main(command) == 2
+  assert sorted(os.listdir(serving)) == ["3"]
+  out, err = capsys.readouterr()
+  assert out.splitlines() == [f"serving {serving}/1 (step {STEPS})", f"serving {serving}/3 (step {3 * STEPS})"]
+  assert err == ("tfps-delta: the delta chain has a gap: delta-000005 follows version 4, but the version before it "
+                 "here is 3; give every delta from 4 on; still serving the last good version\n")
   assert_answers_as(os.path.join(serving, "3"), full)
 
 
@@ -277,7 +266,6 @@ def test_fit_refuses_delta_export_of_table_layers(cluster, tmp_path):
 
 
 def test_command_line_usage_errors_are_one_line(capsys):
-  from tfps.cli import delta as delta_cli  # pylint: disable=g-import-not-at-top
   assert delta_cli.main(["tfps-delta", "apply", "base-000000", "delta-000001"]) == 2
   assert capsys.readouterr().err == ("tfps-delta: give --out=DIR once; usage: tfps-delta apply BASE [DELTA ...] "
                                      "--out=DIR\n")

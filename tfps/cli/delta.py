@@ -88,7 +88,7 @@ def _report(line: str, ok: bool) -> None:
 def _run_watch(settings: dict) -> int:
   from tfps.keras import delta_watch  # pylint: disable=g-import-not-at-top  (TensorFlow once the arguments are right)
   stop = threading.Event()
-  for number in (signal.SIGTERM, signal.SIGINT):
+  for number in (signal.SIGTERM, signal.SIGINT) if not settings["once"] else ():
     signal.signal(number, lambda *_: stop.set())
   os.makedirs(settings["serving_dir"], exist_ok=True)
   ok = delta_watch.watch(**settings, stop=stop, report=_report)
