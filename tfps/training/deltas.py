@@ -64,15 +64,15 @@ class DeltaWriter:
     weights: the model's variables (`model.weights`, sharded or not), in order.
     touched: the `touched_rows.TouchedRows` recording the tables' changed rows.
     tables: the model's dynamic tables (layers with `delta_shards()`): their id maps' changes go in the deltas too
-      (`tfps.training.table_deltas`).
+      (`tfps.training.table_deltas`); their bookkeeping variables are left out of `weights` (serving reads none).
   """
 
   def __init__(self, directory: str, weights, touched, tables=()):
     self.directory = directory
-    self.weights = list(weights)
+    self.tables = table_deltas.TableDeltas(tables, touched)
+    self.weights = [weight for weight in weights if not self.tables.owns(weight)]  # the variables serving reads
     self.touched = touched
     touched.watch([shard for weight in self.weights for shard in strategy_lib.shards_of(weight)])
-    self.tables = table_deltas.TableDeltas(tables, self.weights, touched)
     self.model = fingerprint(self.weights)
     self.base: Optional[dict] = None
     self.version = 0
@@ -105,9 +105,6 @@ class DeltaWriter:
       raise RuntimeError("write_base comes before the first delta")
     tensors, described, shipped = {}, describe(self.weights), []
     for index, weight in enumerate(self.weights):
-      if self.tables.owns(weight):
-        described[index]["shipped"] = table_deltas.SHIPPED
-        continue
       rows = self._changed_rows(weight, shipped)
       if rows is None:
         tensors[f"{index}/value"] = np.asarray(weight.numpy())
@@ -116,7 +113,7 @@ class DeltaWriter:
         tensors[f"{index}/ids"], tensors[f"{index}/rows"] = rows
         described[index]["shipped"] = "rows"
         described[index]["rows"] = int(len(rows[0]))
-    evicted = self.tables.add(tensors)
+    evicted = self.tables.add(tensors, self.weights)
     version = self.version + 1
     manifest = {"format": FORMAT, "kind": "delta", "version": version, "previous": self.version, "base": self.base,
                 "step": step, "model": self.model, "variables": described, "tables": self.tables.describe()}
@@ -158,7 +155,7 @@ def apply_delta(weights, path: str) -> dict:
     for index, (weight, described) in enumerate(zip(weights, manifest["variables"])):
       if described["shipped"] == "whole":
         weight.assign(tensors[f"{index}/value"])
-      elif described["shipped"] == "rows" and len(tensors[f"{index}/ids"]):
+      elif len(tensors[f"{index}/ids"]):
         weight.scatter_update(tf.IndexedSlices(tf.constant(tensors[f"{index}/rows"]),
                                                tf.constant(tensors[f"{index}/ids"], tf.int64)))
   return manifest

@@ -22,41 +22,39 @@ import tensorflow as tf
 
 from tfps.training import delta_files
 
-SHIPPED = "table"  # a variable of a table's bookkeeping, carried by the table's part of the delta or not at all
-
-
 class TableDeltas:
-  """The dynamic tables of a model in its deltas: `layers` (each with `delta_shards()`), of the model whose variables
-  are `weights`, their rows and evictions recorded in `touched` (records made here, before training is traced)."""
+  """The dynamic tables of a model in its deltas: `layers` (each with `delta_shards()`), their rows and evictions
+  recorded in `touched` (records made here, before training is traced)."""
 
-  def __init__(self, layers, weights, touched):
+  def __init__(self, layers, touched):
     self.touched = touched
-    position = {id(weight): index for index, weight in enumerate(weights)}
-    self.tables = []  # (name, key dtype, index of the rows' variable, [(row shard, offset)])
+    self.tables = []  # (name, key dtype, the rows' variable, [(row shard, offset)])
     self._owned = set()
     for layer in layers:
       shards = layer.delta_shards()
       for row_shard, rows_variable, _ in shards:
         touched.record_beside(rows_variable)
         touched.evicted_set(row_shard, layer.key_dtype)
-        self._owned.update(id(variable) for variable in (row_shard.row_keys, row_shard.last_seen, row_shard.free))
-      self.tables.append((layer.name, layer.key_dtype, position[id(layer.embeddings)],
+        self._owned.update(id(variable) for variable in row_shard.variables)
+      self.tables.append((layer.name, layer.key_dtype, layer.embeddings,
                           [(row_shard, offset) for row_shard, _, offset in shards]))
 
   def owns(self, weight) -> bool:
-    """Whether `weight` is a table's bookkeeping the table's part of a delta carries (else the delta ships it)."""
+    """Whether `weight` is a table's bookkeeping (a row shard's map keys, clocks, free rows, counters): not among the
+    variables a delta ships (a served copy loaded back has none of them but the map and its keys, shipped here)."""
     return id(weight) in self._owned
 
   def describe(self) -> List[dict]:
     return [{"name": name, "key_dtype": key_dtype.name, "shards": len(shards)}
             for name, key_dtype, _, shards in self.tables]
 
-  def add(self, tensors: dict) -> List[Tuple[object, np.ndarray]]:
-    """Adds each table's map changes to `tensors` (where the rows' changed ids are, under `<index>/ids`); returns
-    `(row shard, evicted ids)` to clear once the delta is written."""
+  def add(self, tensors: dict, weights) -> List[Tuple[object, np.ndarray]]:
+    """Adds each table's map changes to `tensors` (where the rows' changed ids are, under `<index>/ids`, `index` the
+    rows' variable's in `weights`); returns `(row shard, evicted ids)` to clear once the delta is written."""
+    position = {id(weight): index for index, weight in enumerate(weights)}
     evicted = []
-    for number, (_, key_dtype, index, shards) in enumerate(self.tables):
-      changed = tensors[f"{index}/ids"]
+    for number, (_, key_dtype, embeddings, shards) in enumerate(self.tables):
+      changed = tensors[f"{position[id(embeddings)]}/ids"]
       for shard_number, (row_shard, offset) in enumerate(shards):
         prefix = f"table{number}/{shard_number}"
         local = changed[(changed >= offset) & (changed < offset + row_shard.rows)] - offset
