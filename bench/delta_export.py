@@ -120,7 +120,7 @@ def apply_times(base: str, delta_paths, scratch: str) -> list:
   for number, path in enumerate(delta_paths):
     del WRITES["apply_rows"][:]
     start = time.perf_counter()
-    served = tfps.delta.apply(served, [path], os.path.join(scratch, f"served_{number}"))
+    served = tfps.delta.apply(served, [path], os.path.join(scratch, f"served_{_rows[0]}_{number}"))
     times.append({"apply_secs": round(time.perf_counter() - start, 3),
                   "rows_applied_secs": round(WRITES["apply_rows"][0], 4)})
   return times

@@ -288,21 +288,31 @@ def test_command_line_usage_errors_are_one_line(capsys):
   assert "usage: tfps-delta apply BASE" in capsys.readouterr().out
 
 
+def runs_text(runs):
+  """Each run's examples/s with the load average before and after it, as docs/delta_export.md quotes them."""
+  return ", ".join(f"{run['examples_per_sec']:,} ({run['load_average'][0]}-{run['load_average'][1]})" for run in runs)
+
+
 def test_docs_figures_come_from_the_bench_results():
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   with open(os.path.join(repo, "bench", "results", "delta_export.json"), encoding="utf-8") as f:
     results = json.load(f)
   with open(os.path.join(repo, "docs", "delta_export.md"), encoding="utf-8") as f:
-    text = f.read()
-  assert f"| base-000000 (full SavedModel) | all {results['rows']:,} | {results['base_bytes']:,} | 1x |" in text
-  for delta in results["deltas"]:
-    assert (f"| {delta['name']} | {delta['rows']:,} ({delta['rows_share']:.2%}) | {delta['bytes']:,} | "
-            f"{delta['ratio_to_full']}x | {delta['write_secs']} |") in text
-    assert delta["ratio_to_full"] <= 0.05 and delta["rows_share"] <= results["changed_at_most"]
+    text = " ".join(f.read().split())  # the prose's line breaks aside
+  assert [size["rows"] for size in results["sizes"]] == [10**6, 10**7]
+  for size in results["sizes"]:
+    rows = f"{size['rows']:,}"
+    assert (f"| {rows} | base-000000 (full SavedModel) | all | {size['base_bytes']:,} | 1x | "
+            f"{size['base_write_secs']} | |") in text
+    for delta in size["deltas"]:
+      assert (f"| {rows} | {delta['name']} | {delta['rows']:,} ({delta['rows_share']:.2%}) | {delta['bytes']:,} | "
+              f"{delta['ratio_to_full']}x | {delta['write_secs']} | {delta['apply_secs']}, "
+              f"{delta['rows_applied_secs']} |") in text
+      assert delta["ratio_to_full"] <= 0.05 and delta["rows_share"] <= size["changed_at_most"]
   training = results["training"]
-  assert (f"{', '.join(map(str, training['epoch_secs']['with_deltas']))} with the rows marked, "
-          f"{', '.join(map(str, training['epoch_secs']['without']))}\nwithout; {training['ratio_of_medians']}x") in text
-
+  assert (f"with a delta every {training['delta_every_secs']:g} s: {runs_text(training['runs']['with_deltas'])}; "
+          f"without: {runs_text(training['runs']['without'])}; {training['ratio_of_medians']}x by the medians") in text
+  assert all(run["deltas_written"] >= 2 for run in training["runs"]["with_deltas"])
 
 @pytest.mark.slow  # a run of its own
 def test_stacked_wide_deep_deltas_equal_the_full_export(cluster, tmp_path):

@@ -24,6 +24,7 @@ class DeltaError(UsageError):
 
 
 def name_of(kind: str, version: int) -> str:
+  """The folder name of export `version` of `kind` (base or delta): `delta-000003`."""
   return f"{kind}-{version:06d}"
 
 
@@ -77,6 +78,7 @@ def _sync(folder: str) -> None:
 
 
 def write_json(path: str, value: dict) -> None:
+  """Writes `value` to `path` as indented JSON (a manifest)."""
   with open(path, "w", encoding="utf-8") as f:
     json.dump(value, f, indent=1, sort_keys=True)
 
