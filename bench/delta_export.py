@@ -46,7 +46,8 @@ _BIG_ROWS = flags.DEFINE_integer("big_rows", 0, "Rows of a second, larger table 
 _DIM = flags.DEFINE_integer("dim", 16, "Width of the table.", lower_bound=1)
 _CHANGED = flags.DEFINE_float("changed", 0.01, "Share of the rows the batches look up (an upper bound of the rows "
                               "changed).", lower_bound=0.0, upper_bound=1.0)
-_STEPS = flags.DEFINE_integer("steps", 20, "Steps per epoch (2 epochs, a delta after each).", lower_bound=1)
+_STEPS = flags.DEFINE_integer("steps", 20, "Steps per epoch (2 epochs, a delta after each) at --rows; at --big_rows "
+                             "as many times more as it has more rows.", lower_bound=1)
 _PARTS = flags.DEFINE_enum("parts", "all", ["all", "sizes", "training"], "What to measure.")
 _REPEATS = flags.DEFINE_integer("throughput_repeats", 3, "Alternating runs with and without deltas whose examples/s "
                                 "are compared.", lower_bound=1)
@@ -132,14 +133,16 @@ def size_results(cluster, rows: int, scratch: str) -> dict:
   for seconds in WRITES.values():
     del seconds[:]
   model_dir = os.path.join(scratch, f"run_{rows}")
-  tfps.fit(build_model, train_fn, epochs=2, steps_per_epoch=_STEPS.value, model_dir=model_dir, cluster=cluster,
+  steps = _STEPS.value * max(1, rows // _ROWS.value)  # as many lookups per row of the pool at each size
+  tfps.fit(build_model, train_fn, epochs=2, steps_per_epoch=steps, model_dir=model_dir, cluster=cluster,
            delta_export_secs=0, num_shards=1)
   folder = os.path.join(model_dir, "deltas")
   names = sorted(os.listdir(folder))
   base, delta_paths = os.path.join(folder, names[0]), [os.path.join(folder, name) for name in names[1:]]
   applied = apply_times(base, delta_paths, scratch)
   base_bytes = folder_bytes(base)
-  results = {"rows": rows, "dim": _DIM.value, "changed_at_most": _CHANGED.value, "base_bytes": base_bytes,
+  results = {"rows": rows, "dim": _DIM.value, "changed_at_most": _CHANGED.value, "steps_per_epoch": steps,
+             "base_bytes": base_bytes,
              "base_write_secs": round(WRITES["write_base"][0], 3),
              "checkpoint_secs": [round(secs, 3) for secs in WRITES["checkpoint"]], "deltas": []}
   for path, secs, apply in zip(delta_paths, WRITES["write_delta"], applied):
