@@ -73,7 +73,8 @@ def train_fn(input_context):
   del input_context
   rng = np.random.default_rng(0)
   pool = rng.choice(_rows[0], max(1, int(_rows[0] * _CHANGED.value)), replace=False)
-  ids = pool[rng.integers(0, len(pool), size=(16 * BATCH, IDS))].astype(np.int64)
+  batches = max(16, 4 * len(pool) // (BATCH * IDS))  # each id of the pool looked up about 4 times in a pass
+  ids = pool[rng.integers(0, len(pool), size=(batches * BATCH, IDS))].astype(np.int64)
   labels = (ids.sum(axis=1) % 2).astype(np.float32)
   return tf.data.Dataset.from_tensor_slices(({"ids": ids}, labels)).repeat().batch(BATCH, drop_remainder=True)
 
