@@ -131,6 +131,7 @@ def apply_times(base: str, delta_paths, scratch: str) -> list:
 def size_results(cluster, rows: int, scratch: str) -> dict:
   """Bytes and seconds of the base, each delta, and applying each, for a table of `rows` rows."""
   _rows[0] = rows
+  load_before = os.getloadavg()[0]
   for seconds in WRITES.values():
     del seconds[:]
   model_dir = os.path.join(scratch, f"run_{rows}")
@@ -145,7 +146,8 @@ def size_results(cluster, rows: int, scratch: str) -> dict:
   results = {"rows": rows, "dim": _DIM.value, "changed_at_most": _CHANGED.value, "steps_per_epoch": steps,
              "base_bytes": base_bytes,
              "base_write_secs": round(WRITES["write_base"][0], 3),
-             "checkpoint_secs": [round(secs, 3) for secs in WRITES["checkpoint"]], "deltas": []}
+             "checkpoint_secs": [round(secs, 3) for secs in WRITES["checkpoint"]], "deltas": [],
+             "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
   for path, secs, apply in zip(delta_paths, WRITES["write_delta"], applied):
     table = deltas.read_manifest(path)["variables"][0]
     results["deltas"].append(dict({"name": os.path.basename(path), "bytes": folder_bytes(path), "rows": table["rows"],
