@@ -8,8 +8,8 @@ update and geo training pushes a round's rows), so a step skipped there marks no
 
 A variable updated densely gets no record: it is shipped whole in every delta.
 
-A dynamic table's row shard (`tfps.models.dynamic_rows.RowShard`) also gets, once it evicts under tracking, a set of
-the raw ids it evicted (`mark_evicted`, in its eviction on its ps); its admissions mark the rows they give out
+A dynamic table's row shard (`tfps.models.dynamic_rows.RowShard`) whose deltas are written also gets a set of the
+raw ids it evicted (`mark_evicted`, in its eviction on its ps); its admissions mark the rows they give out
 (`mark_rows`). A delta ships the evicted ids as deletions and clears those it shipped.
 """
 
@@ -76,7 +76,6 @@ class TouchedRows:
     record = self.record_of(shard)
     if record is not None and len(rows):
       record.scatter_update(tf.IndexedSlices(tf.zeros([len(rows)], tf.bool), tf.constant(rows, tf.int64)))
-
 
   def evicted_set(self, row_shard, key_dtype=None):
     """The set (a `MutableHashTable` of id -> 1) of ids `row_shard` evicted since the last `clear_evicted`, on its
