@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -13,6 +14,8 @@ import tensorflow as tf
 import tf_keras
 
 import tfps
+from tfps.cli import delta as delta_cli
+from tfps.training import delta_files
 from tfps.training import deltas
 from tfps.training import touched_rows
 
@@ -52,7 +55,8 @@ def test_base_plus_deltas_answers_as_the_full_export(trained, tmp_path):
   table = manifests[0]["variables"][0]
   assert table["shape"] == [VOCAB, 8] and table["shipped"] == "rows" and 0 < table["rows"] < VOCAB // 10
   assert all(m["shipped"] == "whole" for m in manifests[0]["variables"][1:])  # the dense layers
-  applied = tfps.delta.apply(base, delta_paths, str(tmp_path / "served"))
+  assert delta_cli.main(["tfps-delta", "apply", base] + delta_paths + [f"--out={tmp_path}/served"]) == 0
+  applied = str(tmp_path / "served")
   served, expected = (tf_keras.models.load_model(path, compile=False) for path in (applied, full))
   assert len(served.weights) == len(expected.weights) == len(manifests[0]["variables"])
   for got, want in zip(served.weights, expected.weights):
@@ -105,22 +109,87 @@ def test_bad_chains_are_refused_in_one_line(trained, tmp_path):
   assert not os.path.exists(out)
 
 
-@pytest.mark.slow  # two processes importing TensorFlow
-def test_command_line_applies_and_refuses_a_gap(trained, tmp_path):
+def publish(path, folder, name=None, edit=None):
+  """Puts a copy of the export `path` into `folder` as a writer does: a temporary folder, renamed."""
+  scratch = copy_delta(path, folder, f".tmp-{name or os.path.basename(path)}", edit)
+  final = os.path.join(folder, name or os.path.basename(path))
+  os.rename(scratch, final)
+  return final
+
+
+def assert_answers_as(served_path, full):
+  served, expected = (tf_keras.models.load_model(path, compile=False) for path in (served_path, full))
+  for got, want in zip(served.weights, expected.weights):
+    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-6, rtol=0)
+  features, _ = examples(100, seed=5)
+  np.testing.assert_allclose(served.predict(features, verbose=0), expected.predict(features, verbose=0), atol=1e-6)
+
+
+def test_watch_once_serves_the_newest_state_and_keeps_the_last_versions(trained, tmp_path, capsys):
   folder, full, _ = trained
   base, (first, second, third) = chain(folder)
-  command = [sys.executable, "-m", "tfps.cli.delta", "apply", base, first, third, f"--out={tmp_path}/gap"]
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-  refused = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
-  assert refused.returncode == 2
-  assert "Traceback" not in refused.stderr and not os.path.exists(f"{tmp_path}/gap")
-  assert refused.stderr.strip().splitlines()[-1] == (  # after TensorFlow's start-up lines
-      "tfps-delta: the delta chain has a gap: delta-000003 follows version 2, but the version before it here is 1; "
-      "give every delta from 2 on")
-  command[-2:-1] = [second, third]
-  done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
-  assert done.returncode == 0, done.stderr
-  assert deltas.read_manifest(f"{tmp_path}/gap")["step"] == 3 * STEPS
+  watched, serving = tmp_path / "deltas", str(tmp_path / "serving")
+  watched.mkdir()
+  publish(base, watched)
+  publish(first, watched)
+  command = ["tfps-delta", "watch", str(watched), f"--serving={serving}", "--keep=1", "--once"]
+  assert delta_cli.main(command) == 0
+  assert sorted(os.listdir(serving)) == ["1"] and deltas.read_manifest(os.path.join(serving, "1"))["step"] == STEPS
+  publish(second, watched)
+  publish(third, watched)
+  assert delta_cli.main(command) == 0
+  assert sorted(os.listdir(serving)) == ["3"]  # deltas 2 and 3 applied to version 1 in one go; 1 removed
+  publish(third, watched, "delta-000005", lambda manifest: manifest.update(version=5, previous=4))
+  assert delta_cli.main(command) == 2
+  assert sorted(os.listdir(serving)) == ["3"]
+  out, err = capsys.readouterr()
+  assert out.splitlines() == [f"serving {serving}/1 (step {STEPS})", f"serving {serving}/3 (step {3 * STEPS})"]
+  assert err == ("tfps-delta: the delta chain has a gap: delta-000005 follows version 4, but the version before it "
+                 "here is 3; give every delta from 4 on; still serving the last good version\n")
+  assert_answers_as(os.path.join(serving, "3"), full)
+
+
+@pytest.mark.slow  # a process importing TensorFlow
+def test_watch_follows_new_deltas_and_refuses_a_gap(trained, tmp_path, subprocess_env):
+  """`tfps-delta watch` running: deltas written meanwhile are served, each version whole; a gap is told in one line
+  and the last good version stays served."""
+  folder, full, _ = trained
+  base, (first, second, third) = chain(folder)
+  watched, serving = tmp_path / "deltas", str(tmp_path / "serving")
+  watched.mkdir()
+  publish(base, watched)
+  out_path, err_path = tmp_path / "watch.out", tmp_path / "watch.err"
+  with open(out_path, "w") as out, open(err_path, "w") as err:
+    watch = subprocess.Popen([sys.executable, "-m", "tfps.cli.delta", "watch", str(watched), f"--serving={serving}",
+                              "--keep=2", "--interval=0.2"], stdout=out, stderr=err, text=True, env=subprocess_env)
+  try:
+    wait_for(lambda: 0 in delta_files.served_versions(serving), watch)
+    publish(first, watched)
+    wait_for(lambda: 1 in delta_files.served_versions(serving), watch)
+    publish(second, watched)
+    publish(third, watched)
+    wait_for(lambda: 3 in delta_files.served_versions(serving), watch)
+    publish(third, watched, "delta-000005", lambda manifest: manifest.update(version=5, previous=4))
+    wait_for(lambda: "gap" in err_path.read_text(), watch)
+    time.sleep(1)  # five more looks at the folder: told once
+  finally:
+    watch.terminate()
+    watch.wait(timeout=60)
+  out, err = out_path.read_text(), err_path.read_text()
+  assert watch.returncode == 0 and "Traceback" not in err, err
+  assert sorted(delta_files.served_versions(serving)) in ([1, 3], [2, 3])  # the newest 2
+  assert f"serving {serving}/3 (step {3 * STEPS})" in out.splitlines()
+  refusals = [line for line in err.splitlines() if line.startswith("tfps-delta:")]
+  assert refusals == ["tfps-delta: the delta chain has a gap: delta-000005 follows version 4, but the version before "
+                      "it here is 3; give every delta from 4 on; still serving the last good version"]  # told once
+  assert_answers_as(os.path.join(serving, "3"), full)
+
+
+def wait_for(condition, process, timeout=120):
+  deadline = time.monotonic() + timeout
+  while not condition():
+    assert process.poll() is None and time.monotonic() < deadline, f"timed out, or the process ended ({process.poll()})"
+    time.sleep(0.1)
 
 
 def test_a_failed_write_keeps_the_last_delta_and_the_marks(tmp_path, monkeypatch):
@@ -180,31 +249,48 @@ def test_sync_and_geo_deltas_equal_the_full_export(cluster, tmp_path, mode):
     np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-6, rtol=0)
 
 
-def test_fit_refuses_delta_export_of_table_layers(cluster, tmp_path):
-  def build_dynamic():
+class _TableWithoutDeltas(tf_keras.layers.Layer):
+  """A table layer (`tables.is_table`) that cannot say what its deltas hold (no `delta_shards`)."""
+
+  def call(self, inputs):
+    return inputs
+
+  def bind_optimizer(self, optimizer):
+    del optimizer
+
+  def table_metrics(self):
+    return {}
+
+
+def test_fit_refuses_delta_export_of_table_layers_without_delta_shards(cluster, tmp_path):
+  def build_odd():
     ids = tf_keras.Input((NUM_IDS,), dtype="int64", name="ids")
     dense = tf_keras.Input((1,), name="dense_in")
-    embedded = tf_keras.layers.Flatten()(tfps.layers.DynamicEmbedding(1_000, 4, name="dynamic")(ids))
-    output = tf_keras.layers.Dense(1, activation="sigmoid")(tf_keras.layers.Concatenate()([embedded, dense]))
+    output = tf_keras.layers.Dense(1, activation="sigmoid")(_TableWithoutDeltas(name="odd")(dense))
     model = tf_keras.Model({"ids": ids, "dense_in": dense}, output)
     model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "binary_crossentropy")
     return model
 
-  with pytest.raises(tfps.UsageError, match=r"^`delta_export_secs` \(0\) cannot export table layers yet \(dynamic\)"):
-    tfps.fit(build_dynamic, train_fn, epochs=1, steps_per_epoch=2, model_dir=str(tmp_path / "run"), cluster=cluster,
+  with pytest.raises(tfps.UsageError, match=r"^`delta_export_secs` \(0\) cannot export table layers without "
+                     r"`delta_shards` \(odd\)"):
+    tfps.fit(build_odd, train_fn, epochs=1, steps_per_epoch=2, model_dir=str(tmp_path / "run"), cluster=cluster,
              delta_export_secs=0)
   assert not os.path.exists(tmp_path / "run" / "deltas")
 
 
 def test_command_line_usage_errors_are_one_line(capsys):
-  from tfps.cli import delta as delta_cli  # pylint: disable=g-import-not-at-top
   assert delta_cli.main(["tfps-delta", "apply", "base-000000", "delta-000001"]) == 2
   assert capsys.readouterr().err == ("tfps-delta: give --out=DIR once; usage: tfps-delta apply BASE [DELTA ...] "
                                      "--out=DIR\n")
-  assert delta_cli.main(["tfps-delta", "watch", "deltas"]) == 2
-  assert capsys.readouterr().err.startswith("tfps-delta: unknown command 'watch' (known: apply)")
+  assert delta_cli.main(["tfps-delta", "serve", "deltas"]) == 2
+  assert capsys.readouterr().err.startswith("tfps-delta: unknown command 'serve' (known: apply, watch)")
   assert delta_cli.main(["tfps-delta", "--help"]) == 0
   assert "usage: tfps-delta apply BASE" in capsys.readouterr().out
+
+
+def runs_text(runs):
+  """Each run's examples/s with the load average before and after it, as docs/delta_export.md quotes them."""
+  return ", ".join(f"{run['examples_per_sec']:,} ({run['load_average'][0]}-{run['load_average'][1]})" for run in runs)
 
 
 def test_docs_figures_come_from_the_bench_results():
@@ -212,16 +298,21 @@ def test_docs_figures_come_from_the_bench_results():
   with open(os.path.join(repo, "bench", "results", "delta_export.json"), encoding="utf-8") as f:
     results = json.load(f)
   with open(os.path.join(repo, "docs", "delta_export.md"), encoding="utf-8") as f:
-    text = f.read()
-  assert f"| base-000000 (full SavedModel) | all {results['rows']:,} | {results['base_bytes']:,} | 1x |" in text
-  for delta in results["deltas"]:
-    assert (f"| {delta['name']} | {delta['rows']:,} ({delta['rows_share']:.2%}) | {delta['bytes']:,} | "
-            f"{delta['ratio_to_full']}x | {delta['write_secs']} |") in text
-    assert delta["ratio_to_full"] <= 0.05 and delta["rows_share"] <= results["changed_at_most"]
+    text = " ".join(f.read().split())  # the prose's line breaks aside
+  assert [size["rows"] for size in results["sizes"]] == [10**6, 10**7]
+  for size in results["sizes"]:
+    rows = f"{size['rows']:,}"
+    assert (f"| {rows} | base-000000 (full SavedModel) | all | {size['base_bytes']:,} | 1x | "
+            f"{size['base_write_secs']} | |") in text
+    for delta in size["deltas"]:
+      assert (f"| {rows} | {delta['name']} | {delta['rows']:,} ({delta['rows_share']:.2%}) | {delta['bytes']:,} | "
+              f"{delta['ratio_to_full']}x | {delta['write_secs']} | {delta['apply_secs']}, "
+              f"{delta['rows_applied_secs']} |") in text
+      assert delta["ratio_to_full"] <= 0.05 and delta["rows_share"] <= size["changed_at_most"]
   training = results["training"]
-  assert (f"{', '.join(map(str, training['epoch_secs']['with_deltas']))} with the rows marked, "
-          f"{', '.join(map(str, training['epoch_secs']['without']))}\nwithout; {training['ratio_of_medians']}x") in text
-
+  assert (f"with a delta every {training['delta_every_secs']:g} s: {runs_text(training['runs']['with_deltas'])}; "
+          f"without: {runs_text(training['runs']['without'])}; {training['ratio_of_medians']}x by the medians") in text
+  assert all(run["deltas_written"] >= 2 for run in training["runs"]["with_deltas"])
 
 @pytest.mark.slow  # a run of its own
 def test_stacked_wide_deep_deltas_equal_the_full_export(cluster, tmp_path):
@@ -280,3 +371,68 @@ def test_a_resumed_run_writes_a_new_base_and_numbers_on(trained, cluster, tmp_pa
                      r"not to base-000004 \(id [0-9a-f]{12}\)$"):
     tfps.delta.apply(os.path.join(exports, "base-000004"), [os.path.join(exports, "delta-000003")],
                      str(tmp_path / "mixed"))
+
+
+DYNAMIC_IDS, PHASE_BATCHES = 4, 3
+
+
+def build_dynamic():
+  ids = tf_keras.Input((DYNAMIC_IDS,), dtype="int64", name="ids")
+  table = tfps.layers.DynamicEmbedding(256, 4, steps_to_live=4, num_shards=2, name="dynamic")
+  model = tf_keras.Model({"ids": ids}, tf_keras.layers.Dense(1, activation="sigmoid")(
+      tf_keras.layers.Flatten()(table(ids))))
+  model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "binary_crossentropy")
+  return model
+
+
+def phase_ids(phase, rng, rows):
+  """Raw ids of a phase: 40 of its own, so an id of an earlier phase goes unseen (and is evicted) in a later one."""
+  return rng.integers(0, 40, size=(rows, DYNAMIC_IDS)) * 7_919 + phase * 10**9 + 11
+
+
+def phased_fn(input_context):
+  rng = np.random.default_rng(input_context.input_pipeline_id)
+  ids = np.concatenate([phase_ids(phase, rng, PHASE_BATCHES * 16) for phase in range(4)])
+  labels = (ids % 3 == 0).mean(axis=1).astype(np.float32)
+  return tf.data.Dataset.from_tensor_slices(({"ids": ids}, labels)).batch(16).repeat()
+
+
+def id_map(row_shard):
+  """`{raw id: row}` of a served row shard's map."""
+  keys, rows = tf.raw_ops.LookupTableExportV2(table_handle=row_shard.map.resource_handle, Tkeys=tf.int64,
+                                              Tvalues=tf.int64)
+  return dict(zip(keys.numpy().tolist(), rows.numpy().tolist()))
+
+
+def test_dynamic_table_deltas_delete_evicted_ids_and_equal_the_full_export(cluster, tmp_path):
+  """A dynamic table evicting ids between deltas: base + deltas answers as the full export at the last step, and an
+  id a delta deletes answers as an id never seen."""
+  model_dir = str(tmp_path / "run")
+  history = tfps.fit(build_dynamic, phased_fn, epochs=3, steps_per_epoch=2 * PHASE_BATCHES, model_dir=model_dir,
+                     cluster=cluster, min_shard_bytes=0, delta_export_secs=0)
+  full = tfps.export_saved_model(build_dynamic, str(tmp_path / "full"), model=history.model)
+  base, delta_paths = chain(os.path.join(model_dir, "deltas"))
+  assert len(delta_paths) == 3
+  deleted = []
+  for path in delta_paths:
+    with np.load(os.path.join(path, deltas.TENSORS)) as tensors:
+      deleted += [int(key) for shard in (0, 1) for key in tensors[f"table0/{shard}/deleted"]]
+  layer = history.model.get_layer("dynamic")
+  gone = [key for key in set(deleted) if layer.rows_of(tf.constant([key], tf.int64)).numpy()[0] == -1]
+  assert gone, deleted  # evicted between deltas, and not given a row again since
+  served = tf_keras.models.load_model(tfps.delta.apply(base, delta_paths, str(tmp_path / "served")), compile=False)
+  expected = tf_keras.models.load_model(full, compile=False)
+  assert len(served.weights) == len(expected.weights) == 3  # the rows, the dense layer
+  for got, want in zip(served.weights, expected.weights):
+    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-6, rtol=0)
+  for got, want in zip(*(model.get_layer("dynamic").shards for model in (served, expected))):
+    assert id_map(got) == id_map(want) and len(id_map(got)) > 10  # each raw id's row; no evicted id
+    np.testing.assert_array_equal(got.row_keys.numpy(), want.row_keys.numpy())
+  live = phase_ids(2, np.random.default_rng(9), 8)  # the last phases' ids, seen lately
+  unseen = np.full((1, DYNAMIC_IDS), 5, np.int64)
+  features = {"ids": np.concatenate([live, phase_ids(3, np.random.default_rng(9), 8),
+                                     np.full((1, DYNAMIC_IDS), gone[0], np.int64), unseen])}
+  answers = served.predict(features, verbose=0)
+  np.testing.assert_allclose(answers, expected.predict(features, verbose=0), atol=1e-6, rtol=0)
+  assert answers[-2] == answers[-1]  # the evicted id answers as the unseen one
+  assert len(set(np.round(answers[:-2, 0], 6))) > 4  # live ids answer from their rows

@@ -5,8 +5,6 @@ Estimator path's, `tfps.estimator.deltas`).
 """
 
 import os
-import shutil
-import uuid
 from typing import Callable, Optional, Sequence
 
 import tf_keras
@@ -14,8 +12,10 @@ import tf_keras
 from tfps import checks
 from tfps.errors import UsageError
 from tfps.keras import export
+from tfps.training import delta_files
 from tfps.training import delta_schedule
 from tfps.training import deltas
+from tfps.training import table_deltas
 from tfps.training import tables
 from tfps.training import touched_rows
 
@@ -45,11 +45,16 @@ class DeltaExport(tf_keras.callbacks.Callback):
     self.schedule: Optional[delta_schedule.DeltaSchedule] = None
 
   def on_train_begin(self, logs=None):
-    delta_schedule.refuse_tables(self.secs, [layer.name for layer in tables.tables_of(self.model)],
-                                 "tfps.export_saved_model")
+    layers = tables.tables_of(self.model)
+    refused = [layer.name for layer in layers if not callable(getattr(layer, "delta_shards", None))]
+    if refused:
+      raise UsageError(f"`delta_export_secs` ({self.secs}) cannot export table layers without `delta_shards` ("
+                       + ", ".join(refused) + "): their id maps would not be in the deltas; export whole SavedModels "
+                       "(tfps.export_saved_model) for them")
     # Before the first step is traced: its updates mark the rows they change from then on.
     touched = touched_rows.track(self.model.distribute_strategy)
-    writer = deltas.DeltaWriter(self.directory, deltas.whole_variables(self.model, self.model.weights), touched)
+    writer = deltas.DeltaWriter(self.directory, deltas.whole_variables(self.model, self.model.weights), touched,
+                                tables=layers)
     self.schedule = delta_schedule.DeltaSchedule(writer, self.secs, self._current_step, lambda folder: (
         export.export_saved_model(self.build_model, folder, model=self.model, dataset_fn=self.dataset_fn)))
     self.schedule.begin()
@@ -72,36 +77,32 @@ def apply(base: str, delta_paths: Sequence[str], out: str) -> str:
   the chain, a delta of another base or model, a folder that is not a complete delta, an existing `out`) raises a
   one-line `tfps.training.deltas.DeltaError` and writes nothing.
   """
-  base_manifest = deltas.read_manifest(base)
-  if base_manifest.get("kind") != "base":
-    raise deltas.DeltaError(f"{base!r} is a {base_manifest.get('kind')}, not a base export")
-  manifests = [deltas.read_manifest(path) for path in delta_paths]
-  deltas.check_chain(base_manifest, manifests, delta_paths)
-  if os.path.exists(out):
-    raise deltas.DeltaError(f"--out {out!r} exists already; give a new folder")
-  weights, save = _load(base, base_manifest)
+  base_manifest, manifests = delta_files.check_apply(base, delta_paths, out)
+  weights, model, save = _load(base, base_manifest)
   if deltas.fingerprint(weights) != base_manifest["model"]:
     raise deltas.DeltaError(f"the SavedModel in {base!r} does not match its manifest (another model's variables)")
   for path in delta_paths:
     deltas.apply_delta(weights, path)
+    if model is not None:
+      table_deltas.apply_delta(model, path)  # dynamic tables' id maps
   last = manifests[-1] if manifests else base_manifest
   manifest = dict(base_manifest, version=last["version"], step=last["step"])
   if "stream" in last:  # the stream position after the last example the result holds
     manifest["stream"] = {"name": last["stream"]["name"], "to": last["stream"]["to"]}
-  scratch = f"{os.path.normpath(out)}.tmp-{uuid.uuid4().hex[:8]}"
-  try:
-    save(scratch)
-    deltas.write_json(os.path.join(scratch, deltas.BASE_MANIFEST), manifest)
-    os.rename(scratch, out)
-  finally:
-    shutil.rmtree(scratch, ignore_errors=True)
+
+  def fill(folder):
+    save(folder)
+    deltas.write_json(os.path.join(folder, deltas.BASE_MANIFEST), manifest)
+
+  delta_files.write_atomically(*os.path.split(os.path.abspath(out)), fill)  # a reader sees all of it or none
   return out
 
 
 def _load(base: str, manifest: dict):
-  """`(variables in the deltas' order, save(folder))` of the base SavedModel at `base`: a Keras model, or the
-  Estimator path's module (its manifest's `saved_model`)."""
+  """`(variables in the deltas' order, the Keras model or None, save(folder))` of the base SavedModel at `base`: a
+  Keras model, or the Estimator path's module (its manifest's `saved_model`)."""
   if manifest.get("saved_model") == deltas.MODULE_EXPORT:
-    return deltas.load_module_export(base)
+    variables, save = deltas.load_module_export(base)
+    return variables, None, save
   model = tf_keras.models.load_model(base, compile=False)
-  return model.weights, lambda folder: model.save(folder, include_optimizer=False)
+  return model.weights, model, lambda folder: model.save(folder, include_optimizer=False)

@@ -6,6 +6,7 @@ outside any strategy, restores the trained values into it (checkpoints store sha
 
 import os
 import tempfile
+import threading
 from typing import Callable, Optional
 
 from absl import logging
@@ -49,15 +50,41 @@ def export_saved_model(build_model: Callable[[], tf_keras.Model], export_dir: st
   """
   with tempfile.TemporaryDirectory() as scratch_dir:
     source = _source_checkpoint(model, model_dir, checkpoint, scratch_dir)
-    plain = build_model()
-    if not plain.built:
-      if dataset_fn is None:
-        raise ValueError("`build_model` returns a model with undeclared inputs; pass `dataset_fn` so tfps can build "
-                         "it with one batch")
-      features = next(iter(dataset_fns.make_dataset(dataset_fn, "dataset_fn").take(1)))
-      plain(features[0] if isinstance(features, tuple) else features)
-    status = tf.train.Checkpoint(model=plain).read(source)
-    status.expect_partial().assert_existing_objects_matched()
+    _outside_strategies(lambda: _save_plain(build_model, source, export_dir, dataset_fn))
+  return export_dir
+
+
+def _outside_strategies(run: Callable[[], None]) -> None:
+  """`run()` where no strategy is in scope (a callback of `Model.fit` runs in its strategy's scope, and a model built
+  there would place its variables and table locks on the ps): in a thread of its own, as a scope is per thread."""
+  if not tf.distribute.has_strategy():
+    run()
+    return
+  failed = []
+
+  def target():
+    try:
+      run()
+    except BaseException as e:  # pylint: disable=broad-except  (raised again in the caller's thread)
+      failed.append(e)
+
+  thread = threading.Thread(target=target, name="tfps-export")
+  thread.start()
+  thread.join()
+  if failed:
+    raise failed[0]
+
+
+def _save_plain(build_model, source: str, export_dir: str, dataset_fn) -> None:
+  """Builds the model outside any strategy, restores checkpoint `source` into it, and saves it to `export_dir`."""
+  plain = build_model()
+  if not plain.built:
+    if dataset_fn is None:
+      raise ValueError("`build_model` returns a model with undeclared inputs; pass `dataset_fn` so tfps can build "
+                       "it with one batch")
+    features = next(iter(dataset_fns.make_dataset(dataset_fn, "dataset_fn").take(1)))
+    plain(features[0] if isinstance(features, tuple) else features)
+  status = tf.train.Checkpoint(model=plain).read(source)
+  status.expect_partial().assert_existing_objects_matched()
   plain.save(export_dir, include_optimizer=False)
   logging.info("Exported %s to %s", source, export_dir)
-  return export_dir

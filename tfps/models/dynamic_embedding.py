@@ -250,6 +250,12 @@ class DynamicEmbedding(tf_keras.layers.Layer):
     """The ids rows `rows` (local to row shard `index`) were last given to, read from the shard's ps now."""
     return tf.gather(self.shards[index].row_keys, rows)
 
+  def delta_shards(self):
+    """For delta exports (`tfps.training.table_deltas`): `(bookkeeping, rows variable, offset)` of each row shard:
+    its `RowShard`, the variable holding its rows, and where its rows start in the whole table."""
+    table = self.__dict__["_table"]
+    return list(zip(table.shards, table.row_shards, table.offsets))
+
   def table_metrics(self) -> Dict[str, int]:
     """`occupancy` (rows in use), `admitted`, `evicted` and `fallbacks` over all shards, read from the ps."""
     return self.__dict__["_table"].table_metrics()

@@ -15,6 +15,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from tfps.training import tables
+from tfps.training import touched_rows
 
 EVICTION_SCANS_PER_LIFETIME = 10  # an id is freed between `steps_to_live` and 1.1x that many calls after last seen
 _LAST_HELD = weakref.WeakKeyDictionary()  # graph -> the output of the last shard lock taken in it
@@ -172,6 +173,7 @@ class RowShard(tf.Module):
           rows_variable.scatter_update(tf.IndexedSlices(
               initializer([tf.cast(take, tf.int32), rows_variable.shape[1]], rows_variable.dtype), in_variable)),
       ]
+      updates += touched_rows.mark_rows(rows_variable, in_variable)  # for delta exports, where they are written
       updates += [slot.scatter_update(tf.IndexedSlices(
           tf.fill([take, rows_variable.shape[1]], tf.constant(initial, slot.dtype)), in_variable))
                   for slot, initial in slots]
@@ -192,6 +194,7 @@ class RowShard(tf.Module):
           self.last_seen.scatter_update(
               tf.IndexedSlices(tf.fill(tf.shape(stale), tf.constant(-1, tf.int64)), stale)),
           self.free.scatter_update(tf.IndexedSlices(stale, num_free + tf.range(count))),
-          self.num_free.assign_add(count), self.evicted.assign_add(count)])
+          self.num_free.assign_add(count), self.evicted.assign_add(count)] +
+          touched_rows.mark_evicted(self, stale_keys))  # for delta exports, where they are written
     with tf.control_dependencies([done]):
       return tf.identity(count)  # the rows freed

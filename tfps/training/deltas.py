@@ -8,36 +8,27 @@ its version, the version it follows, the base it belongs to (version and id), th
 fingerprint (its variables' shapes and dtypes) and each variable's name, shape and how it is shipped.
 
 A delta is written in a hidden temporary folder (`.tmp-...`), its files synced to disk, then renamed to its name in
-one step: a reader sees a whole delta or none. A folder without a manifest is never read.
+one step: a reader sees a whole delta or none. A folder without a manifest is never read. The names, manifests, chain
+checks and atomic writes are `tfps.training.delta_files` (no TensorFlow).
 """
 
 import hashlib
 import json
 import os
-import re
-import shutil
 import uuid
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, List, Optional
 
 import numpy as np
 import tensorflow as tf
 
 from tfps import _tf_private
-
-from tfps.errors import UsageError
 from tfps.training import strategy as strategy_lib
+from tfps.training import table_deltas
+from tfps.training.delta_files import (BASE_MANIFEST, FORMAT, MANIFEST, TENSORS, DeltaError,  # pylint: disable=unused-import
+                                      check_chain, name_of, read_manifest, versions_in, write_atomically, write_json)
 
-FORMAT = "tfps-delta/1"
-MANIFEST = "manifest.json"
-BASE_MANIFEST = "tfps_delta.json"  # inside a base SavedModel folder
-TENSORS = "tensors.npz"
 MODULE_EXPORT = "module"  # a base manifest's `saved_model` where the base is a tf.Module (the Estimator path's export)
 MODULE_VARIABLES = "delta_variables"  # such a module's list of its variables, in the deltas' order
-_NAME = re.compile(r"^(base|delta)-(\d{6,})$")
-
-
-class DeltaError(UsageError):
-  """A delta or a chain of deltas that cannot be applied (one line naming the versions)."""
 
 
 def whole_variables(model, weights) -> list:
@@ -68,100 +59,6 @@ def describe(weights) -> List[dict]:
           for weight in weights]
 
 
-def name_of(kind: str, version: int) -> str:
-  return f"{kind}-{version:06d}"
-
-
-def versions_in(directory: str) -> Dict[int, str]:
-  """`{version: folder}` of the complete exports (base or delta) in `directory`."""
-  found = {}
-  for entry in os.listdir(directory) if os.path.isdir(directory) else ():
-    match = _NAME.match(entry)
-    if match and os.path.exists(os.path.join(directory, entry, _manifest_name(match.group(1)))):
-      found[int(match.group(2))] = os.path.join(directory, entry)
-  return found
-
-
-def _manifest_name(kind: str) -> str:
-  return BASE_MANIFEST if kind == "base" else MANIFEST
-
-
-def write_atomically(directory: str, name: str, fill: Callable[[str], None]) -> str:
-  """Runs `fill(folder)` on a hidden temporary folder in `directory`, syncs what it wrote and renames it to `name`;
-  on any error removes the temporary folder (nothing half written stays) and raises. Returns the final path."""
-  os.makedirs(directory, exist_ok=True)
-  final = os.path.join(directory, name)
-  if os.path.exists(final):
-    raise DeltaError(f"export {final!r} exists already; an export is never overwritten")
-  scratch = os.path.join(directory, f".tmp-{name}-{uuid.uuid4().hex[:8]}")
-  try:
-    fill(scratch)
-    _sync_tree(scratch)
-    os.rename(scratch, final)
-    _sync(directory)
-  except BaseException:
-    shutil.rmtree(scratch, ignore_errors=True)
-    raise
-  return final
-
-
-def _sync_tree(folder: str) -> None:
-  for root, _, files in os.walk(folder):
-    for name in files:
-      with open(os.path.join(root, name), "rb+") as f:
-        os.fsync(f.fileno())
-    _sync(root)
-
-
-def _sync(folder: str) -> None:
-  descriptor = os.open(folder, os.O_RDONLY)
-  try:
-    os.fsync(descriptor)
-  finally:
-    os.close(descriptor)
-
-
-def write_json(path: str, value: dict) -> None:
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(value, f, indent=1, sort_keys=True)
-
-
-def read_manifest(path: str) -> dict:
-  """The manifest of the export (base or delta) at `path`; a `DeltaError` where it is not a complete export."""
-  name = os.path.basename(os.path.normpath(path))
-  if name.startswith(".tmp-"):
-    raise DeltaError(f"{path!r} is a delta still being written or cut short (a temporary folder); it is never read")
-  for candidate in (MANIFEST, BASE_MANIFEST):
-    if os.path.exists(os.path.join(path, candidate)):
-      with open(os.path.join(path, candidate), encoding="utf-8") as f:
-        manifest = json.load(f)
-      if manifest.get("format") != FORMAT:
-        raise DeltaError(f"{path!r} is not a {FORMAT} export (format {manifest.get('format')!r})")
-      return manifest
-  raise DeltaError(f"{path!r} has no {MANIFEST}: not a complete export (a delta cut short is never read)")
-
-
-def check_chain(base: dict, deltas: Sequence[dict], paths: Sequence[str]) -> None:
-  """Raises a one-line `DeltaError` unless `deltas` (manifests, in order) follow `base` one after another, each
-  written for that base and the same model."""
-  previous = base["version"]
-  for manifest, path in zip(deltas, paths):
-    if manifest.get("kind") != "delta":
-      raise DeltaError(f"{path!r} is a {manifest.get('kind')}, not a delta")
-    label = name_of("delta", manifest["version"])
-    if manifest["model"] != base["model"]:
-      raise DeltaError(f"{label} is from another model (fingerprint {manifest['model']}, the base's "
-                       f"{base['model']}); it cannot be applied to {name_of('base', base['base']['version'])}")
-    if manifest["base"]["id"] != base["base"]["id"]:
-      raise DeltaError(f"{label} belongs to {name_of('base', manifest['base']['version'])} (id "
-                       f"{manifest['base']['id']}), not to {name_of('base', base['base']['version'])} "
-                       f"(id {base['base']['id']})")
-    if manifest["previous"] != previous:
-      raise DeltaError(f"the delta chain has a gap: {label} follows version {manifest['previous']}, but the version "
-                       f"before it here is {previous}; give every delta from {previous + 1} on")
-    previous = manifest["version"]
-
-
 class DeltaWriter:
   """Writes a base, then the deltas after it, of a model's `weights` into `directory`.
 
@@ -169,11 +66,14 @@ class DeltaWriter:
     directory: the folder of exports.
     weights: the model's variables (`model.weights`, sharded or not), in order.
     touched: the `touched_rows.TouchedRows` recording the tables' changed rows.
+    tables: the model's dynamic tables (layers with `delta_shards()`): their id maps' changes go in the deltas too
+      (`tfps.training.table_deltas`); their bookkeeping variables are left out of `weights` (serving reads none).
   """
 
-  def __init__(self, directory: str, weights, touched):
+  def __init__(self, directory: str, weights, touched, tables=()):
     self.directory = directory
-    self.weights = list(weights)
+    self.tables = table_deltas.TableDeltas(tables, touched)
+    self.weights = [weight for weight in weights if not self.tables.owns(weight)]  # the variables serving reads
     self.touched = touched
     touched.watch([shard for weight in self.weights for shard in strategy_lib.shards_of(weight)])
     self.model = fingerprint(self.weights)
@@ -193,6 +93,7 @@ class DeltaWriter:
         rows, _ = self.touched.changed(shard)
         if rows is not None:
           self.touched.clear(shard, rows)
+    self.tables.clear()
 
     def fill(folder):
       export(folder)
@@ -217,9 +118,11 @@ class DeltaWriter:
         tensors[f"{index}/ids"], tensors[f"{index}/rows"] = rows
         described[index]["shipped"] = "rows"
         described[index]["rows"] = int(len(rows[0]))
+    evicted = self.tables.add(tensors, self.weights)
     version = self.version + 1
     manifest = {"format": FORMAT, "kind": "delta", "version": version, "previous": self.version, "base": self.base,
-                "step": step, "model": self.model, "variables": described, **(extra or {})}
+                "step": step, "model": self.model, "variables": described, "tables": self.tables.describe(),
+                **(extra or {})}
 
     def fill(folder):
       os.makedirs(folder)
@@ -231,6 +134,7 @@ class DeltaWriter:
     self.version = version
     for shard, rows in shipped:
       self.touched.clear(shard, rows)
+    self.tables.clear(evicted)
     return path
 
   def _changed_rows(self, weight, shipped: list):
