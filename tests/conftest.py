@@ -83,11 +83,12 @@ def processes_naming():
 # loadfile --no-loadscope-reorder); xdist's own order (most tests first) started these last, and a long file started
 # last keeps one process busy while the other has nothing left to run. The other files follow as collected.
 LONGEST_FIRST = (
-    "test_chaos.py",  # 311 s CPU, 713 s wall: ten tfps-launch runs with kills
-    "test_throughput_bench.py",  # 95, 363: six runs of the bench one after another
+    "test_chaos.py",  # 307 s CPU, 474 s wall: seven tfps-launch runs with kills
+    "test_online_processes.py",  # four tfps-launch runs on streams, two with kills
+    "test_throughput_bench.py",  # 68, 464 (at load 30): one run of the bench, six variants
     "test_dynamic_embedding_chaos.py",  # 179, 409
     "test_many_hosts.py",  # 89, 335: network cuts of 15-30 s
-    "test_transfers_bench.py",  # 55, 515
+    "test_transfers_bench.py",  # 35, 432 (at load 30)
     "test_dynamic_embedding_modes.py",  # 74, 444
     "test_dynamic_embedding_models.py",  # 63, 233
     "test_models.py",  # 63, 308
