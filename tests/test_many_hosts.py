@@ -2,12 +2,11 @@
 task started as a user (or an orchestrator) would start it on its host, with network faults injected on the links.
 
 Keras path: the JobSet/StatefulSet form (tfps derives the cluster from the pod's variables), 1% packet loss on every
-link; one worker cut off (until the chief found it silent and the other two trained on meanwhile, at most 30 s); the
-worker rejoins once back;
+link; one worker cut off for 30 s: training goes on with the other two meanwhile and the worker rejoins once back;
 then one ps cut off: the chief stops with one line naming the ps and its address; the same commands started again
 resume from the backup and end at the exact step count; the sidecar evaluates every checkpoint.
-Estimator path: TF_CONFIG as the Kubeflow TFJob operator writes it; one worker cut off (the same, at most 15 s:
-training goes on, the worker rejoins), then the chief's host cut off and the chief started again; the job ends at exactly
+Estimator path: TF_CONFIG as the Kubeflow TFJob operator writes it; one worker cut off for 15 s (the same: training
+goes on, the worker rejoins), then the chief's host cut off and the chief started again; the job ends at exactly
 max_steps.
 
 While a worker is cut off, both ps send at most PACE_KBIT kbit/s: the run is paced by the network rather than by how
@@ -73,32 +72,29 @@ def make_cluster(tmp_path, subprocess_env):
   assert all(p.poll() is not None for p in processes), "processes left behind"
 
 
-def cut_worker(cluster, model_dir, max_cut_secs):
-  """Cuts worker:1 off while both ps are paced, until the chief found it silent (gRPC keepalive) and the other workers
-  trained on meanwhile, both within `max_cut_secs` of the cut; restores it, checks that it works again and lifts the
-  pacing."""
+def cut_worker(cluster, model_dir, cut_secs):
+  """Cuts worker:1 off for `cut_secs` while both ps are paced; checks that the chief found it silent (gRPC keepalive),
+  that the other workers trained on meanwhile and that worker:1 works again once back; lifts the pacing."""
   for ps in TRAINING[:2]:
     cluster.limit_rate(ps, PACE_KBIT)
   cut_at = time.time()
   cluster.cut(WORKER)
-  wait_for(lambda: host_cluster_lib.worker_failed(cluster.log(CHIEF), WORKER), max_cut_secs,
+  wait_for(lambda: host_cluster_lib.worker_failed(cluster.log(CHIEF), WORKER), cut_secs,
            "worker:1 found silent during its cut", cluster)
   found_at = time.time()
-  # The chief's join waited on the silent worker's function before: a record after the worker was found silent, past
-  # every step recorded before the cut, is training that went on without it.
-  before = max(host_cluster_lib.progress_steps(str(model_dir), 0, cut_at), default=0)
-  wait_for(lambda: max(host_cluster_lib.progress_steps(str(model_dir), found_at, time.time()), default=0) > before,
-           max(cut_at + max_cut_secs - time.time(), 0.0), "training going on without worker:1 during its cut", cluster)
+  time.sleep(max(0.0, cut_at + cut_secs - found_at))
   restored_at = time.time()
   cluster.restore(WORKER)
+  # The chief's join waited on the silent worker's function before: a record between the worker found silent and its
+  # restore, past every step recorded before the cut, is training that went on without it.
+  before = max(host_cluster_lib.progress_steps(str(model_dir), 0, cut_at), default=0)
   meanwhile = host_cluster_lib.progress_steps(str(model_dir), found_at, restored_at)
   assert meanwhile and meanwhile[-1] > before, (before, meanwhile, found_at - cut_at)
   back_secs = cluster.wait_until_sending(WORKER, ("worker", 0), timeout_secs=60)
   assert back_secs is not None, f"worker:1 not at work again 60s after the restore:\n{cluster.log(CHIEF)[-3000:]}"
   for ps in TRAINING[:2]:
     cluster.limit_rate(ps, 0)
-  return {"cut_secs": round(restored_at - cut_at, 1), "found_secs": round(found_at - cut_at, 1),
-          "steps_meanwhile": meanwhile[-1] - before,
+  return {"found_secs": round(found_at - cut_at, 1), "steps_meanwhile": meanwhile[-1] - before,
           "back_secs": round(back_secs, 1)}
 
 
@@ -112,7 +108,7 @@ def test_keras_path_with_packet_loss_a_worker_and_a_ps_cut_off(make_cluster, tmp
   cluster.drop(0.01)
   cluster.start_all()
   wait_for(lambda: (model_dir / "checkpoints" / "ckpt-1.index").exists(), 300, "checkpoint 1", cluster)
-  worker_cut = cut_worker(cluster, model_dir, max_cut_secs=30)
+  worker_cut = cut_worker(cluster, model_dir, cut_secs=30)
 
   cut_at = time.monotonic()
   cluster.cut(("ps", 1))
@@ -147,7 +143,7 @@ def test_keras_path_with_packet_loss_a_worker_and_a_ps_cut_off(make_cluster, tmp
   numbers = [int(name.split("-")[1]) for name in evaluated]
   assert len(listed) >= 3 and evaluated[-len(listed):] == listed and numbers == sorted(set(numbers)), (
       evaluated, listed)
-  print(f"worker cut: {worker_cut}; ps cut off: chief stopped after {stopped_secs:.1f}s with: {line}")
+  print(f"worker cut off 30s: {worker_cut}; ps cut off: chief stopped after {stopped_secs:.1f}s with: {line}")
 
 
 def test_estimator_path_tfjob_with_a_worker_and_the_chief_cut_off(make_cluster, tmp_path):
@@ -160,7 +156,7 @@ def test_estimator_path_tfjob_with_a_worker_and_the_chief_cut_off(make_cluster, 
   cluster.start_all()
   checkpoint = model_dir / "checkpoints" / "checkpoint"
   wait_for(checkpoint.exists, 300, "a checkpoint", cluster)
-  worker_cut = cut_worker(cluster, model_dir, max_cut_secs=15)
+  worker_cut = cut_worker(cluster, model_dir, cut_secs=15)
 
   before = _checkpoint_step(checkpoint)
   saved = wait_for(lambda: (_checkpoint_step(checkpoint) or 0) > before and _checkpoint_step(checkpoint), 60,
@@ -179,7 +175,7 @@ def test_estimator_path_tfjob_with_a_worker_and_the_chief_cut_off(make_cluster, 
   assert cluster.wait(EVALUATOR, timeout_secs=180) == 0, cluster.log(EVALUATOR)[-3000:]
   records = [json.loads(line) for line in (model_dir / "eval" / "metrics.jsonl").read_text().splitlines()]
   assert records[-1]["step"] == max_steps
-  print(f"worker cut: {worker_cut}; chief resumed at step {resumed[-1]}")
+  print(f"worker cut off 15s: {worker_cut}; chief resumed at step {resumed[-1]}")
 
 
 def _checkpoint_step(state_file: pathlib.Path):
