@@ -1,6 +1,7 @@
 """The launcher's console: TensorFlow's noise stays in the task logs unless --verbose or TF_CPP_MIN_LOG_LEVEL is
 given; the end-of-run summary names the restarts and their causes."""
 
+import gc
 import json
 import os
 import pathlib
@@ -145,3 +146,26 @@ def test_the_filter_child_passes_all_but_the_noise():
 ])
 def test_which_processes_get_the_quiet_console(environ, argv, level, lone):
   assert console.is_lone_task(environ, argv, level) is lone
+
+
+def test_executor_teardown_errors_are_dropped_and_other_unraisable_errors_kept(monkeypatch, capsys):
+  """What TensorFlow's `Executor.__del__` raises after a lost peer would print in pieces around the chief's one line;
+  an unraisable error of anything else still reaches the hook installed before."""
+  seen = []
+  monkeypatch.setattr(sys, "unraisablehook", seen.append)
+  console.drop_executor_teardown_errors()
+
+  class Executor:  # pylint: disable=too-few-public-methods
+    def __del__(self):
+      raise RuntimeError("CANCELLED: RemoteExecuteNode::RunAsync")
+
+  class Other:  # pylint: disable=too-few-public-methods
+    def __del__(self):
+      raise RuntimeError("a real error")
+
+  Executor.__del__.__qualname__, Executor.__del__.__module__ = "Executor.__del__", "tensorflow.python.eager.executor"
+  executor, other = Executor(), Other()
+  del executor, other
+  gc.collect()
+  assert [str(u.exc_value) for u in seen] == ["a real error"]
+  assert "Exception ignored" not in capsys.readouterr().err

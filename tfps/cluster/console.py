@@ -61,6 +61,23 @@ class ConsoleFilter:
     return True
 
 
+def drop_executor_teardown_errors() -> None:
+  """Drops the errors TensorFlow's eager executors raise when they are collected after a remote function failed or
+  was cancelled (`Exception ignored in: <function Executor.__del__ ...>` and a CancelledError or OutOfRangeError
+  traceback): a task that lost a peer prints them as it ends, in pieces that another thread's line (the chief's one
+  line naming the lost task) can land between. Every other unraisable error still goes to the hook before."""
+  before = sys.unraisablehook
+
+  def hook(unraisable) -> None:
+    teardown = unraisable.object
+    if (getattr(teardown, "__qualname__", None) == "Executor.__del__" and
+        getattr(teardown, "__module__", "").startswith("tensorflow.")):
+      return
+    before(unraisable)
+
+  sys.unraisablehook = hook
+
+
 QUIET_ENV = "TFPS_QUIET_CONSOLE"  # set in a task whose stderr goes through the filter (its children inherit both)
 _FILTER_CHILDREN = []  # the filter child of this process (held: it runs as long as the task)
 

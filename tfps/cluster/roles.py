@@ -14,6 +14,7 @@ from absl import logging
 
 from tfps import checks
 from tfps.cluster import config as cluster_lib
+from tfps.cluster import console
 from tfps.cluster import failures
 from tfps.errors import ClusterConfigError
 from tfps.errors import EXIT_LOST_TASK
@@ -75,6 +76,7 @@ def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None
     return evaluator_fn(None)
   config = resolve_cluster(cluster)
   checks.non_negative_number("lost_chief_timeout_secs", lost_chief_timeout_secs, "number of seconds")
+  console.drop_executor_teardown_errors()
   if config.task_type in ("ps", "worker"):
     from tfps.cluster import server  # pylint: disable=g-import-not-at-top
     server.run_server(config, thread_spinning, model_dir, lost_chief_timeout_secs,
