@@ -63,8 +63,7 @@ def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None
     chief_fn: trains (e.g. calls `tfps.fit(..., cluster=cluster)`); called on the chief.
     evaluator_fn: evaluates (e.g. `tfps.run_sidecar_evaluator`); called on the evaluator task.
     cluster: the cluster (e.g. `tfps.config_from_flags()`); default: TF_CONFIG.
-    thread_spinning: whether a ps or worker's idle threads spin waiting for work (TensorFlow's default) instead of
-      sleeping (the default here: spinning takes CPU from tasks that share cores); `--thread_spinning`.
+    thread_spinning: whether idle ps and worker threads spin (TensorFlow's default) or sleep; `--thread_spinning`.
     model_dir: the run's model_dir (on storage every host sees), for ps and workers to see training end.
     lost_chief_timeout_secs: how long a ps or worker waits for a silent chief before it fails (status 3).
     connect_timeout_secs: how long a ps or worker waits for the host name of its own address to resolve before it
