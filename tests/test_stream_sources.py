@@ -110,6 +110,16 @@ def test_a_renamed_slice_is_complete_and_a_vanished_one_is_named(tmp_path):
     folder_lib.FolderSource(str(tmp_path), complete="rename", positions=source.positions())
 
 
+def test_a_folder_in_the_stream_folder_is_never_a_slice(tmp_path):
+  """A run's model_dir (or any folder) whose name matches the pattern is passed over, not opened as a slice."""
+  (tmp_path / "slice-0-run").mkdir()
+  (tmp_path / "slice-0-run.done").write_text("")
+  _write(tmp_path, "slice-1.csv", ["1,1,1"])
+  for complete in ("marker", "rename"):
+    source = folder_lib.FolderSource(str(tmp_path), pattern="slice-*", complete=complete, poll_secs=0.05)
+    assert [r.value for r in source.read(10, 0.5)] == [b"1,1,1"]
+
+
 def test_stream_flags_name_what_a_source_needs():
   from absl import flags  # pylint: disable=g-import-not-at-top
   from tfps.cli import flags as tfps_flags  # pylint: disable=g-import-not-at-top

@@ -26,7 +26,7 @@ class FolderSource(Source):
 
   Args:
     folder: the folder slices appear in.
-    pattern: the slices' names (a glob, default `*`; markers and hidden files are never slices).
+    pattern: the slices' names (a glob, default `*`; markers, hidden files and folders are never slices).
     complete: `marker` or `rename` (see the module docstring).
     skip_header: the first line of every slice is a header.
     positions: `{"folder": [slice name, lines read]}` to start at (a checkpoint's).
@@ -51,7 +51,7 @@ class FolderSource(Source):
   def _complete_slices(self) -> List[str]:
     names = set(tf.io.gfile.listdir(self._folder))
     slices = [n for n in names if fnmatch.fnmatch(n, self._pattern) and not n.endswith(DONE_SUFFIX)
-              and not n.startswith(".")]
+              and not n.startswith(".") and not tf.io.gfile.isdir(os.path.join(self._folder, n))]
     if self._complete == "marker":
       slices = [n for n in slices if n + DONE_SUFFIX in names]
     return sorted(slices)
