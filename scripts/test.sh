@@ -16,7 +16,7 @@ if [ "${CI:-}" = true ]; then
   [ "$(id -u)" = 0 ] || echo "test.sh: CI=true without root: the tests on test hosts (network namespaces) will fail" >&2
 fi
 # Two test files at a time (pytest-xdist; a file's tests stay in one process, in order): one file at a time leaves a
-# core idle while tests wait on restarts, timeouts and network delays. On 2 cores: 16 min 34 s for 815 tests (1.7 cores busy),
+# core idle while tests wait on restarts, timeouts and network delays. On 2 cores: 16 min 19 s for 816 tests (1.7 cores busy),
 # against 26.5 min one file at a time on a quiet machine. `bash scripts/test.sh -n 0` runs one file at a time.
 # Files start in the order tests/conftest.py collects them, longest first (xdist's own order, most tests first, started
 # the longest files last). -rs: each skip with its reason.
