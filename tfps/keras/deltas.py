@@ -46,11 +46,9 @@ class DeltaExport(tf_keras.callbacks.Callback):
 
   def on_train_begin(self, logs=None):
     layers = tables.tables_of(self.model)
-    refused = [layer.name for layer in layers if not callable(getattr(layer, "delta_shards", None))]
-    if refused:
-      raise UsageError(f"`delta_export_secs` ({self.secs}) cannot export table layers without `delta_shards` ("
-                       + ", ".join(refused) + "): their id maps would not be in the deltas; export whole SavedModels "
-                       "(tfps.export_saved_model) for them")
+    delta_schedule.refuse_tables(self.secs, [layer.name for layer in layers
+                                             if not callable(getattr(layer, "delta_shards", None))],
+                                 "tfps.export_saved_model", which="without `delta_shards`")
     # Before the first step is traced: its updates mark the rows they change from then on.
     touched = touched_rows.track(self.model.distribute_strategy)
     writer = deltas.DeltaWriter(self.directory, deltas.whole_variables(self.model, self.model.weights), touched,

@@ -21,12 +21,13 @@ from tfps.training import deltas
 DELTAS_SUBDIR = "deltas"  # the folder of exports in model_dir
 
 
-def refuse_tables(secs, names: Sequence[str], whole_export: str) -> None:
-  """A one-line `UsageError` where the model has table layers (`names`): their id maps are not in the deltas yet;
-  `whole_export` names the export to use instead."""
+def refuse_tables(secs, names: Sequence[str], whole_export: str, which: str = "yet") -> None:
+  """A one-line `UsageError` where the model has table layers (`names`) whose id maps the deltas cannot hold:
+  `which` says which tables ("yet": any, on a path without table deltas; "without `delta_shards`"); `whole_export`
+  names the export to use instead."""
   if names:
-    raise UsageError(f"`delta_export_secs` ({secs}) cannot export table layers yet ({', '.join(names)}): their id "
-                     f"maps are not in the deltas; export whole SavedModels ({whole_export}) for them")
+    raise UsageError(f"`delta_export_secs` ({secs}) cannot export table layers {which} ({', '.join(names)}): their "
+                     f"id maps are not in the deltas; export whole SavedModels ({whole_export}) for them")
 
 
 Stream = Optional[Tuple[str, dict]]  # (the stream's name, the position after the last example trained on)
