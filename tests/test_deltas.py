@@ -377,10 +377,12 @@ DYNAMIC_IDS, PHASE_BATCHES = 4, 3
 
 
 def build_dynamic():
+  """A dynamic table and a hashed one (a sharded `Embedding` of the hashed ids) side by side."""
   ids = tf_keras.Input((DYNAMIC_IDS,), dtype="int64", name="ids")
   table = tfps.layers.DynamicEmbedding(256, 4, steps_to_live=4, num_shards=2, name="dynamic")
+  hashed = tf_keras.layers.Embedding(1_000, 4, name="hashed")(tf_keras.layers.Hashing(1_000)(ids))
   model = tf_keras.Model({"ids": ids}, tf_keras.layers.Dense(1, activation="sigmoid")(
-      tf_keras.layers.Flatten()(table(ids))))
+      tf_keras.layers.Flatten()(tf_keras.layers.Concatenate()([table(ids), hashed]))))
   model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "binary_crossentropy")
   return model
 
@@ -405,14 +407,20 @@ def id_map(row_shard):
 
 
 def test_dynamic_table_deltas_delete_evicted_ids_and_equal_the_full_export(cluster, tmp_path):
-  """A dynamic table evicting ids between deltas: base + deltas answers as the full export at the last step, and an
-  id a delta deletes answers as an id never seen."""
+  """A dynamic table evicting ids between deltas, beside a hashed table, with deltas written while an epoch's steps
+  run (an epoch of 3 executions, longer than the interval) and at its end: base + deltas answers as the full export
+  at the last step, and an id a delta deletes answers as an id never seen."""
   model_dir = str(tmp_path / "run")
-  history = tfps.fit(build_dynamic, phased_fn, epochs=3, steps_per_epoch=2 * PHASE_BATCHES, model_dir=model_dir,
-                     cluster=cluster, min_shard_bytes=0, delta_export_secs=0)
+  history = tfps.fit(build_dynamic, phased_fn, epochs=2, steps_per_epoch=3 * PHASE_BATCHES, model_dir=model_dir,
+                     cluster=cluster, min_shard_bytes=0, delta_export_secs=0, steps_per_execution=PHASE_BATCHES)
   full = tfps.export_saved_model(build_dynamic, str(tmp_path / "full"), model=history.model)
   base, delta_paths = chain(os.path.join(model_dir, "deltas"))
-  assert len(delta_paths) == 3
+  # Before each execution after an epoch's first (two within each epoch), and at each epoch's end.
+  assert [deltas.read_manifest(path)["step"] for path in delta_paths] == [
+      PHASE_BATCHES * number for number in range(1, 7)]
+  hashed = [variable["shipped"] for variable in deltas.read_manifest(delta_paths[1])["variables"]
+            if variable["shape"] == [1_000, 4]]
+  assert hashed == ["rows"]
   deleted = []
   for path in delta_paths:
     with np.load(os.path.join(path, deltas.TENSORS)) as tensors:
@@ -422,14 +430,18 @@ def test_dynamic_table_deltas_delete_evicted_ids_and_equal_the_full_export(clust
   assert gone, deleted  # evicted between deltas, and not given a row again since
   served = tf_keras.models.load_model(tfps.delta.apply(base, delta_paths, str(tmp_path / "served")), compile=False)
   expected = tf_keras.models.load_model(full, compile=False)
-  assert len(served.weights) == len(expected.weights) == 3  # the rows, the dense layer
+  assert len(served.weights) == len(expected.weights) == 4  # the dynamic rows, the hashed table, the dense layer
   for got, want in zip(served.weights, expected.weights):
     np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-6, rtol=0)
   for got, want in zip(*(model.get_layer("dynamic").shards for model in (served, expected))):
     assert id_map(got) == id_map(want) and len(id_map(got)) > 10  # each raw id's row; no evicted id
     np.testing.assert_array_equal(got.row_keys.numpy(), want.row_keys.numpy())
   live = phase_ids(2, np.random.default_rng(9), 8)  # the last phases' ids, seen lately
-  unseen = np.full((1, DYNAMIC_IDS), 5, np.int64)
+  # An id never seen in the hashed table's bucket of the evicted one: both read the same hashed row.
+  candidates = np.arange(1, 5_000)  # below every phase's ids but 11
+  buckets = tf_keras.layers.Hashing(1_000)(candidates).numpy()
+  bucket = tf_keras.layers.Hashing(1_000)(np.array([gone[0]])).numpy()[0]
+  unseen = np.full((1, DYNAMIC_IDS), candidates[(buckets == bucket) & (candidates != 11)][0], np.int64)
   features = {"ids": np.concatenate([live, phase_ids(3, np.random.default_rng(9), 8),
                                      np.full((1, DYNAMIC_IDS), gone[0], np.int64), unseen])}
   answers = served.predict(features, verbose=0)

@@ -1,6 +1,6 @@
 """Delta exports on the Keras path: `tfps.fit(..., delta_export_secs=T)` writes a base SavedModel when training
-starts and, every T seconds (checked at each epoch's end, and at the end of training), a delta of what changed since
-(`tfps.training.deltas`); `apply` turns a base and its deltas into a SavedModel for serving (a Keras base, or the
+starts and, every T seconds (checked before each scheduled execution of steps, within an epoch too, at each epoch's
+end, and at the end of training), a delta of what changed since (`tfps.training.deltas`); `apply` turns a base and its deltas into a SavedModel for serving (a Keras base, or the
 Estimator path's, `tfps.estimator.deltas`).
 """
 
@@ -35,9 +35,13 @@ def delta_callbacks(build_model: Callable, dataset_fn: Callable, model_dir: Opti
 
 
 class DeltaExport(tf_keras.callbacks.Callback):
-  """Writes a base export at the start of training, then a delta at the first epoch end at least `secs` seconds
-  after the last one, and one at the end of training if anything was trained since
-  (`tfps.training.delta_schedule`)."""
+  """Writes a base export at the start of training, then a delta at the first point with no step in flight at least
+  `secs` seconds after the last one, and one at the end of training if anything was trained since
+  (`tfps.training.delta_schedule`).
+
+  Those points are each epoch's end and, within an epoch, the pauses `tfps.keras.steps.drive_fit` makes before an
+  execution of steps where `due()`: there the executions scheduled so far are waited for and `run()` writes the delta.
+  """
 
   def __init__(self, build_model: Callable, dataset_fn: Callable, directory: str, secs: float):
     super().__init__()
@@ -56,6 +60,14 @@ class DeltaExport(tf_keras.callbacks.Callback):
     self.schedule = delta_schedule.DeltaSchedule(writer, self.secs, self._current_step, lambda folder: (
         export.export_saved_model(self.build_model, folder, model=self.model, dataset_fn=self.dataset_fn)))
     self.schedule.begin()
+
+  def due(self) -> bool:
+    """Whether a delta is due (`secs` passed since the last export): `drive_fit` then pauses the steps to `run`."""
+    return self.schedule is not None and self.schedule.due()
+
+  def run(self) -> None:
+    """Within an epoch, with no step in flight (the step counter settled): the delta that is due."""
+    self.schedule.maybe_write()
 
   def on_epoch_end(self, epoch, logs=None):
     self.schedule.maybe_write()

@@ -106,7 +106,8 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
       keep_checkpoint_max: checkpoints kept in `model_dir/checkpoints` (5; None keeps all).
       verbose: tf-keras's verbosity (0: only tfps's progress lines).
       delta_export_secs: seconds between exports of the changed rows to `model_dir/deltas` (None: none; the
-        first epoch end that long after the last; docs/delta_export.md).
+        first point between two executions of steps, within an epoch or at its end, that long after the last;
+        docs/delta_export.md).
   """
   fit_options = _fit_options(options)  # what remains in `options`: strategy fields given one by one
   exports = deltas.delta_callbacks(build_model, train_dataset_fn, model_dir, fit_options.delta_export_secs)
@@ -227,7 +228,8 @@ def _train(chief: chief_lib.Chief, run: _Run) -> tf_keras.callbacks.History:
   iterator = dataset_fns.per_worker_iterator(chief.strategy, chief.coordinator, run.train_dataset_fn,
                                              "train_dataset_fn")
   batch_size = run.options.batch_size or dataset_fns.batch_size_of(sample)
-  all_callbacks = ([keras_steps.drive_fit(model, runner, iterator)] + _default_callbacks(run, batch_size) +
+  pauses = [callback for callback in run.callbacks if isinstance(callback, deltas.DeltaExport)]  # within epochs
+  all_callbacks = ([keras_steps.drive_fit(model, runner, iterator, pauses)] + _default_callbacks(run, batch_size) +
                    list(run.callbacks))
   logging.info("Training on %s (%s): %d epochs x %d steps, %d steps per execution", chief.cluster.sizes(),
                chief.mode.describe(chief.num_workers), run.epochs, run.steps_per_epoch,

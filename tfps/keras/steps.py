@@ -1,6 +1,8 @@
 """The Keras path's step: a compiled tf-keras model as a `tfps.training.steps.Step`, and a runner put under
 `Model.fit` (its train function, and the callback that settles the step counter at each epoch end)."""
 
+from typing import Sequence
+
 import tensorflow as tf
 import tf_keras
 
@@ -30,13 +32,28 @@ def keras_step(model: tf_keras.Model) -> steps_lib.Step:
                         outputs_use_loss=False)
 
 
-def drive_fit(model: tf_keras.Model, runner: steps_lib.Runner, iterator) -> tf_keras.callbacks.Callback:
+def drive_fit(model: tf_keras.Model, runner: steps_lib.Runner, iterator,
+              pauses: Sequence = ()) -> tf_keras.callbacks.Callback:
   """Makes `model.fit` run each execution (of the model's steps per execution) through `runner`, on batches of the
   per-worker `iterator` (`tfps.training.dataset_fns.per_worker_iterator`; the one `fit` passes is not used: give
   `fit` `UNUSED_BY_FIT`); returns the callback that must come first in the fit's callbacks (it settles the step
-  counter before any other reads it)."""
-  _tf_private.replace_train_function(
-      model, lambda unused: runner.schedule(iterator, _tf_private.steps_per_execution(model)))
+  counter before any other reads it).
+
+  `pauses`: work done within an epoch with no step in flight (a delta export), each with `due() -> bool` and
+  `run()`: before an execution where one is due, the executions scheduled so far are waited for and the step
+  counter settled, the due ones run, and the execution is scheduled after them."""
+
+  def train(unused):
+    due = [pause for pause in pauses if pause.due()]
+    if due:
+      runner.coordinator.join()
+      runner.settle()
+      for pause in due:
+        pause.run()
+      runner.begin()
+    return runner.schedule(iterator, _tf_private.steps_per_execution(model))
+
+  _tf_private.replace_train_function(model, train)
   return RunnerEpochs(runner)
 
 

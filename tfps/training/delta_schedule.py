@@ -1,8 +1,9 @@
 """When delta exports are written, one driver for both training paths (`tfps.training.deltas` writes them).
 
-A `DeltaSchedule` writes a base when training starts, then a delta at the first point with no step in flight (an
-epoch's end on the Keras path; a step-log line or a checkpoint on the Estimator path, on files or on a stream) at
-least `secs` seconds after the last export, and one at the end of training where anything was trained since.
+A `DeltaSchedule` writes a base when training starts, then a delta at the first point with no step in flight (on
+the Keras path an epoch's end, or a pause between two executions of steps within an epoch; a step-log line or a
+checkpoint on the Estimator path, on files or on a stream) at least `secs` seconds after the last export, and one at
+the end of training where anything was trained since.
 
 On a stream each export's manifest holds `stream`: the stream's name and the position `to` just after the last
 example the export holds (per Kafka partition the next offset; for a folder the slice and lines read), and a delta
