@@ -13,10 +13,16 @@ bytes, rows and ratio, the seconds each write took on the chief (training waits 
 beside each epoch's checkpoint, and the seconds to apply each delta as `tfps-delta watch` does (the served version
 before it loaded, the delta applied, the new version saved), with the part that applies the rows apart.
 
-Training cost (`--parts` all or training): `--throughput_repeats` times, alternating which goes first, a run of
-`--throughput_epochs` epochs of 100 steps with a delta at the first epoch end `--delta_every_secs` seconds after the
-last (the rows marked, the deltas written while training waits) and one without deltas; examples/s over epochs 2 to
-the last (each epoch's checkpoint in both), the medians and their ratio, and the load average beside each run.
+Training cost (`--parts` all or training): for each of `--series` (`secs:epochs:steps[:tracking]`; default a delta
+every 30 s in runs of 4 epochs of 3,000 steps, and every 3 s in runs of 3 epochs of 1,000 steps with the tracking
+variant), `--throughput_repeats` runs of each variant, the order turned at each repeat: with deltas every `secs`
+(written where due, within epochs too: the steps scheduled so far waited for, the delta written, training goes on),
+tracking only (the rows marked on the ps each step, no delta written while measured) and without. Each run's
+examples/s and examples per CPU-second of this process (the in-process cluster's every task) from the first epoch's end
+to the end of training (each epoch's checkpoint and backup in every variant; examples/s also without the checkpoints'
+seconds), the seconds of each delta's write, of each pause within an epoch (from the moment the delta is found due to
+its end: the steps in flight finishing, the write) and of each epoch's checkpoint, and the load average before and
+after; the medians and their ratios to the runs without.
 Writes to `--out` (default bench/results/delta_export.json); `--parts=training` replaces the training part there.
 """
 
@@ -38,6 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import tfps  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tfps.keras import callbacks as callbacks_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tfps.keras import deltas as keras_deltas  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tfps.training import deltas  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _ROWS = flags.DEFINE_integer("rows", 1_000_000, "Rows of the table.", lower_bound=1)
@@ -49,14 +56,16 @@ _CHANGED = flags.DEFINE_float("changed", 0.01, "Share of the rows the batches lo
 _STEPS = flags.DEFINE_integer("steps", 20, "Steps per epoch (2 epochs, a delta after each) at --rows; at --big_rows "
                              "as many times more as it has more rows.", lower_bound=1)
 _PARTS = flags.DEFINE_enum("parts", "all", ["all", "sizes", "training"], "What to measure.")
-_REPEATS = flags.DEFINE_integer("throughput_repeats", 3, "Alternating runs with and without deltas whose examples/s "
-                                "are compared.", lower_bound=1)
-_EPOCHS = flags.DEFINE_integer("throughput_epochs", 8, "Epochs of 100 steps in each of those runs.", lower_bound=3)
-_EVERY = flags.DEFINE_float("delta_every_secs", 3.0, "Seconds between deltas in the runs with deltas (30 s in a "
-                            "long run, scaled to the short one).", lower_bound=0.0)
+_REPEATS = flags.DEFINE_integer("throughput_repeats", 3, "Alternating runs of each variant whose examples/s are "
+                                "compared, in each series.", lower_bound=1)
+_SERIES = flags.DEFINE_list("series", ["30:4:3000", "3:3:1000:tracking"], "The training-cost series, each "
+                            "`secs:epochs:steps[:tracking]`: a delta every `secs` seconds, runs of `epochs` epochs of "
+                            "`steps` steps (the first epoch not measured), and with `tracking` a third variant that "
+                            "marks the rows but writes no delta while measured.")
 _OUT = flags.DEFINE_string("out", os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                "delta_export.json"), "Where to write the results.")
-IDS, BATCH, THROUGHPUT_STEPS = 8, 256, 100
+IDS, BATCH = 8, 256
+NEVER = 1e9  # `delta_export_secs` of the tracking variant: the base, then a delta only at the end of training
 _rows = [1_000_000]  # the table's rows in the run being measured
 
 
@@ -97,22 +106,30 @@ def timed(owner, name: str, seconds: list):
   setattr(owner, name, wrapper)
 
 
-class EpochTimes(tf_keras.callbacks.Callback):
-  """Seconds from each epoch's start to its end, tfps's own epoch-end work (checkpoint, delta) included: user
-  callbacks run after tfps's."""
+class RunWindow(tf_keras.callbacks.Callback):
+  """Wall and CPU seconds (of this process: the in-process cluster's every task) from the first epoch's end to the end
+  of training, before the delta written at the end: tfps's own work at epoch ends (checkpoint, backup, a delta) and
+  within epochs (a delta's pause) falls inside. User callbacks run after tfps's but before the delta export's."""
 
   def __init__(self):
     super().__init__()
-    self.seconds, self._start = [], 0.0
-
-  def on_epoch_begin(self, epoch, logs=None):
-    self._start = time.perf_counter()
+    self.start, self.wall, self.cpu, self.writes = None, 0.0, 0.0, {}
 
   def on_epoch_end(self, epoch, logs=None):
-    self.seconds.append(time.perf_counter() - self._start)
+    if epoch == 0:
+      self.start = (time.perf_counter(), _cpu(), {name: len(seconds) for name, seconds in WRITES.items()})
+
+  def on_train_end(self, logs=None):
+    self.wall, self.cpu = time.perf_counter() - self.start[0], _cpu() - self.start[1]
+    self.writes = {name: [round(secs, 3) for secs in seconds[self.start[2][name]:]] for name, seconds in WRITES.items()}
 
 
-WRITES = {"write_base": [], "write_delta": [], "checkpoint": [], "apply_rows": []}
+def _cpu() -> float:
+  times = os.times()
+  return times.user + times.system
+
+
+WRITES = {"write_base": [], "write_delta": [], "checkpoint": [], "apply_rows": [], "pause": []}
 
 
 def apply_times(base: str, delta_paths, scratch: str) -> list:
@@ -137,7 +154,7 @@ def size_results(cluster, rows: int, scratch: str) -> dict:
   model_dir = os.path.join(scratch, f"run_{rows}")
   steps = _STEPS.value * max(1, rows // _ROWS.value)  # as many lookups per row of the pool at each size
   tfps.fit(build_model, train_fn, epochs=2, steps_per_epoch=steps, model_dir=model_dir, cluster=cluster,
-           delta_export_secs=0, num_shards=1)
+           delta_export_secs=0, num_shards=1, steps_per_execution=steps)  # one execution an epoch: a delta after it
   folder = os.path.join(model_dir, "deltas")
   names = sorted(os.listdir(folder))
   base, delta_paths = os.path.join(folder, names[0]), [os.path.join(folder, name) for name in names[1:]]
@@ -162,32 +179,66 @@ def size_results(cluster, rows: int, scratch: str) -> dict:
   return results
 
 
-def examples_per_sec(cluster, scratch: str, variant: str, repeat: int) -> dict:
-  """One run of `variant` (with deltas every `--delta_every_secs`, or without): examples/s over epochs 2 on."""
-  timer, load_before = EpochTimes(), os.getloadavg()[0]
-  model_dir = os.path.join(scratch, f"{variant}_{repeat}")
-  tfps.fit(build_model, train_fn, epochs=_EPOCHS.value, steps_per_epoch=THROUGHPUT_STEPS, cluster=cluster,
-           num_shards=1, model_dir=model_dir, callbacks=[timer],
-           delta_export_secs=_EVERY.value if variant == "with_deltas" else None)
-  written = len(os.listdir(os.path.join(model_dir, "deltas"))) - 1 if variant == "with_deltas" else 0
-  seconds = sum(timer.seconds[1:])
-  return {"examples_per_sec": round(THROUGHPUT_STEPS * BATCH * (len(timer.seconds) - 1) / seconds, 1),
-          "deltas_written": written, "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
+def examples_per_sec(cluster, scratch: str, series: dict, variant: str, repeat: int) -> dict:
+  """One run of `variant` ("with_deltas", "tracking" or "without") in `series`: examples/s and examples per CPU-second
+  over epochs 2 on, and the seconds of each delta's write, pause and checkpoint in that window."""
+  window, load_before = RunWindow(), os.getloadavg()[0]
+  model_dir = os.path.join(scratch, f"{series['delta_every_secs']:g}_{variant}_{repeat}")
+  secs = {"with_deltas": series["delta_every_secs"], "tracking": NEVER, "without": None}[variant]
+  tfps.fit(build_model, train_fn, epochs=series["epochs"], steps_per_epoch=series["steps"], cluster=cluster,
+           num_shards=1, model_dir=model_dir, callbacks=[window], delta_export_secs=secs)
+  since = window.writes
+  examples = series["steps"] * BATCH * (series["epochs"] - 1)
+  checkpoints = sum(since["checkpoint"])  # the same work in every variant, and the most uneven under load
+  return {"examples_per_sec": round(examples / window.wall, 1), "examples_per_cpu_sec": round(examples / window.cpu, 1),
+          "examples_per_sec_besides_checkpoints": round(examples / (window.wall - checkpoints), 1),
+          "wall_secs": round(window.wall, 1), "deltas_written": len(since["write_delta"]),
+          "delta_write_secs": since["write_delta"], "delta_pause_secs": since["pause"],
+          "checkpoint_secs": since["checkpoint"],
+          "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
 
 
-def training_cost(cluster, scratch: str) -> dict:
-  """Examples/s with deltas every `--delta_every_secs` and without, `--throughput_repeats` alternating runs each."""
+def parse_series(text: str) -> dict:
+  secs, epochs, steps, *tracking = text.split(":")
+  return {"delta_every_secs": float(secs), "epochs": int(epochs), "steps": int(steps),
+          "variants": ["without", "with_deltas"] + (["tracking"] if tracking == ["tracking"] else [])}
+
+
+def training_cost(cluster, scratch: str, series: dict) -> dict:
+  """`--throughput_repeats` runs of each variant of `series`, the order turned at each repeat so that each variant
+  runs first, and beside the others, as often; the medians and their ratios to the runs without."""
   _rows[0] = _ROWS.value
-  runs = {"without": [], "with_deltas": []}
+  variants = series["variants"]
+  runs = {variant: [] for variant in variants}
   for repeat in range(_REPEATS.value):
-    for variant in (("without", "with_deltas") if repeat % 2 == 0 else ("with_deltas", "without")):
-      runs[variant].append(examples_per_sec(cluster, scratch, variant, repeat))
-      print(f"{variant} run {repeat + 1}: {runs[variant][-1]}")
-  medians = {variant: float(np.median([run["examples_per_sec"] for run in done])) for variant, done in runs.items()}
-  return {"rows": _ROWS.value, "epochs": _EPOCHS.value, "steps_per_epoch": THROUGHPUT_STEPS, "batch_size": BATCH,
-          "delta_every_secs": _EVERY.value, "runs": runs, "median_examples_per_sec": medians,
-          "ratio_of_medians": round(medians["with_deltas"] / medians["without"], 3),
-          "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    for variant in variants[repeat % len(variants):] + variants[:repeat % len(variants)]:
+      runs[variant].append(examples_per_sec(cluster, scratch, series, variant, repeat))
+      print(f"{series['delta_every_secs']:g} s, {variant} run {repeat + 1}: {runs[variant][-1]}", flush=True)
+  medians = {key: {variant: float(np.median([run[key] for run in done])) for variant, done in runs.items()}
+             for key in ("examples_per_sec", "examples_per_cpu_sec", "examples_per_sec_besides_checkpoints")}
+  ratios = {key: {variant: round(value / medians[key]["without"], 3) for variant, value in by_variant.items()
+                  if variant != "without"} for key, by_variant in medians.items()}
+  return dict(series, rows=_ROWS.value, batch_size=BATCH, runs=runs, medians=medians, ratios_to_without=ratios,
+              measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+
+def time_pauses() -> None:
+  """Adds to `WRITES["pause"]` each delta's pause within an epoch: from the moment `drive_fit` finds it due (it then
+  waits for the steps scheduled so far and settles the counter) until the delta is written."""
+  found = []
+  due, run = keras_deltas.DeltaExport.due, keras_deltas.DeltaExport.run
+
+  def timed_due(self):
+    result = due(self)
+    if result:
+      found.append(time.perf_counter())
+    return result
+
+  def timed_run(self):
+    run(self)
+    WRITES["pause"].append(time.perf_counter() - found.pop())
+
+  keras_deltas.DeltaExport.due, keras_deltas.DeltaExport.run = timed_due, timed_run
 
 
 def main(argv):
@@ -207,10 +258,13 @@ def main(argv):
       measured = [size_results(cluster, rows, scratch) for rows in sizes]
     results = dict(measured[0], sizes=measured)  # the first size's figures at the top, as before
   if _PARTS.value != "sizes":
+    time_pauses()
     with tempfile.TemporaryDirectory() as scratch:
-      results["training"] = training_cost(cluster, scratch)
-    print(f"examples/s with deltas every {_EVERY.value} s / without (medians): "
-          f"{results['training']['ratio_of_medians']}x")
+      results["training"] = [training_cost(cluster, scratch, parse_series(text)) for text in _SERIES.value]
+    for series in results["training"]:
+      print(f"a delta every {series['delta_every_secs']:g} s, against without (medians): examples/s "
+            f"{series['ratios_to_without']['examples_per_sec']}, examples per CPU-second "
+            f"{series['ratios_to_without']['examples_per_cpu_sec']}")
   os.makedirs(os.path.dirname(_OUT.value), exist_ok=True)
   with open(_OUT.value, "w", encoding="utf-8") as f:
     json.dump(results, f, indent=1)

@@ -460,3 +460,43 @@ def test_no_number_in_the_readmes_main_job_prose_is_without_a_source():
     prose = prose.replace(template.format(*values()), "")
   prose = re.sub(r"\([^()]*\.md\)|`[^`]*\.(py|json)`|\d+-core", "", prose)  # links, file names, the machine
   assert not re.findall(r"\d[\d,.]*", prose), prose
+
+
+_VARIANTS = {"with_deltas": "with deltas", "tracking": "rows marked, no delta", "without": "without"}
+
+
+def _spread(values) -> str:
+  """`median / max` seconds of `values` ("-" where there are none)."""
+  return f"{statistics.median(values):.3f} / {max(values):.3f}" if values else "-"
+
+
+def delta_training_table(series: list) -> str:
+  """docs/delta_export.md's table of the training cost of delta exports, from bench/results/delta_export.json's
+  `training` (bench/delta_export.py --parts=training): a row per series and variant."""
+  lines = ["| a delta every | variant | examples/s of each run (load average before-after) | median, x without | "
+           "besides the checkpoints, x without | examples per CPU-second, median, x without | deltas written while "
+           "measured | delta writes, s (median / max) | pauses within epochs, s | checkpoints, s |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+  for one in series:
+    for variant, runs in one["runs"].items():
+      ratio = lambda key: ("1x" if variant == "without" else f"{one['ratios_to_without'][key][variant]}x")
+      each = ", ".join(f"{run['examples_per_sec']:,.0f} ({run['load_average'][0]}-{run['load_average'][1]})"
+                       for run in runs)
+      lines.append(
+          f"| {one['delta_every_secs']:g} s | {_VARIANTS[variant]} | {each} | "
+          f"{one['medians']['examples_per_sec'][variant]:,.0f}, {ratio('examples_per_sec')} | "
+          f"{ratio('examples_per_sec_besides_checkpoints')} | "
+          f"{one['medians']['examples_per_cpu_sec'][variant]:,.0f}, {ratio('examples_per_cpu_sec')} | "
+          f"{', '.join(str(run['deltas_written']) for run in runs)} | "
+          f"{_spread([secs for run in runs for secs in run['delta_write_secs']])} | "
+          f"{_spread([secs for run in runs for secs in run['delta_pause_secs']])} | "
+          f"{_spread([secs for run in runs for secs in run['checkpoint_secs']])} |")
+  return "\n".join(lines)
+
+
+def test_the_training_cost_table_of_delta_export_md_is_its_results():
+  series = _json("delta_export.json")["training"]
+  assert [one["delta_every_secs"] for one in series] == [30.0, 3.0]  # the issue's interval, and a short one
+  assert all(run["deltas_written"] >= 2 for one in series for run in one["runs"]["with_deltas"])
+  text = (REPO / "docs" / "delta_export.md").read_text(encoding="utf-8")
+  assert delta_training_table(series) in text, "regenerate it: tests/test_figures.py's delta_training_table"

@@ -1,7 +1,7 @@
 """Delta exports on the Keras path: `tfps.fit(..., delta_export_secs=T)` writes a base SavedModel when training
 starts and, every T seconds (checked before each scheduled execution of steps, within an epoch too, at each epoch's
-end, and at the end of training), a delta of what changed since (`tfps.training.deltas`); `apply` turns a base and its deltas into a SavedModel for serving (a Keras base, or the
-Estimator path's, `tfps.estimator.deltas`).
+end, and at the end of training), a delta of what changed since (`tfps.training.deltas`); `apply` turns a base and
+its deltas into a SavedModel for serving (a Keras base, or the Estimator path's, `tfps.estimator.deltas`).
 """
 
 import os

@@ -1,6 +1,7 @@
 """The Keras path's step: a compiled tf-keras model as a `tfps.training.steps.Step`, and a runner put under
 `Model.fit` (its train function, and the callback that settles the step counter at each epoch end)."""
 
+import collections
 from typing import Sequence
 
 import tensorflow as tf
@@ -40,21 +41,48 @@ def drive_fit(model: tf_keras.Model, runner: steps_lib.Runner, iterator,
   counter before any other reads it).
 
   `pauses`: work done within an epoch with no step in flight (a delta export), each with `due() -> bool` and
-  `run()`: before an execution where one is due, the executions scheduled so far are waited for and the step
-  counter settled, the due ones run, and the execution is scheduled after them."""
+  `run()` (`PausingTrainFunction`)."""
+  train = PausingTrainFunction(model, runner, iterator, pauses) if pauses else (
+      lambda unused: runner.schedule(iterator, _tf_private.steps_per_execution(model)))
+  _tf_private.replace_train_function(model, train)
+  return RunnerEpochs(runner)
 
-  def train(unused):
-    due = [pause for pause in pauses if pause.due()]
+
+class PausingTrainFunction:
+  """The train function `drive_fit` gives `fit` with pauses: before an execution where one is due, the executions
+  scheduled so far are waited for and the step counter settled, the due ones run, and the execution is scheduled after
+  them.
+
+  `fit` schedules an epoch's executions as fast as the coordinator's queue takes them (hundreds), so a pause checked at
+  scheduling time could come an epoch late. Here the chief keeps at most `2 * AHEAD` executions per worker scheduled
+  beyond those known finished: once it has that many, it waits for the `AHEAD`-th last (one wait per `AHEAD`
+  executions; each worker keeps work queued meanwhile). A pause comes at most that many executions late.
+  """
+
+  AHEAD = 4
+
+  def __init__(self, model: tf_keras.Model, runner: steps_lib.Runner, iterator, pauses: Sequence):
+    self._model, self._runner, self._iterator, self._pauses = model, runner, iterator, pauses
+    self._scheduled = collections.deque()  # what the executions not known finished return
+
+  def __call__(self, unused):
+    runner = self._runner
+    ahead = self.AHEAD * runner.num_workers
+    if len(self._scheduled) >= 2 * ahead:
+      for _ in range(ahead - 1):
+        self._scheduled.popleft()
+      self._scheduled.popleft().fetch()  # waits for that execution
+    due = [pause for pause in self._pauses if pause.due()]
     if due:
       runner.coordinator.join()
+      self._scheduled.clear()
       runner.settle()
       for pause in due:
         pause.run()
       runner.begin()
-    return runner.schedule(iterator, _tf_private.steps_per_execution(model))
-
-  _tf_private.replace_train_function(model, train)
-  return RunnerEpochs(runner)
+    result = runner.schedule(self._iterator, _tf_private.steps_per_execution(self._model))
+    self._scheduled.append(result)
+    return result
 
 
 # What `model.fit` is given as its training data where `drive_fit` gives the steps their batches: tf-keras builds an
