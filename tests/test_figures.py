@@ -491,12 +491,28 @@ def delta_training_table(series: list) -> str:
           f"{_spread([secs for run in runs for secs in run['delta_write_secs']])} | "
           f"{_spread([secs for run in runs for secs in run['delta_pause_secs']])} | "
           f"{_spread([secs for run in runs for secs in run['checkpoint_secs']])} |")
+  lines.append("")
+  for one in series:
+    ratios, runs = one["ratios_to_without"], one["runs"]["with_deltas"]
+    pauses = [secs for run in runs for secs in run["delta_pause_secs"]]
+    checkpoints = [secs for variant in one["runs"].values() for run in variant for secs in run["checkpoint_secs"]]
+    lines.append(
+        f"- A delta every {one['delta_every_secs']:g} s: {ratios['examples_per_sec']['with_deltas']}x the examples/s "
+        f"without ({ratios['examples_per_sec_besides_checkpoints']['with_deltas']}x besides the checkpoints), "
+        f"{ratios['examples_per_cpu_sec']['with_deltas']}x the examples per CPU-second"
+        + ("" if one["delta_every_secs"] != 30 else
+           f" (the target, 0.95x at 30 s: {'met' if ratios['examples_per_cpu_sec']['with_deltas'] >= 0.95 else 'not met'}"
+           f" by CPU, {'met' if ratios['examples_per_sec']['with_deltas'] >= 0.95 else 'not met'} by wall time)")
+        + f"; a pause within an epoch took {_spread(pauses)} s (median / max) against {_spread(checkpoints)} s for a "
+        "checkpoint.")
   return "\n".join(lines)
 
 
 def test_the_training_cost_table_of_delta_export_md_is_its_results():
   series = _json("delta_export.json")["training"]
   assert [one["delta_every_secs"] for one in series] == [30.0, 3.0]  # the interval, and a short one
-  assert all(run["deltas_written"] >= 2 for one in series for run in one["runs"]["with_deltas"])
+  for one in series:  # deltas were written while measured: every run at least once, the short interval's often
+    written = [run["deltas_written"] for run in one["runs"]["with_deltas"]]
+    assert min(written) >= 1 and (one["delta_every_secs"] > 3 or min(written) >= 2), written
   text = (REPO / "docs" / "delta_export.md").read_text(encoding="utf-8")
   assert delta_training_table(series) in text, "regenerate it: tests/test_figures.py's delta_training_table"
