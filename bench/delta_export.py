@@ -1,9 +1,9 @@
 """Bytes and time of delta exports against the full export when about 1% of a table's rows changed, the time to apply
 each delta, and what marking the rows costs training.
 
-  .venv/bin/python bench/delta_export.py                  # ~10 min; 10^6 rows, then the training cost
+  .venv/bin/python bench/delta_export.py                  # ~20 min; 10^6 rows, then the training cost
   .venv/bin/python bench/delta_export.py --big_rows=10000000 --parts=sizes   # the 10^7-row table too (~5 min more)
-  .venv/bin/python bench/delta_export.py --parts=training  # the training cost only, into the existing results
+  .venv/bin/python bench/delta_export.py --parts=training  # the training cost only (~14 min), into the existing results
 
 Sizes (`--parts` all or sizes): for `--rows` (and `--big_rows`), trains on an in-process cluster (1 ps, 1 worker) a
 model with one rows x `--dim` table and a small dense layer, with `tfps.fit(..., delta_export_secs=0)`: the base

@@ -105,9 +105,8 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
         size; without either the line shows steps/s).
       keep_checkpoint_max: checkpoints kept in `model_dir/checkpoints` (5; None keeps all).
       verbose: tf-keras's verbosity (0: only tfps's progress lines).
-      delta_export_secs: seconds between exports of the changed rows to `model_dir/deltas` (None: none; the
-        first point between two executions of steps, within an epoch or at its end, that long after the last;
-        docs/delta_export.md).
+      delta_export_secs: seconds between exports of the changed rows to `model_dir/deltas`, within epochs too
+        (None: none; docs/delta_export.md).
   """
   fit_options = _fit_options(options)  # what remains in `options`: strategy fields given one by one
   exports = deltas.delta_callbacks(build_model, train_dataset_fn, model_dir, fit_options.delta_export_secs)
