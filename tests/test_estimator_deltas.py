@@ -11,12 +11,13 @@ import tf_keras
 
 import online_stream
 import tfps
+from tfps.cli import delta as delta_cli
 from tfps.data.stream import batches as batches_lib
 from tfps.data.stream import folder as folder_lib
 from tfps.estimator import online
-from tfps.cli import delta as delta_cli
 from tfps.training import delta_schedule
 from tfps.training import deltas
+from tfps.training import table_deltas
 from tfps.training import tables
 from tfps.training import touched_rows
 
@@ -365,3 +366,23 @@ def test_dynamic_table_deltas_delete_evicted_ids_and_equal_the_full_export(clust
   answers = assert_same_model(applied, full, features, variables=3)
   assert abs(answers[-2] - answers[-1]) < 1e-6  # the evicted id answers as the unseen one (rows apart: 1 ulp)
   assert len(set(np.round(answers[:-2], 4))) > 4  # live ids answer from their rows
+
+
+def test_a_base_copies_each_maps_and_refuses_another_number_of_row_shards():
+  """The base's copy of a dynamic table (built outside the strategy) gets each row shard's map and row keys; a copy
+  with another number of row shards is refused in one line."""
+  def built(num_shards):
+    layer = tfps.layers.DynamicEmbedding(64, 2, num_shards=num_shards, name="dynamic")
+    layer(tf.constant([1], tf.int64))
+    return layer
+
+  trained, copy = built(2), built(2)
+  trained(tf.constant([3, 10**12, 7, 3], tf.int64), training=True)
+  table_deltas.copy_maps(trained, copy)
+  assert [id_map(shard) for shard in copy.shards] == [id_map(shard) for shard in trained.shards]
+  assert sum(len(id_map(shard)) for shard in copy.shards) == 3
+  for got, want in zip(copy.shards, trained.shards):
+    np.testing.assert_array_equal(got.row_keys.numpy(), want.row_keys.numpy())
+  with pytest.raises(tfps.UsageError, match=r"^dynamic: the serving copy has 1 row shard\(s\), training 2; give the "
+                     r"layer `num_shards=2` so a copy built outside the strategy has as many$"):
+    table_deltas.copy_maps(trained, built(1))

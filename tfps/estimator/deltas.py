@@ -5,7 +5,9 @@ model_fn in a tf.Module SavedModel whose `serving_default` signature takes the f
 ps when training starts. Its signature takes the training input's features, the batch dimension left free. The deltas
 are `tfps.training.deltas`'s, on `tfps.training.delta_schedule`'s schedule: at the first step-log line or checkpoint
 at least T seconds after the last export, and at the end of training; on a stream with the stream position of the
-examples each one holds (`tfps.estimator.online`).
+examples each one holds (`tfps.estimator.online`). A model_fn's dynamic tables (the states its `DynamicEmbedding`
+layers share) ship their id maps' changes and evicted ids as well (`tfps.training.table_deltas`); the base copies
+their maps from the ps.
 """
 
 import os
