@@ -21,7 +21,8 @@ from tfps.training import table_deltas
 from tfps.training import tables
 from tfps.training import touched_rows
 
-from test_deltas import DYNAMIC_IDS, PHASE_BATCHES, chain, id_map, phase_ids, phased_fn
+from test_deltas import (DYNAMIC_IDS, PHASE_BATCHES, WIDE_DEEP_CATEGORICAL, chain, id_map, phase_ids, phased_fn,
+                         wide_deep_fn)
 from test_fit import NUM_IDS, VOCAB, examples  # a 50k x 8 table, sharded over both ps
 
 SERVING = {"ids": tf.TensorSpec([None, NUM_IDS], tf.int64), "dense_in": tf.TensorSpec([None, 1], tf.float32)}
@@ -265,17 +266,6 @@ def test_a_model_fn_whose_predict_mode_makes_other_variables_is_refused_in_one_l
                  r"made 5 \(\[50000, 8\], \[49, 8\], \[8\], \[8, 1\], \[1\]\), TRAIN 6 \(.*, \[1\]\)$")
 
 
-def stacked_wide_deep_input_fn(input_context):
-  rng = np.random.default_rng(input_context.input_pipeline_id)
-  features = {name: rng.integers(0, size, 2_000) for name, size in WIDE_DEEP_CATEGORICAL.items()}
-  features["dense"] = rng.random((2_000, 2)).astype(np.float32)
-  labels = (features["c"] % 2).astype(np.float32)
-  return tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(64)
-
-
-WIDE_DEEP_CATEGORICAL = {"a": 20_000, "b": 30_000, "c": 50}
-
-
 def test_stacked_wide_deep_deltas_equal_the_full_export(cluster, tmp_path):
   """The bundled Wide&Deep model_fn with its tables stacked (a wide and a deep table, sharded over both ps): the
   stacked tables' changed rows reach serving."""
@@ -286,7 +276,7 @@ def test_stacked_wide_deep_deltas_equal_the_full_export(cluster, tmp_path):
                           steps_per_execution=5)
   estimator = tfps.Estimator(a_model_fn, model_dir=str(tmp_path / "run"), config=config, cluster=cluster,
                              strategy_options={"min_shard_bytes": 0})
-  estimator.train(stacked_wide_deep_input_fn, max_steps=10)
+  estimator.train(wide_deep_fn, max_steps=10)
   base, delta_paths = chain(str(tmp_path / "run" / "deltas"))
   assert len(delta_paths) == 2
   shipped = [(v["shape"], v["shipped"]) for v in deltas.read_manifest(delta_paths[0])["variables"]]
