@@ -314,7 +314,7 @@ def test_docs_figures_come_from_the_bench_results():
           f"without: {runs_text(training['runs']['without'])}; {training['ratio_of_medians']}x by the medians") in text
   assert all(run["deltas_written"] >= 2 for run in training["runs"]["with_deltas"])
 
-@pytest.mark.slow  # a run of its own
+
 WIDE_DEEP_CATEGORICAL = {"a": 20_000, "b": 30_000, "c": 50}  # and a dense feature of width 2
 
 
@@ -327,6 +327,7 @@ def wide_deep_fn(input_context):
   return tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(64)
 
 
+@pytest.mark.slow  # a run of its own
 def test_stacked_wide_deep_deltas_equal_the_full_export(cluster, tmp_path):
   """Wide&Deep with its tables stacked (a wide and a deep table, sharded): the rows changed reach serving."""
   from tfps import models  # pylint: disable=g-import-not-at-top

@@ -266,6 +266,7 @@ def test_a_model_fn_whose_predict_mode_makes_other_variables_is_refused_in_one_l
                  r"made 5 \(\[50000, 8\], \[49, 8\], \[8\], \[8, 1\], \[1\]\), TRAIN 6 \(.*, \[1\]\)$")
 
 
+@pytest.mark.slow  # a run of its own
 def test_stacked_wide_deep_deltas_equal_the_full_export(cluster, tmp_path):
   """The bundled Wide&Deep model_fn with its tables stacked (a wide and a deep table, sharded over both ps): the
   stacked tables' changed rows reach serving."""
