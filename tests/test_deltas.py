@@ -319,22 +319,28 @@ def test_docs_figures_come_from_the_bench_results():
       assert delta["ratio_to_full"] <= 0.05 and delta["rows_share"] <= size["changed_at_most"]
   # The training cost's table: tests/test_figures.py.
 
+
+WIDE_DEEP_CATEGORICAL = {"a": 20_000, "b": 30_000, "c": 50}  # and a dense feature of width 2
+
+
+def wide_deep_fn(input_context):
+  """Batches for Wide&Deep on `WIDE_DEEP_CATEGORICAL` (also the Estimator path's input_fn)."""
+  rng = np.random.default_rng(input_context.input_pipeline_id)
+  features = {name: rng.integers(0, size, 2_000) for name, size in WIDE_DEEP_CATEGORICAL.items()}
+  features["dense"] = rng.random((2_000, 2)).astype(np.float32)
+  labels = (features["c"] % 2).astype(np.float32)
+  return tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(64)
+
+
 @pytest.mark.slow  # a run of its own
 def test_stacked_wide_deep_deltas_equal_the_full_export(cluster, tmp_path):
   """Wide&Deep with its tables stacked (a wide and a deep table, sharded): the rows changed reach serving."""
   from tfps import models  # pylint: disable=g-import-not-at-top
-  categorical, dense = {"a": 20_000, "b": 30_000, "c": 50}, {"dense": 2}
+  categorical, dense, dataset_fn = WIDE_DEEP_CATEGORICAL, {"dense": 2}, wide_deep_fn
 
   def build_wide_deep():
     return models.compile_model(models.build_model("wide_deep", categorical, dense, embedding_dim=4,
                                                    deep_layers=(8,), stack_tables=True), learning_rate=0.5)
-
-  def dataset_fn(input_context):
-    rng = np.random.default_rng(input_context.input_pipeline_id)
-    features = {name: rng.integers(0, size, 2_000) for name, size in categorical.items()}
-    features["dense"] = rng.random((2_000, 2)).astype(np.float32)
-    labels = (features["c"] % 2).astype(np.float32)
-    return tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(64)
 
   model_dir = str(tmp_path / "run")
   history = tfps.fit(build_wide_deep, dataset_fn, epochs=2, steps_per_epoch=5, model_dir=model_dir, cluster=cluster,

@@ -11,14 +11,18 @@ import tf_keras
 
 import online_stream
 import tfps
+from tfps.cli import delta as delta_cli
 from tfps.data.stream import batches as batches_lib
 from tfps.data.stream import folder as folder_lib
 from tfps.estimator import online
 from tfps.training import delta_schedule
 from tfps.training import deltas
+from tfps.training import table_deltas
+from tfps.training import tables
 from tfps.training import touched_rows
 
-from test_deltas import chain
+from test_deltas import (DYNAMIC_IDS, PHASE_BATCHES, WIDE_DEEP_CATEGORICAL, chain, id_map, phase_ids, phased_fn,
+                         wide_deep_fn)
 from test_fit import NUM_IDS, VOCAB, examples  # a 50k x 8 table, sharded over both ps
 
 SERVING = {"ids": tf.TensorSpec([None, NUM_IDS], tf.int64), "dense_in": tf.TensorSpec([None, 1], tf.float32)}
@@ -43,14 +47,17 @@ def served_variables(path):
   return [variable.numpy() for variable in tf.saved_model.load(path).delta_variables]
 
 
-def assert_same_model(applied, full, features):
+def assert_same_model(applied, full, features, variables=5, output="probability"):
+  """`applied` and `full` hold the same `variables` values (by default the table, two dense layers' kernels and
+  biases) and answer `features` alike (their `output`), to 1e-6; returns the answers of `applied`."""
   got, want = served_variables(applied), served_variables(full)
-  assert len(got) == len(want) == 5  # the table, two dense layers' kernels and biases
+  assert len(got) == len(want) == variables
   for a, b in zip(got, want):
     np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
   serve = [tf.saved_model.load(path).signatures["serving_default"] for path in (applied, full)]
-  answers = [fn(**{name: tf.constant(value) for name, value in features.items()}) for fn in serve]
-  np.testing.assert_allclose(answers[0]["probability"].numpy(), answers[1]["probability"].numpy(), atol=1e-6)
+  answers = [fn(**{name: tf.constant(value) for name, value in features.items()})[output].numpy() for fn in serve]
+  np.testing.assert_allclose(answers[0], answers[1], atol=1e-6, rtol=0)
+  return answers[0]
 
 
 def test_base_plus_deltas_answers_as_the_full_export(cluster, tmp_path):
@@ -154,7 +161,6 @@ def test_deltas_on_a_stream_name_the_positions_of_their_examples(stream_run, tmp
 
 
 def test_command_line_applies_an_estimator_chain(stream_run, tmp_path, capsys):
-  from tfps.cli import delta as delta_cli  # pylint: disable=g-import-not-at-top
   base, delta_paths = chain(stream_run[0])
   assert delta_cli.main(["tfps-delta", "apply", base, *delta_paths[:2], f"--out={tmp_path}/served"]) == 0
   assert capsys.readouterr().out == f"{tmp_path}/served\n"
@@ -221,15 +227,30 @@ def test_features_that_are_not_a_dict_are_refused_in_one_line(cluster, tmp_path)
                  r"dense tensor; the input gives a TensorSpec$")
 
 
-def test_table_layers_are_refused_in_one_line_before_a_step(cluster, tmp_path):
-  def dynamic_model_fn(features, labels, mode):
-    rows = tfps.layers.DynamicEmbedding(64, 2, name="ids_table")(features["ids"], training=mode == tfps.ModeKeys.TRAIN)
+class _MapWithoutDeltas(tf.Module):
+  """A table state that cannot say what its deltas hold (no `delta_shards`): rows and a map of its own."""
+
+  def __init__(self):
+    super().__init__(name="odd_table")
+    self.embeddings = tf.Variable(tf.zeros([64, 2]), name="rows")
+
+  def bind_optimizer(self, optimizer):
+    del optimizer
+
+  def table_metrics(self):
+    return {}
+
+
+def test_a_table_without_delta_shards_is_refused_in_one_line_before_a_step(cluster, tmp_path):
+  def odd_model_fn(features, labels, mode):
+    table = tables.build_state(_MapWithoutDeltas)  # kept as a model_fn's tables are
+    rows = tf.gather(table.embeddings, features["ids"] % 64)
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=tf.reduce_sum(rows, [1, 2])))
     return tfps.EstimatorSpec(mode, loss=loss, optimizer=tf_keras.optimizers.legacy.SGD(0.1))
 
-  assert_refused(cluster, tmp_path, dynamic_model_fn, input_fn, 0,
-                 r"^`delta_export_secs` \(0\) cannot export table layers yet \(ids_table\): their id maps are not in "
-                 r"the deltas; export whole SavedModels \(Estimator.export_saved_model\) for them$")
+  assert_refused(cluster, tmp_path, odd_model_fn, input_fn, 0,
+                 r"^`delta_export_secs` \(0\) cannot export table layers without `delta_shards` \(odd_table\): their "
+                 r"id maps are not in the deltas; export whole SavedModels \(Estimator.export_saved_model\) for them$")
 
 
 def test_a_model_fn_whose_predict_mode_makes_other_variables_is_refused_in_one_line(cluster, tmp_path):
@@ -243,3 +264,116 @@ def test_a_model_fn_whose_predict_mode_makes_other_variables_is_refused_in_one_l
   assert_refused(cluster, tmp_path, train_only_model_fn, input_fn, 0,
                  r"^delta exports need model_fn to create the same variables in PREDICT mode as in TRAIN mode; PREDICT "
                  r"made 5 \(\[50000, 8\], \[49, 8\], \[8\], \[8, 1\], \[1\]\), TRAIN 6 \(.*, \[1\]\)$")
+
+
+@pytest.mark.slow  # a run of its own
+def test_stacked_wide_deep_deltas_equal_the_full_export(cluster, tmp_path):
+  """The bundled Wide&Deep model_fn with its tables stacked (a wide and a deep table, sharded over both ps): the
+  stacked tables' changed rows reach serving."""
+  from tfps.models import model_fns  # pylint: disable=g-import-not-at-top
+  a_model_fn = model_fns.build_model_fn("wide_deep", WIDE_DEEP_CATEGORICAL, {"dense": 2}, embedding_dim=4,
+                                        deep_layers=(8,), stack_tables=True, learning_rate=0.5)
+  config = tfps.RunConfig(delta_export_secs=0, log_step_count_steps=5, save_checkpoints_steps=100,
+                          steps_per_execution=5)
+  estimator = tfps.Estimator(a_model_fn, model_dir=str(tmp_path / "run"), config=config, cluster=cluster,
+                             strategy_options={"min_shard_bytes": 0})
+  estimator.train(wide_deep_fn, max_steps=10)
+  base, delta_paths = chain(str(tmp_path / "run" / "deltas"))
+  assert len(delta_paths) == 2
+  shipped = [(v["shape"], v["shipped"]) for v in deltas.read_manifest(delta_paths[0])["variables"]]
+  assert ([50_050, 4], "rows") in shipped and ([50_050, 1], "rows") in shipped
+  features = {name: np.arange(10) % size for name, size in WIDE_DEEP_CATEGORICAL.items()}
+  features["dense"] = np.ones((10, 2), np.float32)
+  full = estimator.export_saved_model(str(tmp_path / "full"), {name: tf.TensorSpec.from_tensor(tf.constant(value))
+                                                               for name, value in features.items()})
+  applied = tfps.delta.apply(base, delta_paths, str(tmp_path / "served"))
+  assert_same_model(applied, full, features, len(shipped), "probabilities")
+
+
+def dynamic_model_fn(features, labels, mode):
+  """test_deltas's dynamic model as a model_fn: a table evicting ids unseen for 4 of its shard's calls."""
+  table = tfps.layers.DynamicEmbedding(256, 4, steps_to_live=4, num_shards=2, name="dynamic")
+  vectors = table(features["ids"], training=mode == tfps.ModeKeys.TRAIN)
+  logits = tf_keras.layers.Dense(1)(tf.reshape(vectors, [-1, DYNAMIC_IDS * 4]))[:, 0]
+  if mode == tfps.ModeKeys.PREDICT:
+    return tfps.EstimatorSpec(mode, predictions={"probability": tf.sigmoid(logits)})
+  loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+  return tfps.EstimatorSpec(mode, loss=loss, optimizer=tf_keras.optimizers.legacy.Adagrad(0.1))
+
+
+def dynamic_estimator(cluster, model_dir):
+  config = tfps.RunConfig(delta_export_secs=0, log_step_count_steps=PHASE_BATCHES, save_checkpoints_steps=100,
+                          steps_per_execution=PHASE_BATCHES)
+  return tfps.Estimator(dynamic_model_fn, model_dir=model_dir, config=config, cluster=cluster,
+                        strategy_options={"min_shard_bytes": 0})  # the table's 2 row shards, one on each ps
+
+
+def served_maps(path):
+  """`[{raw id: row}, ...]` and the row keys of each row shard of the served table at `path`."""
+  table, = tf.saved_model.load(path).model_variables.tables
+  return [(id_map(shard), shard.row_keys.numpy().tolist()) for shard in table.shards]
+
+
+def deleted_ids(delta_paths):
+  found = []
+  for path in delta_paths:
+    with np.load(os.path.join(path, deltas.TENSORS)) as tensors:
+      found += [int(key) for shard in (0, 1) for key in tensors[f"table0/{shard}/deleted"]]
+  return found
+
+
+@pytest.mark.slow  # two runs (a chief restarted in the same model_dir)
+def test_dynamic_table_deltas_delete_evicted_ids_and_equal_the_full_export(cluster, tmp_path):
+  """A model_fn's dynamic table evicting ids between deltas: base + deltas (through `tfps-delta apply`, then
+  applied to its result in turn) answers as `Estimator.export_saved_model` at the last step, and an id a delta
+  deletes answers as an id never seen. A chief restarted in the same model_dir writes a new base holding the maps
+  on the ps: equal to the first chain applied up to that step."""
+  model_dir = str(tmp_path / "run")
+  dynamic_estimator(cluster, model_dir).train(phased_fn, max_steps=4 * PHASE_BATCHES)
+  first = chain(os.path.join(model_dir, "deltas"))
+  assert [os.path.basename(path) for path in first[1]] == [f"delta-00000{n}" for n in range(1, 5)]
+  estimator = dynamic_estimator(cluster, model_dir)  # a restarted chief: resumes at the checkpoint of step 12
+  estimator.train(phased_fn, max_steps=8 * PHASE_BATCHES)
+  exports = os.path.join(model_dir, "deltas")
+  base = os.path.join(exports, "base-000005")
+  delta_paths = [os.path.join(exports, f"delta-00000{n}") for n in range(6, 10)]
+  assert deltas.read_manifest(base)["step"] == 4 * PHASE_BATCHES
+  assert [deltas.read_manifest(path)["step"] for path in delta_paths] == [15, 18, 21, 24]
+  features = {"ids": np.concatenate([phase_ids(phase, np.random.default_rng(9), 8) for phase in range(4)] +
+                                    [np.full((1, DYNAMIC_IDS), 5, np.int64)])}
+  # The new base, whose maps come from the ps, is the first chain applied up to its step.
+  resumed = tfps.delta.apply(*first, str(tmp_path / "first"))
+  assert served_maps(resumed) == served_maps(base) and len(served_maps(base)[0][0]) > 10
+  assert_same_model(resumed, base, features, variables=3)  # the dense kernel and bias, the rows
+  assert delta_cli.main(["tfps-delta", "apply", base, delta_paths[0], f"--out={tmp_path}/served-6"]) == 0
+  applied = tfps.delta.apply(f"{tmp_path}/served-6", delta_paths[1:], str(tmp_path / "served"))
+  full = estimator.export_saved_model(str(tmp_path / "full"), {"ids": tf.TensorSpec([None, DYNAMIC_IDS], tf.int64)})
+  assert served_maps(applied) == served_maps(full)  # each raw id's row; no evicted id
+  deleted = deleted_ids(first[1] + delta_paths)
+  live = {key for shard, _ in served_maps(full) for key in shard}
+  gone = sorted(set(deleted) - live)
+  assert gone, deleted  # evicted between deltas, and not given a row again since
+  features["ids"][-2] = gone[0]
+  answers = assert_same_model(applied, full, features, variables=3)
+  assert abs(answers[-2] - answers[-1]) < 1e-6  # the evicted id answers as the unseen one (rows apart: 1 ulp)
+  assert len(set(np.round(answers[:-2], 4))) > 4  # live ids answer from their rows
+
+
+def test_a_base_copies_each_maps_and_refuses_another_number_of_row_shards():
+  """The base's copy of a dynamic table (built outside the strategy) gets each row shard's map and row keys; a copy
+  with another number of row shards is refused in one line."""
+  def built(num_shards):
+    layer = tfps.layers.DynamicEmbedding(64, 2, num_shards=num_shards, name="dynamic")
+    layer(tf.constant([1], tf.int64))
+    return layer
+
+  trained, copy = built(2), built(2)
+  trained(tf.constant([3, 10**12, 7, 3], tf.int64), training=True)
+  table_deltas.copy_maps(trained, copy)
+  assert [id_map(shard) for shard in copy.shards] == [id_map(shard) for shard in trained.shards]
+  assert sum(len(id_map(shard)) for shard in copy.shards) == 3
+  for got, want in zip(copy.shards, trained.shards):
+    np.testing.assert_array_equal(got.row_keys.numpy(), want.row_keys.numpy())
+  with pytest.raises(tfps.UsageError, match=r"^dynamic: the serving copy has 1 row shard\(s\), training 2; give the "
+                     r"layer `num_shards=2` so a copy built outside the strategy has as many$"):
+    table_deltas.copy_maps(trained, built(1))

@@ -50,9 +50,7 @@ class DeltaExport(tf_keras.callbacks.Callback):
 
   def on_train_begin(self, logs=None):
     layers = tables.tables_of(self.model)
-    delta_schedule.refuse_tables(self.secs, [layer.name for layer in layers
-                                             if not callable(getattr(layer, "delta_shards", None))],
-                                 "tfps.export_saved_model", which="without `delta_shards`")
+    delta_schedule.refuse_tables(self.secs, layers, "tfps.export_saved_model")
     # Before the first step is traced: its updates mark the rows they change from then on.
     touched = touched_rows.track(self.model.distribute_strategy)
     writer = deltas.DeltaWriter(self.directory, deltas.whole_variables(self.model, self.model.weights), touched,
@@ -88,13 +86,12 @@ def apply(base: str, delta_paths: Sequence[str], out: str) -> str:
   one-line `tfps.training.deltas.DeltaError` and writes nothing.
   """
   base_manifest, manifests = delta_files.check_apply(base, delta_paths, out)
-  weights, model, save = _load(base, base_manifest)
+  weights, shards_of, save = _load(base, base_manifest)
   if deltas.fingerprint(weights) != base_manifest["model"]:
     raise deltas.DeltaError(f"the SavedModel in {base!r} does not match its manifest (another model's variables)")
   for path in delta_paths:
     deltas.apply_delta(weights, path)
-    if model is not None:
-      table_deltas.apply_delta(model, path)  # dynamic tables' id maps
+    table_deltas.apply_delta(shards_of, path)  # dynamic tables' id maps
   last = manifests[-1] if manifests else base_manifest
   manifest = dict(base_manifest, version=last["version"], step=last["step"])
   if "stream" in last:  # the stream position after the last example the result holds
@@ -109,10 +106,11 @@ def apply(base: str, delta_paths: Sequence[str], out: str) -> str:
 
 
 def _load(base: str, manifest: dict):
-  """`(variables in the deltas' order, the Keras model or None, save(folder))` of the base SavedModel at `base`: a
-  Keras model, or the Estimator path's module (its manifest's `saved_model`)."""
+  """`(variables in the deltas' order, shards_of(number, name), save(folder))` of the base SavedModel at `base`: a
+  Keras model, or the Estimator path's module (its manifest's `saved_model`); `shards_of` gives the row shards of
+  its dynamic table `number`, named `name` (`tfps.training.table_deltas.apply_delta`)."""
   if manifest.get("saved_model") == deltas.MODULE_EXPORT:
-    variables, save = deltas.load_module_export(base)
-    return variables, None, save
+    return deltas.load_module_export(base)
   model = tf_keras.models.load_model(base, compile=False)
-  return model.weights, model, lambda folder: model.save(folder, include_optimizer=False)
+  return (model.weights, lambda number, name: model.get_layer(name).shards,
+          lambda folder: model.save(folder, include_optimizer=False))

@@ -51,9 +51,10 @@ class _Table(tf.Module):
   resets. A model_fn builds its layers on every call: its calls share one `_Table` (`tables.build_state`), which
   also meets the training paths itself (`bind_optimizer`, `table_metrics`: `tfps.training.tables`)."""
 
-  def __init__(self, layer_name: str, embeddings, shards, row_shards, offsets):
+  def __init__(self, layer_name: str, key_dtype, embeddings, shards, row_shards, offsets):
     super().__init__(name=layer_name)
     self.layer_name = layer_name
+    self.key_dtype = key_dtype
     self.embeddings = embeddings
     self.shards = shards
     self.row_shards = row_shards
@@ -67,6 +68,10 @@ class _Table(tf.Module):
                       f"{type(optimizer).__name__}")
     _tf_private.create_optimizer_slots(optimizer, self.row_shards)
     self.__dict__["_optimizer"] = optimizer
+
+  def delta_shards(self):
+    """See `DynamicEmbedding.delta_shards` (the Estimator path's deltas ask the table, which its calls share)."""
+    return list(zip(self.shards, self.row_shards, self.offsets))
 
   def slots(self, index):
     """`(slot variable, initial value)` of the bound optimizer's slots of row shard `index`."""
@@ -156,7 +161,7 @@ class DynamicEmbedding(tf_keras.layers.Layer):
     shards = [RowShard(size, 0 if sharded else offset, self.key_dtype, variable.device if strategy else "", strategy,
                        variable, index, lock)
               for index, (size, offset, variable) in enumerate(zip(sizes, offsets, variables))]
-    return _Table(self.name, embeddings, shards, variables, offsets)
+    return _Table(self.name, self.key_dtype, embeddings, shards, variables, offsets)
 
   def bind_optimizer(self, optimizer) -> None:
     """Resets `optimizer`'s slot rows of a row whenever it is given to a new id; creates the slots now.
@@ -253,8 +258,7 @@ class DynamicEmbedding(tf_keras.layers.Layer):
   def delta_shards(self):
     """For delta exports (`tfps.training.table_deltas`): `(bookkeeping, rows variable, offset)` of each row shard:
     its `RowShard`, the variable holding its rows, and where its rows start in the whole table."""
-    table = self.__dict__["_table"]
-    return list(zip(table.shards, table.row_shards, table.offsets))
+    return self.__dict__["_table"].delta_shards()
 
   def table_metrics(self) -> Dict[str, int]:
     """`occupancy` (rows in use), `admitted`, `evicted` and `fallbacks` over all shards, read from the ps."""

@@ -22,13 +22,16 @@ from tfps.training import deltas
 DELTAS_SUBDIR = "deltas"  # the folder of exports in model_dir
 
 
-def refuse_tables(secs, names: Sequence[str], whole_export: str, which: str = "yet") -> None:
-  """A one-line `UsageError` where the model has table layers (`names`) whose id maps the deltas cannot hold:
-  `which` says which tables ("yet": any, on a path without table deltas; "without `delta_shards`"); `whole_export`
+def refuse_tables(secs, tables: Sequence, whole_export: str) -> None:
+  """A one-line `UsageError` where one of `tables` (table layers, or the table states a model_fn's layers share)
+  cannot say what its deltas hold (no `delta_shards()`: its id maps would not be in the deltas); `whole_export`
   names the export to use instead."""
+  names = [getattr(table, "name", type(table).__name__) for table in tables
+           if not callable(getattr(table, "delta_shards", None))]
   if names:
-    raise UsageError(f"`delta_export_secs` ({secs}) cannot export table layers {which} ({', '.join(names)}): their "
-                     f"id maps are not in the deltas; export whole SavedModels ({whole_export}) for them")
+    raise UsageError(f"`delta_export_secs` ({secs}) cannot export table layers without `delta_shards` "
+                     f"({', '.join(names)}): their id maps are not in the deltas; export whole SavedModels "
+                     f"({whole_export}) for them")
 
 
 Stream = Optional[Tuple[str, dict]]  # (the stream's name, the position after the last example trained on)

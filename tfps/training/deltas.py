@@ -168,14 +168,23 @@ def apply_delta(weights, path: str) -> dict:
 
 
 def load_module_export(path: str):
-  """`(variables, save)` of the tf.Module SavedModel at `path` (the Estimator path's serving export): its variables
-  in the deltas' order (`MODULE_VARIABLES`), and `save(folder)`, which writes it again with its signatures."""
+  """`(variables, shards_of, save)` of the tf.Module SavedModel at `path` (the Estimator path's serving export): its
+  variables in the deltas' order (`MODULE_VARIABLES`); `shards_of(number, name)`, the row shards of its dynamic
+  table `number` (the model_fn's tables in creation order, as the deltas list them); and `save(folder)`, which writes
+  it again with its signatures."""
   loaded = tf.saved_model.load(path)
   variables = getattr(loaded, MODULE_VARIABLES, None)
   if variables is None:
     raise DeltaError(f"the SavedModel in {path!r} lists no `{MODULE_VARIABLES}`: not an export deltas apply to")
 
+  def shards_of(number: int, name: str):
+    tables = list(loaded.model_variables.tables)
+    if number >= len(tables):
+      raise DeltaError(f"the SavedModel in {path!r} has {len(tables)} dynamic table(s); a delta has table {name!r} "
+                       f"as number {number + 1}")
+    return list(tables[number].shards)
+
   def save(folder: str) -> None:
     tf.saved_model.save(loaded, folder, signatures=dict(loaded.signatures))
 
-  return list(variables), save
+  return list(variables), shards_of, save

@@ -12,15 +12,20 @@ Applied to a served copy: the deleted ids leave its map, then each live id maps 
 the default (zeros), as an id never seen does, and a row given to another id answers for that one. The map's keys of
 each row (`row_keys`) follow the changed rows. What only training reads (each row's last-seen clock, the stack of
 free rows) is not shipped: a served copy answers as the full export does, it is not a checkpoint to train on from.
+
+The tables are layers (`tfps.fit`) or the states a model_fn's layers share (the Estimator path, whose base export
+copies each map from the ps: `copy_maps`); both give `name`, `key_dtype`, `embeddings` and `delta_shards()`.
 """
 
 import os
-from typing import List, Tuple
+from typing import Callable, List, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
+from tfps.errors import UsageError
 from tfps.training import delta_files
+
 
 class TableDeltas:
   """The dynamic tables of a model in its deltas: `layers` (each with `delta_shards()`), their rows and evictions
@@ -104,16 +109,31 @@ def _keys(tensors, name: str, key_dtype) -> tf.Tensor:
   return tf.constant([data[end - length:end] for end, length in zip(ends, tensors[f"{name}/lengths"])], tf.string)
 
 
-def apply_delta(model, path: str) -> None:
-  """Applies the map changes of the delta at `path` to the dynamic tables of `model` (a served copy, as
-  `tf_keras.models.load_model` gives it; its rows applied by `tfps.training.deltas.apply_delta`)."""
+def copy_maps(source, target) -> None:
+  """Puts into `target` (a dynamic table's state built outside the strategy: a serving copy, its maps empty) the map
+  and row keys of each row shard of `source` (the same table on the ps): what serving reads besides the rows."""
+  if len(source.shards) != len(target.shards):
+    raise UsageError(f"{source.name}: the serving copy has {len(target.shards)} row shard(s), training "
+                     f"{len(source.shards)}; give the layer `num_shards={len(source.shards)}` so a copy built "
+                     "outside the strategy has as many")
+  for trained, served in zip(source.shards, target.shards):
+    with trained.placed():
+      keys, rows = trained.map.export()
+    served.map.insert(keys, rows)
+    served.row_keys.assign(trained.row_keys.read_value())
+
+
+def apply_delta(shards_of: Callable[[int, str], Sequence], path: str) -> None:
+  """Applies the map changes of the delta at `path` to the dynamic tables of a served copy (its rows applied by
+  `tfps.training.deltas.apply_delta`); `shards_of(number, name)` gives the row shards of its table `number` (in the
+  deltas' order) named `name`."""
   tables = delta_files.read_manifest(path).get("tables", [])
   if not tables:
     return
   with np.load(os.path.join(path, delta_files.TENSORS)) as tensors:
     for number, table in enumerate(tables):
       key_dtype = tf.as_dtype(table["key_dtype"])
-      for shard_number, row_shard in enumerate(model.get_layer(table["name"]).shards):
+      for shard_number, row_shard in enumerate(shards_of(number, table["name"])):
         prefix = f"table{number}/{shard_number}"
         rows, live = tensors[f"{prefix}/rows"], tensors[f"{prefix}/live"]
         keys = _keys(tensors, f"{prefix}/keys", key_dtype)
