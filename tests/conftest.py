@@ -89,7 +89,7 @@ LONGEST_FIRST = (
     "test_online_processes.py",  # four tfps-launch runs on streams, two with kills
     "test_throughput_bench.py",  # 68, 464 (at load 30): one run of the bench, six variants
     "test_dynamic_embedding_chaos.py",  # 179, 409
-    "test_many_hosts.py",  # 89, 335: network cuts of 15-30 s
+    "test_many_hosts.py",  # 89, 335 (with the Keras run's worker cut at 30 s): network cuts of 15-20 s
     "test_transfers_bench.py",  # 35, 432 (at load 30)
     "test_dynamic_embedding_modes.py",  # 74, 444
     "test_dynamic_embedding_models.py",  # 63, 233
