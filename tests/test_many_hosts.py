@@ -2,7 +2,7 @@
 task started as a user (or an orchestrator) would start it on its host, with network faults injected on the links.
 
 Keras path: the JobSet/StatefulSet form (tfps derives the cluster from the pod's variables), 1% packet loss on every
-link; one worker cut off for 30 s: training goes on with the other two meanwhile and the worker rejoins once back;
+link; one worker cut off for 20 s: training goes on with the other two meanwhile and the worker rejoins once back;
 then one ps cut off: the chief stops with one line naming the ps and its address; the same commands started again
 resume from the backup and end at the exact step count; the sidecar evaluates every checkpoint.
 Estimator path: TF_CONFIG as the Kubeflow TFJob operator writes it; one worker cut off for 15 s (the same: training
@@ -108,7 +108,7 @@ def test_keras_path_with_packet_loss_a_worker_and_a_ps_cut_off(make_cluster, tmp
   cluster.drop(0.01)
   cluster.start_all()
   wait_for(lambda: (model_dir / "checkpoints" / "ckpt-1.index").exists(), 300, "checkpoint 1", cluster)
-  worker_cut = cut_worker(cluster, model_dir, cut_secs=30)
+  worker_cut = cut_worker(cluster, model_dir, cut_secs=20)
 
   cut_at = time.monotonic()
   cluster.cut(("ps", 1))
@@ -143,7 +143,7 @@ def test_keras_path_with_packet_loss_a_worker_and_a_ps_cut_off(make_cluster, tmp
   numbers = [int(name.split("-")[1]) for name in evaluated]
   assert len(listed) >= 3 and evaluated[-len(listed):] == listed and numbers == sorted(set(numbers)), (
       evaluated, listed)
-  print(f"worker cut off 30s: {worker_cut}; ps cut off: chief stopped after {stopped_secs:.1f}s with: {line}")
+  print(f"worker cut off 20s: {worker_cut}; ps cut off: chief stopped after {stopped_secs:.1f}s with: {line}")
 
 
 def test_estimator_path_tfjob_with_a_worker_and_the_chief_cut_off(make_cluster, tmp_path):
