@@ -78,6 +78,11 @@ def _seeds_below(name: str, other: str) -> tuple:
   return count
 
 
+def _pooled(names, variant: str) -> float:
+  """The median examples/s of every run of `variant` in the throughput results `names` together."""
+  return statistics.median(rate for name in names for rate in _row(name, variant)["runs"])
+
+
 def _load_range(names) -> tuple:
   """The lowest and highest 1-minute load average at the end of any run of the throughput results `names`."""
   loads = [run["load"] for name in names for run in tables.load(name)["runs"]["results"]]
@@ -140,6 +145,7 @@ class Bound:
 _PD = "packed_default/"
 _TP = "tutorial_peer/"  # the series against TensorFlow's tutorial peer: bench/tables.py's DEFAULTS
 _THROUGHPUT = "`tfps.fit` against plain tf-keras"
+_OVERLAP = ("overlap/b256", "overlap/b256_again")  # pipelined updates, the default and the tutorial's peer
 FIGURES = (
     Figure("quality equals", "{:.4f} and {:.4f} AUC", _PD + "quality_5seeds.json",
            lambda: _quality_diffs(_PD + "quality_5seeds.json")),
@@ -194,6 +200,10 @@ FIGURES = (
     Figure("opt-in `--pipelined_updates`", "2 / 5 ms of delay per host: {:.2f}x / {:.2f}x the default",
            "pipelined/host_delay.json, pipelined/host_delay_default.json",
            lambda: (_pipelined_delay(2.0), _pipelined_delay(5.0))),
+    Figure("opt-in `--pipelined_updates`", "{:.2f}x / {:.2f}x the default at 1 + 1 / 2 + 2 (medians over two series' "
+           "runs; one series at 1 + 1: {:.2f}x)", "overlap/b256{,_again}",
+           lambda: tuple(_pooled(_OVERLAP, f"fit_{size}+pipelined") / _pooled(_OVERLAP, f"fit_{size}")
+                         for size in ("1x1", "2x2")) + (_ratio("overlap/b256", "fit_1x1+pipelined", "fit_1x1"),)),
     Figure("opt-in `--pipelined_updates`", "quality {:.4f} (Wide&Deep) and {:.4f} (DCN)", "overlap/quality.json",
            lambda: _quality_diffs("overlap/quality.json")),
     Figure("opt-in `--unrolled_steps=4`", "{:.2f}x at 1 ps + 1 worker, batch 256, with {:.0%} less CPU per step",
@@ -306,8 +316,16 @@ PERFORMANCE_PROSE = (
      lambda: _quality_diffs(_PD + "quality_5seeds.json")),
     ("in {} of {} seeds of each model the pipelined run ends below the default's", "overlap/quality.json",
      lambda: _seeds_below("overlap/quality.json", _PD + "quality_5seeds.json")),
-    ("(load average {:.0f} to {:.0f} during the runs)", "overlap/b256",
-     lambda: _load_range(("overlap/b256",))),
+    ("(load average {:.0f} to {:.0f} during the runs)", "overlap/b256{,_again}", lambda: _load_range(_OVERLAP)),
+    ("slower in one ({:.2f}x at 1x1 in the first series)", "overlap/b256",
+     lambda: (_ratio("overlap/b256", "fit_1x1+pipelined", "fit_1x1"),)),
+    ("over the 6 runs of both series, {:.2f}x at 1x1 and {:.2f}x at 2x2 (medians)", "overlap/b256{,_again}",
+     lambda: tuple(_pooled(_OVERLAP, f"fit_{size}+pipelined") / _pooled(_OVERLAP, f"fit_{size}")
+                   for size in ("1x1", "2x2"))),
+    ("over the default's: {:.2f}x and {:.2f}x at 1x1, {:.2f}x and {:.2f}x at 2x2", "overlap/b256{,_again}",
+     lambda: tuple(_row(name, f"fit_{size}+pipelined")["cpu_ms_per_step"]["total"]
+                   / _row(name, f"fit_{size}")["cpu_ms_per_step"]["total"] for size in ("1x1", "2x2")
+                   for name in _OVERLAP)),
     ("{:.1f} MB sent per step instead of {:.1f}, {:.2f}x the default's examples/s at 200 Mbit/s, {:.2f}x at 1 Gbit/s, "
      "{:.2f}x uncapped", "bf16_rows/capped_links.json",
      lambda: (_capped_megabytes(True), _capped_megabytes(False), _capped(200), _capped(1000), _capped(0))),
