@@ -30,6 +30,9 @@ _CHECK = flags.DEFINE_boolean("check", False, "Only compare: exit 1 if a block d
 
 # The series of the defaults measured today (3 alternating repetitions each, medians).
 DEFAULTS = ("tutorial_peer/b256_1x1", "tutorial_peer/b256_more", "tutorial_peer/b4096")
+# Pipelined updates beside the default and the tutorial's peer at 1x1 and 2x2, batch 256: two series of 3
+# alternating repetitions, one after the other.
+OVERLAP = ("overlap/b256", "overlap/b256_again")
 _PATHS = {"fit": "tfps.fit", "estimator": "Estimator path", "keras_pss": "plain PSS `Model.fit`",
           "keras_pss_fixed": "plain PSS `Model.fit`, FixedShards", "ps_floor": "the ps's floor",
           "single": "one process"}
@@ -45,6 +48,10 @@ SWITCHES = (
     ("`--pipelined_updates`", "sleeping_default/more", "fit_2x2+pipelined", "fit_2x2"),
     ("`--pipelined_updates`", "sleeping_default/more", "fit_4x2+pipelined", "fit_4x2"),
     ("`--pipelined_updates`", "sleeping_default/b4096", "fit_1x1+pipelined", "fit_1x1"),
+    ("`--pipelined_updates`", OVERLAP[0], "fit_1x1+pipelined", "fit_1x1"),
+    ("`--pipelined_updates`", OVERLAP[0], "fit_2x2+pipelined", "fit_2x2"),
+    ("`--pipelined_updates`", OVERLAP[1], "fit_1x1+pipelined", "fit_1x1"),
+    ("`--pipelined_updates`", OVERLAP[1], "fit_2x2+pipelined", "fit_2x2"),
     ("`--unrolled_steps=4`", "unrolled_steps/ab", "fit_1x1", "fit_1x1+unroll1"),
     ("`--unrolled_steps=4`", "unrolled_steps/b4096_2x2", "fit_2x2", "fit_2x2+unroll1"),
     ("`--bf16_rows`", "bf16_rows/b256", "fit_1x1+bf16", "fit_1x1"),
@@ -273,6 +280,7 @@ BLOCKS = {
                                             ("keras_pss_1x1", 4096), ("single", 4096)]),
     "profile": lambda: profile_table(PROFILE),
     "switches": switches_table,
+    "overlap": lambda: series_table(OVERLAP, 256),
     "modes": lambda: modes_table("modes.json"),
     "scaling": scaling_table,
     "scale": lambda: report.scale_table(load(SCALE)["summary"]),

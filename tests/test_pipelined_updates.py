@@ -14,6 +14,7 @@ import tensorflow as tf
 import tf_keras
 
 from test_exactly_once import async_runner
+import test_fit
 
 PIPELINED = tfps.TrainingMode(pipelined_updates=True)
 
@@ -184,3 +185,12 @@ def test_a_ps_starts_a_steps_updates_only_once_the_next_steps_ids_are_there(clus
     coordinator.join()
   assert int(model.optimizer.iterations.numpy()) == 2
   assert all((kernel.numpy() != start).any() for kernel, start in zip(dense, initial))
+
+
+def test_pipelined_fit_learns_the_planted_signal_to_the_level_test_fit_checks_of_the_default(cluster):
+  """test_fit.py's model, data and bound (2 workers, the table sharded over both ps), every gradient one step late."""
+  history = tfps.fit(test_fit.build_model, test_fit.train_fn, epochs=test_fit.EPOCHS, steps_per_epoch=test_fit.STEPS,
+                     validation_dataset_fn=test_fit.eval_fn_of(2_000), exact_evaluation=True, cluster=cluster,
+                     sync_mode=PIPELINED)
+  assert int(history.model.optimizer.iterations.numpy()) == test_fit.EPOCHS * test_fit.STEPS
+  assert history.history["val_auc"][-1] > 0.75

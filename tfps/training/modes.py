@@ -56,8 +56,9 @@ class TrainingMode:
       the same moment may each overwrite the other's update of it.
     pipelined_updates: async: each ps applies a step's updates while the worker computes the next step, whose gradients
       are then taken on parameters without the previous step's updates (one step of delay, as one more worker would
-      add); measured faster at 1 ps + 1 worker (bench/results/pipelined/NOTES.md). Not for models with table layers
-      (`tfps.layers.DynamicEmbedding`). False (the default) applies each step's updates before the next step reads.
+      add); measured faster at 1 ps + 1 worker (bench/results/pipelined/NOTES.md); later, on a loaded machine, by less
+      than one series swings, and further from one process's quality (bench/results/overlap/NOTES.md); so opt-in. Not for models with table layers (`tfps.layers.DynamicEmbedding`). False (the default) applies each
+      step's updates before the next step reads.
     bf16_rows: async: table rows and their gradients cross the network as bfloat16 (`tfps.training.wire`): the
       rows of every lookup of a tf-keras `Embedding` layer or a stacked table, and every sparse gradient of a float32
       variable; half their bytes, rounded to 8 significant bits (tables, optimizer slots and updates stay float32).
