@@ -460,3 +460,31 @@ def test_no_number_in_the_readmes_main_job_prose_is_without_a_source():
     prose = prose.replace(template.format(*values()), "")
   prose = re.sub(r"\([^()]*\.md\)|`[^`]*\.(py|json)`|\d+-core", "", prose)  # links, file names, the machine
   assert not re.findall(r"\d[\d,.]*", prose), prose
+
+
+def freshness_sentence(results: dict) -> str:
+  """docs/delta_export.md's measured freshness, as bench/results/delta_freshness.json gives it."""
+  n = len(results["versions"])
+  return (f"a delta every {results['delta_every_secs']:g} s, a slice of {results['slice_rows']:,} clicks every "
+          f"{results['slice_every_secs']:g} s for {results['secs']:g} s, Wide&Deep on 1 ps + 1 worker: {n} versions "
+          f"served, freshness median {results['median_freshness_secs']} s, worst {results['max_freshness_secs']} s; "
+          f"{results['within_target']} of {n} within the target of 2 x {results['delta_every_secs']:g} s plus the "
+          f"export time (median {results['median_export_secs']} s: the delta's write, the watch's look and the "
+          f"apply); load average {results['load_average'][0]}-{results['load_average'][1]}, measured at "
+          f"{results['measured_at']}.")
+
+
+def test_the_freshness_in_delta_export_md_is_its_results_value():
+  results = _json("delta_freshness.json")
+  text = " ".join((REPO / "docs" / "delta_export.md").read_text(encoding="utf-8").split())
+  assert freshness_sentence(results) in text, freshness_sentence(results)
+  versions = results["versions"]
+  assert results["within_target"] == sum(v["freshness_secs"] <= v["target_secs"] for v in versions)
+  assert results["max_freshness_secs"] == max(v["freshness_secs"] for v in versions)
+  assert all(v["target_secs"] == pytest.approx(2 * results["delta_every_secs"] + v["export_secs"], abs=2e-3)
+             for v in versions)
+  watch_lines = " ".join((REPO / "docs" / "delta_export.md").read_text(encoding="utf-8").split("```")[1::2])
+  version = next(v for v in versions if v["version"] == 7)
+  assert (f"(step {version['step']}; freshness {version['newest_freshness_secs']:.2f}-"
+          f"{version['freshness_secs']:.2f} s)") in watch_lines and results["watch_summary"] in watch_lines
+  assert results["watch_summary"] in (REPO / "docs" / "online.md").read_text(encoding="utf-8")
