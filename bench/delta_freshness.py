@@ -149,6 +149,14 @@ def judged(record: dict, writes: dict, every: float) -> dict:
               within_target=record["freshness_secs"] <= bound)
 
 
+def write(results: dict) -> None:
+  """Writes `results` to `--out`."""
+  os.makedirs(os.path.dirname(_OUT.value), exist_ok=True)
+  with open(_OUT.value, "w", encoding="utf-8") as f:
+    json.dump(results, f, indent=1)
+  print(f"results in {_OUT.value}")
+
+
 def main(argv):
   del argv
   cluster = tfps.testing.local_cluster(num_workers=1, num_ps=1)
@@ -175,10 +183,7 @@ def main(argv):
         f"{results['max_freshness_secs']} s; {results['within_target']} of {len(measured)} within 2 x "
         f"{_EVERY.value} s + the export time (median {results['median_export_secs']} s); load "
         f"{results['load_average']}")
-  os.makedirs(os.path.dirname(_OUT.value), exist_ok=True)
-  with open(_OUT.value, "w", encoding="utf-8") as f:
-    json.dump(results, f, indent=1)
-  print(f"results in {_OUT.value}")
+  write(results)
 
 
 if __name__ == "__main__":

@@ -13,11 +13,12 @@ the write times, the time the newest of them was written (its manifest's modific
 Clocks: write times are the producer's (or the broker's) clock, the swap time the watch's; on one host they agree.
 """
 
-import json
 import os
 import statistics
 import time
 from typing import List, Optional, Sequence
+
+from tfps import run_records
 
 FRESHNESS_FILE = "freshness.jsonl"  # in the serving folder
 
@@ -54,24 +55,13 @@ def describe(record: dict) -> str:
 
 def append(serving_dir: str, record: dict) -> None:
   """Appends `record` to the serving folder's freshness records."""
-  with open(os.path.join(serving_dir, FRESHNESS_FILE), "a", encoding="utf-8") as f:
-    f.write(json.dumps(record, sort_keys=True) + "\n")
+  run_records.append_jsonl(os.path.join(serving_dir, FRESHNESS_FILE), record)
 
 
 def read(serving_dir: str) -> List[dict]:
   """The freshness records of `serving_dir` in the order written ([] where there are none); a line cut short (the
   watch killed while it wrote) is skipped."""
-  path = os.path.join(serving_dir, FRESHNESS_FILE)
-  if not os.path.exists(path):
-    return []
-  records = []
-  with open(path, encoding="utf-8") as f:
-    for line in f:
-      try:
-        records.append(json.loads(line))
-      except ValueError:
-        continue
-  return records
+  return run_records.read_jsonl(os.path.join(serving_dir, FRESHNESS_FILE))
 
 
 def summary_line(records: Sequence[dict]) -> Optional[str]:
