@@ -23,8 +23,8 @@ from tfps.training import delta_freshness
 from test_deltas import publish, wait_for
 from test_estimator_deltas import SLICE, counting_model_fn
 
-SECS = 2.0  # the delta interval
-SLICES, EVERY_SECS, BATCH = 5, 1.5, 8
+SECS = 3.0  # the delta interval
+SLICES, EVERY_SECS, BATCH = 6, 1.5, 8
 
 
 def write_slice(folder, index):
