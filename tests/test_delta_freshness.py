@@ -1,15 +1,15 @@
 """Freshness of served versions, end to end: slices written to a folder stream while a run trains on it with deltas
 and a `tfps-delta watch` process serves them; each version's freshness from the slices' write times to its swap."""
 
-import json
+import errno
 import os
-import shutil
 import subprocess
 import sys
 import threading
 import time
 
 import pytest
+import tensorflow as tf
 
 import online_stream
 import tfps
@@ -19,6 +19,9 @@ from tfps.data.stream import folder as folder_lib
 from tfps.estimator import online
 from tfps.training import delta_files
 from tfps.training import delta_freshness
+from tfps.training import delta_schedule
+from tfps.training import deltas
+from tfps.training import touched_rows
 
 from test_deltas import publish, wait_for
 from test_estimator_deltas import SLICE, counting_model_fn
@@ -131,3 +134,29 @@ def test_a_delta_without_write_times_is_told_in_one_line(served, tmp_path, capsy
       "delta-000001 holds no write times of its stream's examples (written by an older tfps, which did not record "
       "them))")
   assert [(r["version"], r["missing"]) for r in delta_freshness.read(serving)] == [(1, ["delta-000001"])]
+
+
+def test_a_failed_delta_leaves_its_write_times_to_the_next(tmp_path, monkeypatch):
+  """A full disk while writing a delta: the next delta's `written` spans the examples of both, as its `from` does."""
+  table = tf.Variable(tf.zeros([10, 2]))
+  touched = touched_rows.TouchedRows(tf.distribute.get_strategy())
+  schedule = delta_schedule.DeltaSchedule(deltas.DeltaWriter(str(tmp_path), [table], touched), 0, lambda: step[0],
+                                          os.makedirs)
+  step, span = [0], delta_schedule.WriteSpan()
+  schedule.begin(("s", {"p": 0}, span))
+
+  def train(row, position, written):
+    touched.mark(table, tf.constant([row]))
+    span.add(written)
+    step[0] += 1
+    return schedule.maybe_write(("s", {"p": position}, span))
+
+  assert deltas.read_manifest(train(1, 4, (10.0, 12.0)))["stream"]["written"] == {"oldest": 10.0, "newest": 12.0}
+  monkeypatch.setattr(deltas.np, "savez", lambda *args, **kwargs: (_ for _ in ()).throw(
+      OSError(errno.ENOSPC, "No space left on device")))
+  assert train(2, 6, (13.0, 14.0)) is None
+  monkeypatch.undo()
+  manifest = deltas.read_manifest(train(3, 9, (15.5, 16.0)))
+  assert manifest["stream"] == {"name": "s", "from": {"p": 4}, "to": {"p": 9},
+                                "written": {"oldest": 13.0, "newest": 16.0}}
+  assert manifest["step"] == 3 and span.describe() == {}  # cleared once written
