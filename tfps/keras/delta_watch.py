@@ -16,17 +16,18 @@ sums it up when it stops.
 import os
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 from tfps.keras import deltas as keras_deltas
 from tfps.training import delta_files
 from tfps.training import delta_freshness
 
 
-def serve_newest(folder: str, serving_dir: str, keep: int) -> Optional[str]:
+def serve_newest(folder: str, serving_dir: str, keep: int) -> Optional[Tuple[str, Optional[dict]]]:
   """Applies what is new in `folder` since the newest version served in `serving_dir`, as a new version there, and
-  removes all but the newest `keep` versions; returns the new version's folder, None when nothing was new. A chain
-  that cannot be applied raises a one-line `DeltaError` and writes nothing."""
+  removes all but the newest `keep` versions; returns the new version's folder and its freshness record (None where
+  it applied no delta of a stream run), None when nothing was new. A chain that cannot be applied raises a one-line
+  `DeltaError` and writes nothing."""
   versions = delta_files.served_versions(serving_dir)
   served = versions[max(versions)] if versions else None
   todo = delta_files.next_to_serve(folder, served)
@@ -34,14 +35,14 @@ def serve_newest(folder: str, serving_dir: str, keep: int) -> Optional[str]:
     return None
   start, delta_paths, version = todo
   path = keras_deltas.apply(start, delta_paths, os.path.join(serving_dir, str(version)))
-  swapped_at = time.time()
+  swapped_at, record = time.time(), None
   if delta_paths:
     manifests = [delta_files.read_manifest(delta) for delta in delta_paths]
     record = delta_freshness.version_record(version, manifests[-1]["step"], manifests, delta_paths, swapped_at)
     if record is not None:
       delta_freshness.append(serving_dir, record)
   delta_files.prune(serving_dir, keep)
-  return path
+  return path, record
 
 
 def watch(folder: str, serving_dir: str, *, keep: int = 3, interval_secs: float = 1.0, once: bool = False,
@@ -57,11 +58,11 @@ def watch(folder: str, serving_dir: str, *, keep: int = 3, interval_secs: float 
   told, measured = None, []
   while True:
     try:
-      path = serve_newest(folder, serving_dir, keep)
+      served = serve_newest(folder, serving_dir, keep)
       ok = True
-      if path is not None:
+      if served is not None:
         told = None
-        report(_served_line(serving_dir, path, measured), True)
+        report(_served_line(*served, measured), True)
     except (delta_files.DeltaError, OSError) as e:
       ok, line = False, str(e).splitlines()[0]
       if line != told:
@@ -74,12 +75,10 @@ def watch(folder: str, serving_dir: str, *, keep: int = 3, interval_secs: float 
       return ok
 
 
-def _served_line(serving_dir: str, path: str, measured: list) -> str:
-  """The line telling version `path` is served: its step and, where it applied deltas, its freshness (the record is
-  added to `measured`)."""
+def _served_line(path: str, record: Optional[dict], measured: list) -> str:
+  """The line telling version `path` is served: its step and, where it applied deltas of a stream run, its freshness
+  (`record`, added to `measured`)."""
   step = delta_files.read_manifest(path)["step"]
-  records = delta_freshness.read(serving_dir)
-  record = records[-1] if records and str(records[-1]["version"]) == os.path.basename(path) else None
   if record is None:
     return f"serving {path} (step {step})"
   measured.append(record)
