@@ -12,10 +12,17 @@ SIGTERM ends training after the steps in flight with a checkpoint. --stream=fold
 --stream_eval_every_steps/secs evaluate the newest checkpoint on the newest of them; the same script run as the
 evaluator task (tfps-launch --evaluator) is the sidecar: it evaluates every checkpoint on the held-out window current
 at it. --delta_export_secs=T writes a delta of the changed rows every T seconds to model_dir/deltas
-(docs/delta_export.md). See docs/online.md.
+(docs/delta_export.md); with --serve_deltas=DIR the chief also runs `tfps-delta watch` keeping DIR current, and the
+run's summary gives the freshness of the versions it served (from a message's write to the version serving it). See
+docs/online.md.
 """
 
+import contextlib
 import dataclasses
+import os
+import subprocess
+import sys
+import time
 
 from absl import flags
 
@@ -39,7 +46,10 @@ _PATH = flags.DEFINE_enum("path", "estimator", ["estimator", "keras"], "The trai
 _DELTA_EXPORT_SECS = flags.DEFINE_float(
     "delta_export_secs", None, "Seconds between delta exports of the changed rows to model_dir/deltas, each with the "
     "stream position of its examples (default: none; docs/delta_export.md). The Estimator path.", lower_bound=0)
-_ESTIMATOR_ONLY = ("stream_eval_every_steps", "stream_eval_every_secs", "delta_export_secs")
+_SERVE_DELTAS = flags.DEFINE_string(
+    "serve_deltas", None, "With --delta_export_secs: the chief runs `tfps-delta watch model_dir/deltas --serving=DIR` "
+    "while it trains, and the run's summary gives each served version's freshness (docs/delta_export.md).")
+_ESTIMATOR_ONLY = ("stream_eval_every_steps", "stream_eval_every_secs", "delta_export_secs", "serve_deltas")
 
 
 def main(argv):
@@ -49,6 +59,8 @@ def main(argv):
   if not fv.stream:
     raise tfps.UsageError("scripts/train_online.py trains on a stream: give --stream=kafka or --stream=folder")
   given = [f"--{name}" for name in _ESTIMATOR_ONLY if fv[name].value is not None]
+  if _SERVE_DELTAS.value and _DELTA_EXPORT_SECS.value is None:
+    raise tfps.UsageError(f"--serve_deltas={_SERVE_DELTAS.value} serves delta exports: give --delta_export_secs too")
   if _PATH.value == "keras" and given:
     raise tfps.UsageError(f"--path=keras does not take {', '.join(given)} (the Estimator path does): give "
                           f"--path=estimator or leave them out")
@@ -79,9 +91,38 @@ def _train_estimator(cluster, mode):
   """The chief's training on the Estimator path, with the inline evaluations of the newest held-out window."""
   from tfps.estimator import online  # pylint: disable=g-import-not-at-top
   fv = flags.FLAGS
-  online.train_on_stream(_estimator(cluster, mode), tfps_flags.stream_batches_from_flags(), max_steps=_MAX_STEPS.value,
-                         checkpoint_every_secs=fv.checkpoint_every_secs, evaluate_every_steps=fv.stream_eval_every_steps,
-                         evaluate_every_secs=fv.stream_eval_every_secs, eval_batch_size=fv.batch_size)
+  estimator = _estimator(cluster, mode)
+  with _served(_SERVE_DELTAS.value):
+    online.train_on_stream(estimator, tfps_flags.stream_batches_from_flags(), max_steps=_MAX_STEPS.value,
+                           checkpoint_every_secs=fv.checkpoint_every_secs,
+                           evaluate_every_steps=fv.stream_eval_every_steps,
+                           evaluate_every_secs=fv.stream_eval_every_secs, eval_batch_size=fv.batch_size)
+
+
+@contextlib.contextmanager
+def _served(serving_dir):
+  """With `serving_dir`: `tfps-delta watch` on model_dir/deltas while training runs (its lines in the chief's output);
+  after it, up to 60 s for the watch to serve the last export, then the served versions' freshness in the summary."""
+  if not serving_dir:
+    yield
+    return
+  from tfps import run_records  # pylint: disable=g-import-not-at-top
+  from tfps.training import delta_files, delta_freshness  # pylint: disable=g-import-not-at-top
+  folder = os.path.join(_MODEL_DIR.value, "deltas")
+  os.makedirs(folder, exist_ok=True)
+  watch = subprocess.Popen([sys.executable, "-m", "tfps.cli.delta", "watch", folder, f"--serving={serving_dir}",
+                            "--interval=0.5"])
+  try:
+    yield
+    deadline = time.monotonic() + 60
+    while (watch.poll() is None and time.monotonic() < deadline and
+           max(delta_files.versions_in(folder), default=-1) not in delta_files.served_versions(serving_dir)):
+      time.sleep(0.2)
+  finally:
+    watch.terminate()
+    watch.wait(timeout=60)
+  line = delta_freshness.summary_line(delta_freshness.read(serving_dir))
+  run_records.add_to_summary(_MODEL_DIR.value, "freshness", {"serving": serving_dir, "line": line})
 
 
 def _evaluate_estimator(cluster, mode):

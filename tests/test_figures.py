@@ -557,3 +557,37 @@ def test_the_training_cost_table_of_delta_export_md_is_its_results():
     assert min(written) >= 1 and (one["delta_every_secs"] > 3 or min(written) >= 2), written
   text = (REPO / "docs" / "delta_export.md").read_text(encoding="utf-8")
   assert delta_training_table(series) in text, "regenerate it: tests/test_figures.py's delta_training_table"
+
+
+def freshness_sentence(results: dict) -> str:
+  """docs/delta_export.md's measured freshness, as bench/results/delta_freshness.json gives it."""
+  n = len(results["versions"])
+  return (f"a delta every {results['delta_every_secs']:g} s, a slice of {results['slice_rows']:,} clicks every "
+          f"{results['slice_every_secs']:g} s for {results['secs']:g} s, Wide&Deep on 1 ps + 1 worker: {n} versions "
+          f"served, freshness median {results['median_freshness_secs']} s, worst {results['max_freshness_secs']} s; "
+          f"{results['within_target']} of {n} within the target of 2 x {results['delta_every_secs']:g} s plus the "
+          f"export time (median {results['median_export_secs']} s: the delta's write, the watch's look and the "
+          f"apply); load average {results['load_average'][0]}-{results['load_average'][1]}, measured at "
+          f"{results['measured_at']}.")
+
+
+@pytest.mark.parametrize("name", ["delta_freshness.json", "delta_freshness_10s.json"])
+def test_the_freshness_in_delta_export_md_is_its_results_value(name):
+  results = _json(name)
+  text = " ".join((REPO / "docs" / "delta_export.md").read_text(encoding="utf-8").split())
+  assert freshness_sentence(results) in text, freshness_sentence(results)
+  versions = results["versions"]
+  assert results["within_target"] == sum(v["freshness_secs"] <= v["target_secs"] for v in versions)
+  assert results["max_freshness_secs"] == max(v["freshness_secs"] for v in versions)
+  assert all(v["target_secs"] == pytest.approx(2 * results["delta_every_secs"] + v["export_secs"], abs=2e-3)
+             for v in versions)
+
+
+def test_the_watch_lines_in_the_docs_are_the_bench_runs():
+  results = _json("delta_freshness.json")
+  versions = results["versions"]
+  watch_lines = " ".join((REPO / "docs" / "delta_export.md").read_text(encoding="utf-8").split("```")[1::2])
+  version = next(v for v in versions if v["version"] == 7)
+  assert (f"(step {version['step']}; freshness {version['newest_freshness_secs']:.2f}-"
+          f"{version['freshness_secs']:.2f} s)") in watch_lines and results["watch_summary"] in watch_lines
+  assert results["watch_summary"] in (REPO / "docs" / "online.md").read_text(encoding="utf-8")

@@ -52,7 +52,7 @@ def test_every_program_help_lists_its_flags():
 
 
 @pytest.mark.parametrize("module,usage", [("launch", "usage: tfps-launch [flags] SCRIPT [-- SCRIPT_ARGS]\n"),
-                                          ("report", "usage: tfps-report MODEL_DIR [--out FILE.png]\n")])
+                                          ("report", "usage: tfps-report MODEL_DIR [--out FILE.png] [--serving DIR]\n")])
 def test_a_console_scripts_help_begins_with_its_usage(module, usage):
   """Run as the installed command runs it, from a wrapper without a docstring (absl's help would then begin
   `USAGE: program [flags]`, without the arguments it needs)."""

@@ -24,6 +24,7 @@ import online_stream
 from tfps.data.stream import folder
 from tfps.data.stream import holdout
 from tfps.data.stream.sources import Record
+from tfps.training import delta_freshness
 from tfps.training import deltas
 from tfps.training import stream_positions
 
@@ -189,8 +190,9 @@ def test_the_online_script_trains_a_bundled_model_on_a_folder_stream(tmp_path, s
   """scripts/train_online.py --stream=folder under tfps-launch with its sidecar: Wide&Deep on two slices (the second
   starting with a malformed line) with one message in about 8 held out, to the step that trains the last one (a
   partial batch); the last checkpoint's position is the end of the second slice, the chief evaluated the window at
-  step 4 and the sidecar every checkpoint, the launcher's summary gives the stream, and the last delta
-  (--delta_export_secs) is at the last step and position."""
+  step 4 and the sidecar every checkpoint, the launcher's summary gives the stream, the last delta
+  (--delta_export_secs) is at the last step and position, and the watch the chief ran (--serve_deltas) served it with
+  its freshness, summed up in the launcher's summary."""
   slices, spec, written = _folder_stream(tmp_path)
   model_dir = tmp_path / "run"
   steps = -(-(128 - _held_out_lines(written)) // 16)
@@ -198,7 +200,7 @@ def test_the_online_script_trains_a_bundled_model_on_a_folder_stream(tmp_path, s
                      [f"--stream_folder={slices}", f"--feature_spec={spec}", f"--max_steps={steps}",
                       "--steps_per_execution=2", "--save_checkpoints_steps=4", "--stream_holdout_every=8",
                       "--stream_eval_every_steps=4", "--stream_idle_flush_secs=1", f"--model_dir={model_dir}",
-                      "--delta_export_secs=0"])
+                      "--delta_export_secs=0", f"--serve_deltas={tmp_path / 'serving'}"])
   assert "malformed_records 1" in (model_dir / "loss.log").read_text()
   latest = str(model_dir / "checkpoints" / f"ckpt-{steps}")
   assert stream_positions.read_positions(str(model_dir), latest) == {"folder": ["clicks-1.csv", 65]}
@@ -211,6 +213,9 @@ def test_the_online_script_trains_a_bundled_model_on_a_folder_stream(tmp_path, s
   assert [path.name for path in exports[1:]] == [f"delta-{v:06d}" for v in range(1, len(exports))]
   last = deltas.read_manifest(str(exports[-1]))
   assert last["step"] == steps and last["stream"]["to"] == {"folder": ["clicks-1.csv", 65]}
+  served = delta_freshness.read(str(tmp_path / "serving"))
+  assert served and served[-1]["version"] == last["version"] and served[-1]["freshness_secs"] > 0
+  assert f"{delta_freshness.summary_line(served)} (served in {tmp_path / 'serving'}; tfps-report" in text, text
 
 
 def test_the_online_script_trains_on_the_keras_path_in_sync_mode(tmp_path, subprocess_env):

@@ -12,6 +12,7 @@ from tfps.cluster import summary as summary_lib
 from tfps.report import cli
 from tfps.report import series as series_lib
 from tfps import run_records
+from tfps.training import delta_freshness
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -97,7 +98,8 @@ def run_report(*args, prelude=""):
 def test_report_command_errors_are_one_line(tmp_path):
   none = run_report()
   assert none.returncode == 2 and none.stderr == (
-      "tfps-report: give one MODEL_DIR (got 0 arguments); usage: tfps-report MODEL_DIR [--out FILE.png]\n")
+      "tfps-report: give one MODEL_DIR (got 0 arguments); usage: tfps-report MODEL_DIR [--out FILE.png] "
+      "[--serving DIR]\n")
   bad_flag = run_report("--bogus", str(tmp_path))
   assert bad_flag.returncode == 2 and bad_flag.stderr == "tfps-report: Unknown command line flag 'bogus'\n"
   missing = run_report(str(tmp_path / "nope"))
@@ -152,3 +154,37 @@ def test_a_stream_run_shows_its_lag_and_its_windows(tmp_path):
   assert printed.returncode == 0, printed.stderr
   assert printed.stdout.splitlines()[0] == "evaluations on the newest held-out window of the stream:"
   assert printed.stdout.splitlines()[3].split()[0] == "30"
+
+
+def test_a_stream_run_with_served_deltas_shows_their_freshness(tmp_path):
+  """`--serving`: the freshness records `tfps-delta watch` wrote, plotted at their steps and tabled; a version whose
+  delta holds no write times is a line of its own; a serving folder that is not one is refused in one line."""
+  write_stream_run(tmp_path / "run_dir")
+  serving = tmp_path / "serving"
+  serving.mkdir()
+  for version, step, oldest, newest in [(1, 10, 100.0, 101.5), (2, 20, 103.0, 104.0)]:
+    delta_freshness.append(str(serving), {
+        "version": version, "step": step, "swapped_at": 106.0 + version, "deltas": [version],
+        "written": {"oldest": oldest, "newest": newest}, "exported_at": 105.0 + version,
+        "freshness_secs": 106.0 + version - oldest, "newest_freshness_secs": 106.0 + version - newest})
+  delta_freshness.append(str(serving), {"version": 3, "step": 30, "swapped_at": 110.0, "deltas": [3],
+                                        "missing": ["delta-000003"]})
+  records = delta_freshness.read(str(serving))
+  report = series_lib.build_series(run_records.read_run(str(tmp_path / "run_dir")), records)
+  oldest, newest = report.panels[series_lib.FRESHNESS_PANEL]
+  assert (oldest.steps, oldest.values, newest.values) == ([10, 20], [7.0, 5.0], [5.5, 4.0])
+  printed = run_report(str(tmp_path / "run_dir"), f"--serving={serving}")
+  assert printed.returncode == 0, printed.stderr
+  lines = printed.stdout.splitlines()
+  start = lines.index("served versions (tfps-delta watch):")
+  assert lines[start + 1].split()[:2] == ["version", "step"]
+  assert lines[start + 2].split()[:2] == ["1", "10"] and lines[start + 2].split()[-4:] == ["7.00", "5.50", "6.00",
+                                                                                           "1.00"]
+  assert lines[start + 4].endswith("freshness not measured: delta-000003 holds no write times of its stream's "
+                                   "examples (written by an older tfps, which did not record them)")
+  assert lines[start + 5] == ("freshness of 2 served version(s), from an example's write to the version serving it: "
+                              "median 6.00 s, worst 7.00 s (1 version(s) without write times)")
+  missing = run_report(str(tmp_path / "run_dir"), f"--serving={tmp_path / 'nope'}")
+  assert missing.returncode == 2 and missing.stderr == (
+      f"tfps-report: --serving '{tmp_path / 'nope'}' is not a directory (give the folder tfps-delta watch --serving= "
+      "keeps current)\n")

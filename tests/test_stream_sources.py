@@ -80,6 +80,27 @@ def test_json_records_are_read_by_the_spec_columns(kafka_broker):
   assert stream.next_batch(0.5) is None
 
 
+def test_a_batch_carries_when_its_records_were_written(kafka_broker, tmp_path):
+  """Kafka: the messages' timestamps; a folder: the slice's complete time (its marker's, or a renamed slice's own
+  modification time, to the sub-second)."""
+  before = time.time()
+  online_stream.produce(kafka_broker, [7, 8, 9], topic="stamps")
+  after = time.time()
+  batch = batches_lib.StreamBatches(_source(kafka_broker, "stamps"), online_stream.SPEC, batch_size=3).next_batch(10)
+  assert before - 0.002 <= batch.written[0] <= batch.written[1] <= after + 0.002, (before, batch.written, after)
+  _write(tmp_path, "slice-1.csv", ["1,1,1", "2,0,1"])
+  os.utime(tmp_path / "slice-1.csv.done", (1_700_000_000.25, 1_700_000_000.25))
+  marked = batches_lib.StreamBatches(folder_lib.FolderSource(str(tmp_path), pattern="slice-*.csv"),
+                                     online_stream.SPEC, batch_size=2).next_batch(1)
+  assert marked.written == (1_700_000_000.25, 1_700_000_000.25)
+  renamed = tmp_path / "renamed"
+  renamed.mkdir()
+  _write(renamed, "slice-1.csv", ["1,1,1"], done=False)
+  os.utime(renamed / "slice-1.csv", (1_700_000_100.5, 1_700_000_100.5))
+  source = folder_lib.FolderSource(str(renamed), complete="rename")
+  assert [record.timestamp for record in source.read(10, 1.0)] == [1_700_000_100.5]
+
+
 def _write(folder, name, lines, done=True):
   with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
     f.write("".join(line + "\n" for line in lines))

@@ -226,6 +226,8 @@ def define_launch_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 def define_report_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """Defines the flags of `tfps-report` in `flag_values`."""
   flags.DEFINE_string("out", None, "PNG file to write (default: MODEL_DIR/run/report.png).", flag_values=flag_values)
+  flags.DEFINE_string("serving", None, "The folder `tfps-delta watch --serving=` keeps current: each served "
+                      "version's freshness (docs/delta_export.md).", flag_values=flag_values)
   declare_program_flags(flag_values, __name__)
 
 

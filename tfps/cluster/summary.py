@@ -56,6 +56,14 @@ def _stream_lines(stream: Optional[dict]) -> List[str]:
   return lines
 
 
+def _freshness_lines(freshness: Optional[dict]) -> List[str]:
+  """The served versions' freshness (`tfps-delta watch` beside the run: scripts/train_online.py --serve_deltas)."""
+  if not freshness:
+    return []
+  return [f"{freshness.get('line') or 'no served version has write times: freshness not measured'} "
+          f"(served in {freshness.get('serving')}; tfps-report MODEL_DIR --serving=... tables it)"]
+
+
 def summary_lines(model_dir: Optional[str], restarts: Sequence[dict], launch_secs: float) -> List[str]:
   """The summary as lines of text (restarts: the supervisor's restart records)."""
   lines = []
@@ -74,6 +82,7 @@ def summary_lines(model_dir: Optional[str], restarts: Sequence[dict], launch_sec
     if validation:
       lines.append(f"final validation metrics: {_metrics_text(validation)}")
     lines += _stream_lines(summary.get("stream"))
+    lines += _freshness_lines(summary.get("freshness"))
   else:
     lines.append(f"no run summary{' in ' + model_dir if model_dir else ''} (training did not finish, or the script "
                  f"does not train with a model_dir); launch wall time {format_duration(launch_secs)}")

@@ -11,6 +11,7 @@ LOSS = "loss"
 SPEED_LABEL = "examples/s while training (no evaluations or checkpoints)"
 WINDOW_KIND = "window"  # run_records.WINDOW_KIND: an evaluation on a stream's held-out window
 LAG_PANELS = (("lag_messages", "lag (messages)"), ("lag_secs", "lag (seconds)"))
+FRESHNESS_PANEL = "freshness (seconds)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,9 +55,10 @@ def restart_steps(progress: Sequence[dict], restarts: Sequence[dict]) -> List[in
   return steps
 
 
-def build_series(run: dict) -> ReportSeries:
+def build_series(run: dict, freshness: Sequence[dict] = ()) -> ReportSeries:
   """The report's series from `run` (as `run_records.read_run` returns it); a stream run adds its held-out windows'
-  evaluations to the loss and AUC panels and its lag in panels of its own."""
+  evaluations to the loss and AUC panels and its lag in panels of its own, and with `freshness` (the served versions'
+  records, `tfps.training.delta_freshness.read`) their freshness at their steps."""
   train = [r for r in run["progress"] if r.get("kind") == "train"]
   validation = [r for r in run["progress"] if r.get("kind") == "validation"]
   windows = [r for r in run["progress"] if r.get("kind") == WINDOW_KIND]
@@ -74,6 +76,13 @@ def build_series(run: dict) -> ReportSeries:
     curve = _curve(f"{metric} (after the chunk's last batch)", train, metric)
     if curve.steps:
       panels[panel] = [curve]
+  measured = [record for record in freshness if "freshness_secs" in record]
+  if measured:
+    steps = [record["step"] for record in measured]
+    panels[FRESHNESS_PANEL] = [
+        Curve("served version: oldest example's write to its swap", steps, [r["freshness_secs"] for r in measured]),
+        Curve("served version: newest example's write to its swap", steps,
+              [r["newest_freshness_secs"] for r in measured])]
   return ReportSeries(panels=panels, restart_steps=restart_steps(run["progress"], run["restarts"]),
                       restart_labels=[r.get("cause", "restart") for r in run["restarts"]])
 

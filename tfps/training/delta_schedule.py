@@ -8,7 +8,8 @@ the end of training where anything was trained since.
 On a stream each export's manifest holds `stream`: the stream's name and the position `to` just after the last
 example the export holds (per Kafka partition the next offset; for a folder the slice and lines read), and a delta
 also `from`, the position after the examples of the export before it: the examples in `[from, to)` are those whose
-updates the delta is the first to ship.
+updates the delta is the first to ship, and `written`, the oldest and newest time those examples were written to the
+stream (`WriteSpan`; `tfps.training.delta_freshness` turns them into each served version's freshness).
 """
 
 import time
@@ -34,7 +35,31 @@ def refuse_tables(secs, tables: Sequence, whole_export: str) -> None:
                      f"({whole_export}) for them")
 
 
-Stream = Optional[Tuple[str, dict]]  # (the stream's name, the position after the last example trained on)
+class WriteSpan:
+  """The oldest and newest write time (seconds since the epoch) of the examples trained since the last export: the
+  stream loop adds each batch's, the schedule puts them in a delta's manifest and clears them once it is written."""
+
+  def __init__(self):
+    self.oldest: Optional[float] = None
+    self.newest: Optional[float] = None
+
+  def add(self, written: Optional[Tuple[float, float]]) -> None:
+    """Adds a batch's `(oldest, newest)` write time (None: its source gives none)."""
+    if written is not None:
+      self.oldest = written[0] if self.oldest is None else min(self.oldest, written[0])
+      self.newest = written[1] if self.newest is None else max(self.newest, written[1])
+
+  def describe(self) -> dict:
+    """`{"written": {"oldest": t, "newest": t}}` for a manifest's `stream`; {} where no write time was seen."""
+    return {} if self.oldest is None else {"written": {"oldest": self.oldest, "newest": self.newest}}
+
+  def clear(self) -> None:
+    self.oldest = self.newest = None
+
+
+# (the stream's name, the position after the last example trained on[, the `WriteSpan` of the examples since the last
+# export])
+Stream = Optional[tuple]
 
 
 class DeltaSchedule:
@@ -82,7 +107,7 @@ class DeltaSchedule:
     extra = None
     if stream is not None:
       start = self._position if self._position is not None else stream[1]
-      extra = {"stream": {"name": stream[0], "from": start, "to": stream[1]}}
+      extra = {"stream": {"name": stream[0], "from": start, "to": stream[1], **_span(stream).describe()}}
     try:
       path = self.writer.write_delta(step, extra)
     except OSError as e:
@@ -97,3 +122,8 @@ class DeltaSchedule:
     self._last, self._written_step = time.monotonic(), step
     if stream is not None:
       self._position = stream[1]
+      _span(stream).clear()
+
+
+def _span(stream: tuple) -> WriteSpan:
+  return stream[2] if len(stream) > 2 else WriteSpan()

@@ -32,6 +32,7 @@ import tensorflow as tf
 from tfps import _tf_private
 from tfps import run_records
 from tfps.errors import UsageError
+from tfps.training import delta_schedule
 from tfps.training import loop as loop_lib
 from tfps.training import stream_positions
 
@@ -72,6 +73,7 @@ class StreamLoop(loop_lib.TrainLoop):
                        f"trains one batch a step (async or geo): a sync step trains one batch per worker slot")
     self._batches = batches
     self._fed_positions = batches.positions()  # the position after the last batch scheduled
+    self._written = delta_schedule.WriteSpan()  # when the examples scheduled since the last delta export were written
     self._ready = collections.deque()  # batches read ahead while the last chunk's functions ran, not scheduled yet
     self._every_secs = checkpoint_every_secs
     self._stop: Callable[[], bool] = lambda: False
@@ -127,6 +129,8 @@ class StreamLoop(loop_lib.TrainLoop):
         batches = batches[:steps * per_step]
         results += _schedule(runner, batches, per_step)
         self._fed_positions = batches[-1].positions
+        for batch in batches:
+          self._written.add(batch.written)
         fed += steps
       if paused or not steps:
         break
@@ -201,8 +205,9 @@ class StreamLoop(loop_lib.TrainLoop):
             "last_windows": [{"step": r["step"], **r["metrics"]} for r in windows[-5:]]}
 
   def stream_position(self):
-    """`(stream name, position after the last batch scheduled)`: all of them applied between chunks."""
-    return self._batches.source.name, self._fed_positions
+    """`(stream name, position after the last batch scheduled, the write times of the examples scheduled since the
+    last delta export)`: all of them applied between chunks."""
+    return self._batches.source.name, self._fed_positions, self._written
 
   @property
   def coordinator(self):

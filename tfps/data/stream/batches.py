@@ -11,7 +11,7 @@ import collections
 import dataclasses
 import json
 import time
-from typing import Optional
+from typing import Optional, Tuple
 
 from absl import logging
 import tensorflow as tf
@@ -36,11 +36,14 @@ class Batch:
     positions: the stream's position just after the batch's last record (malformed and held-out records before it
       included).
     size: its examples: `batch_size`, or fewer in a partial batch (`idle_flush_secs`).
+    written: `(oldest, newest)` write time of its examples (`Record.timestamp`, seconds since the epoch), or None
+      where the source gives none.
   """
 
   element: tuple
   positions: Positions
   size: int
+  written: Optional[Tuple[float, float]] = None
 
 
 class StreamBatches:
@@ -146,12 +149,14 @@ class StreamBatches:
 
   def _take(self, size: int) -> Batch:
     """The batch of the next `size` well-formed pending records (a partial one: all of them)."""
-    lines, positions = [], dict(self._positions)
+    lines, positions, stamps = [], dict(self._positions), []
     while len(lines) < size:
       record, line, _ = self._pending.popleft()
       positions[record.key] = record.after
       if line is not None:
         lines.append(line)
+        if record.timestamp is not None:
+          stamps.append(record.timestamp)
     while self._pending and self._pending[0][1] is None:  # malformed or held out records next: passed too
       record, _, _ = self._pending.popleft()
       positions[record.key] = record.after
@@ -159,7 +164,7 @@ class StreamBatches:
     self._oldest_wait = next((read for _, line, read in self._pending if line is not None), None)
     self._positions = positions
     parse = self._parse if size == self.batch_size else self._parse_partial
-    return Batch(parse(tf.constant(lines)), dict(positions), size)
+    return Batch(parse(tf.constant(lines)), dict(positions), size, (min(stamps), max(stamps)) if stamps else None)
 
   def _checked(self, records) -> list:
     """Each record's line, or None where it is malformed (counted; raised with `strict`)."""

@@ -4,7 +4,9 @@ it is complete.
 A slice is complete when its `.done` marker is there (`complete="marker"`: `slice-0004.csv` with
 `slice-0004.csv.done`), or as soon as it matches the pattern (`complete="rename"`: the writer writes another name,
 e.g. `.slice-0004.csv.tmp`, and renames it when done). The position is the slice and the lines read from it, so a
-restarted chief goes on at the next line. The folder may be on shared storage (`tf.io.gfile`).
+restarted chief goes on at the next line. The folder may be on shared storage (`tf.io.gfile`). A record's write time
+(`Record.timestamp`) is its slice's complete time: the marker's modification time, or the slice's (its last write,
+before the rename).
 """
 
 import fnmatch
@@ -44,6 +46,7 @@ class FolderSource(Source):
     self._skip_header, self._poll_secs = skip_header, poll_secs
     self._slice, self._line = (positions or {}).get(KEY, [None, 0])
     self._lines: Optional[List[bytes]] = None  # the current slice's lines, once opened
+    self._written: Optional[float] = None  # the current slice's complete time, once opened
     if self._slice is not None and self._slice not in self._complete_slices():
       raise StreamError(f"{self.name}: slice {self._slice!r}, read up to line {self._line}, has vanished; "
                         "its unread lines are lost")
@@ -64,6 +67,18 @@ class FolderSource(Source):
     except tf.errors.NotFoundError:
       raise StreamError(f"{self.name}: slice {name!r} vanished while it was read") from None
     self._slice = name
+    self._written = self._complete_time(name)
+
+  def _complete_time(self, name: str) -> float:
+    """When slice `name` was complete (seconds since the epoch): its marker's or its own modification time (from
+    `os.stat` on a local folder: `tf.io.gfile.stat` gives whole seconds)."""
+    path = os.path.join(self._folder, name + (DONE_SUFFIX if self._complete == "marker" else ""))
+    if "://" not in path:
+      return os.path.getmtime(path if os.path.exists(path) else os.path.join(self._folder, name))
+    try:
+      return tf.io.gfile.stat(path).mtime_nsec / 1e9
+    except tf.errors.NotFoundError:  # a marker removed since: the slice's own time
+      return tf.io.gfile.stat(os.path.join(self._folder, name)).mtime_nsec / 1e9
 
   def _advance(self) -> bool:
     """Moves to the next complete slice when the current one is read; False when there is none yet."""
@@ -92,7 +107,7 @@ class FolderSource(Source):
         continue
       self._line += 1
       records.append(Record(self._lines[self._line - 1], KEY, [self._slice, self._line],
-                            f"{self._slice}:{self._line}"))
+                            f"{self._slice}:{self._line}", self._written))
     return records
 
   def positions(self) -> Positions:
