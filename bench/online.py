@@ -6,18 +6,20 @@ parsed on the chief, each scheduled function given its batches).
       --out=bench/results/online/stream_vs_files.json
 
 The chief holds librdkafka's mock cluster (one broker, in its own process: loopback inside the launcher's network
-namespace) and alternates the two variants `--repeats` times, each in a fresh model_dir: `--warmup_steps` steps
-(tracing), then `--steps` timed steps. Before each stream run it writes that run's rows (the same rows the files
-hold, in file order) to a topic of its own (4 partitions; the mock broker keeps ~17,000 rows per partition, so a run
-is at most ~60,000 rows). Per run: `wall`, the timed steps' examples over their wall time (with the run's start and
-its final checkpoint), and `windows`, the median of the step log's examples/s over windows of `--log_steps` steps
-(no checkpoint in them). Medians over the runs, and stream / files for each.
+namespace), writes the rows once to a topic (the same rows the files hold, in file order; 4 partitions; the mock
+broker keeps ~17,000 rows per partition, so a run is at most ~60,000 rows) and alternates the two variants
+`--repeats` times, each in a fresh model_dir: `--warmup_steps` steps (tracing), then `--steps` timed steps; each
+stream run reads the topic from its start. Per run: `wall`, the timed steps' examples over their wall time (with the
+run's start and its final checkpoint), `windows`, the median of the step log's examples/s over windows of
+`--log_steps` steps (no checkpoint in them), the CPU milliseconds per 1,000 examples of the chief (with the broker),
+the ps and the workers over the timed steps, and the load average after it. Medians over the runs, and stream /
+files for each; then the chief's reading and parsing alone (records/s over the wall time and over its CPU time).
 
 `--mode=quality`: a stream replay of the bundled MovieLens 100K against file training, on the same cluster:
 u1.base rows in one shuffled order (`--quality_epochs` passes, each shuffled anew, `--max_rows` per pass), trained
 once from a file on the workers and once from a folder stream of the same lines by the chief, same model (Wide&Deep
-on user and movie ids), seed, batches and steps; then both evaluated on all of u1.test. The target: the stream's AUC
-within 0.005 of the files'.
+on user and movie ids), seed, batches and steps; then both evaluated on all of u1.test. Once per seed of `--seeds`,
+the variants' order alternating. The target: the median of the stream's AUCs within 0.005 of the files'.
 
   .venv/bin/python -m tfps.cli.launch --num_ps=1 --num_workers=1 bench/online.py -- --mode=quality \
       --out=bench/results/online/stream_quality.json

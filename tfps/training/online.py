@@ -167,8 +167,9 @@ class StreamLoop(loop_lib.TrainLoop):
       if batch is None:
         return
       self._ready.append(batch)
-    if len(self._ready) == count:  # parsed now, not after the join (the workers would wait)
-      chunk = list(self._ready)
+    full = self._batches.batch_size
+    if len(self._ready) == count and all(batch.size == full for batch in self._ready):  # parsed now, not after
+      chunk = list(self._ready)  # the join (the workers would wait); a partial batch goes in a function of its own
       self._ready_stacked = (chunk, self._batches.stacked(chunk, count))
 
   def _stacked(self, batches, size: int):
