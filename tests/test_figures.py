@@ -337,7 +337,15 @@ def _quality_diffs_per_run(name: str) -> str:
   return ", ".join(f"{run['stream']['auc'] - run['files']['auc']:+.4f}" for run in _json(name)["runs"])
 
 
-_MEDIAN, _CPU = ("median",), "cpu_ms_per_1000_examples"
+_CPU = "cpu_ms_per_1000_examples"
+
+
+def _online_cpu(task: str) -> tuple:
+  """Median CPU ms per 1,000 examples of `task` (chief, all), files then stream, at 1 ps + 1 worker then 2 + 2."""
+  return tuple(_online(name, "median", variant, _CPU, task) for name in (_ONLINE_1X1, _ONLINE_2X2)
+               for variant in ("files", "stream"))
+
+
 _Q3, _Q1, _Q1_EARLIER = ("online/stream_quality.json", "online/stream_quality_1pass.json",
                          "online/stream_quality_1pass_earlier.json")
 _BEFORE, _AFTER = "online/stacked_parse_before.json", "online/stacked_parse_after.json"
@@ -350,15 +358,11 @@ ONLINE_PROSE = (
     ("| stream / files | {:.2f}x | {:.2f}x |", "online/stream_vs_files*.json",
      lambda: _online_pair("stream_over_files", "windows")),
     ("| CPU ms per 1,000 examples over all tasks, files and stream | {:.1f} and {:.1f} | {:.1f} and {:.1f} |",
-     "online/stream_vs_files*.json",
-     lambda: tuple(_online(name, "median", variant, _CPU, "all") for name in (_ONLINE_1X1, _ONLINE_2X2)
-                   for variant in ("files", "stream"))),
+     "online/stream_vs_files*.json", lambda: _online_cpu("all")),
     ("| stream / files, CPU per example | {:.2f}x | {:.2f}x |", "online/stream_vs_files*.json",
      lambda: _online_pair("stream_cpu_over_files", "all")),
     ("| the chief's CPU ms per 1,000 examples, files and stream | {:.1f} and {:.1f} | {:.1f} and {:.1f} |",
-     "online/stream_vs_files*.json",
-     lambda: tuple(_online(name, "median", variant, _CPU, "chief") for name in (_ONLINE_1X1, _ONLINE_2X2)
-                   for variant in ("files", "stream"))),
+     "online/stream_vs_files*.json", lambda: _online_cpu("chief")),
     ("| the chief reading and parsing alone, records/s over the wall time and over its CPU time | {:,.0f} and {:,.0f} "
      "| {:,.0f} and {:,.0f} |", "online/stream_vs_files*.json",
      lambda: tuple(_online(name, "chief_reads_and_parses_records_per_sec", kind) for name in (_ONLINE_1X1, _ONLINE_2X2)
@@ -383,7 +387,7 @@ ONLINE_PROSE = (
               _online(_Q1, "stream_minus_files_auc"))),
     ("seed 0's file run alone gave {:.4f} and {:.4f} test AUC in two series", f"{_Q1_EARLIER}, {_Q1}",
      lambda: tuple(_json(name)["runs"][0]["files"]["auc"] for name in (_Q1_EARLIER, _Q1))),
-    ("stream minus files per seed: {} at 3 passes, {} at 1 pass, {} in an earlier 1-pass series ({:+.4f} as medians)",
+    ("Stream minus files per seed: {} at 3 passes, {} at 1 pass, {} in an earlier 1-pass series ({:+.4f} as medians)",
      f"{_Q3}, {_Q1}, {_Q1_EARLIER}",
      lambda: (_quality_diffs_per_run(_Q3), _quality_diffs_per_run(_Q1), _quality_diffs_per_run(_Q1_EARLIER),
               _online(_Q1_EARLIER, "stream_minus_files_auc"))),

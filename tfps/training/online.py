@@ -27,6 +27,7 @@ import time
 from typing import Callable, Optional
 
 from absl import logging
+
 from tfps import _tf_private
 from tfps import run_records
 from tfps.errors import UsageError

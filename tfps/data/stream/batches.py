@@ -39,6 +39,7 @@ class Batch:
     positions: the stream's position just after the batch's last record (malformed and held-out records before it
       included).
     size: its examples: `batch_size`, or fewer in a partial batch (`idle_flush_secs`).
+    parse: `fn(lines tensor) -> element`, the stream's parse for a batch of its size.
   """
 
   lines: list
