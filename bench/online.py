@@ -232,8 +232,7 @@ def _quality_run(cluster, work: str, seed: int, variants) -> dict:
                           log_step_count_steps=_LOG_STEPS.value, tf_random_seed=seed)
   test_fn = delimited.delimited_dataset_fn(os.path.join(_DATA_DIR.value, "u1.test"), spec, batch_size=1024,
                                            repeat=False, scan=False, shuffle_buffer=0, drop_remainder=False)
-  stream_dir = os.path.join(work, f"slices-{seed}")
-  os.makedirs(stream_dir)
+  stream_dir = tempfile.mkdtemp(dir=work, prefix=f"slices-{seed}-")  # a seed may run more than once
   os.link(path, os.path.join(stream_dir, "slice-0.tsv"))  # complete at once: --stream_complete=rename
 
   def make(positions):
@@ -242,8 +241,8 @@ def _quality_run(cluster, work: str, seed: int, variants) -> dict:
 
   results = {"rows": rows, "steps": steps}
   for variant in variants:
-    estimator = tfps.Estimator(model_fn, model_dir=os.path.join(work, f"{variant}-{seed}"), config=config,
-                               cluster=cluster)
+    estimator = tfps.Estimator(model_fn, model_dir=tempfile.mkdtemp(dir=work, prefix=f"{variant}-{seed}-"),
+                               config=config, cluster=cluster)
     start = time.monotonic()
     if variant == "files":
       estimator.train(delimited.delimited_dataset_fn(path, spec, batch_size=_BATCH.value, shuffle_buffer=0,

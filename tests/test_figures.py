@@ -348,6 +348,7 @@ def _online_cpu(task: str) -> tuple:
 
 _Q3, _Q1, _Q1_EARLIER = ("online/stream_quality.json", "online/stream_quality_1pass.json",
                          "online/stream_quality_1pass_earlier.json")
+_Q1_SAME = "online/stream_quality_1pass_seed0_thrice.json"
 _BEFORE, _AFTER = "online/stacked_parse_before.json", "online/stacked_parse_after.json"
 # Figures in docs/online.md: (quoted text, results file, values).
 ONLINE_PROSE = (
@@ -387,6 +388,9 @@ ONLINE_PROSE = (
               _online(_Q1, "stream_minus_files_auc"))),
     ("seed 0's file run alone gave {:.4f} and {:.4f} test AUC in two series", f"{_Q1_EARLIER}, {_Q1}",
      lambda: tuple(_json(name)["runs"][0]["files"]["auc"] for name in (_Q1_EARLIER, _Q1))),
+    ("three runs of seed 0 in one series gave {} from files and {} from the stream", _Q1_SAME,
+     lambda: tuple(", ".join(f"{run[variant]['auc']:.4f}" for run in _json(_Q1_SAME)["runs"])
+                   for variant in ("files", "stream"))),
     ("Stream minus files per seed: {} at 3 passes, {} at 1 pass, {} in an earlier 1-pass series ({:+.4f} as medians)",
      f"{_Q3}, {_Q1}, {_Q1_EARLIER}",
      lambda: (_quality_diffs_per_run(_Q3), _quality_diffs_per_run(_Q1), _quality_diffs_per_run(_Q1_EARLIER),
