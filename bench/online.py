@@ -179,25 +179,28 @@ def run_chief(cluster):
   summary_parse = _parse_rate(make_source=lambda: kafka.KafkaSource(bootstrap, "criteo", group_id="parse",
                                                                       start="earliest"),
                               spec=spec, batches_lib=batches, steps=_WARMUP.value + _STEPS.value - 1)
+  summary = _speed_summary(cluster, results, summary_parse)
+  print(json.dumps(summary, indent=1), flush=True)
+  if _OUT.value:
+    with open(_OUT.value, "w", encoding="utf-8") as f:
+      json.dump(summary, f, indent=1)
+
+
+def _speed_summary(cluster, results: dict, parse_rate: dict) -> dict:
+  """The speed mode's results: each run's, their medians, stream / files, and the load averages beside the runs."""
   median = {variant: {**{kind: statistics.median(run[kind] for run in runs) for kind in ("wall", "windows")},
                       "cpu_ms_per_1000_examples": {kind: statistics.median(r["cpu_ms_per_1000_examples"][kind]
                                                                            for r in runs)
                                                    for kind in runs[0]["cpu_ms_per_1000_examples"]}}
             for variant, runs in results.items()}
   cpu = {variant: median[variant]["cpu_ms_per_1000_examples"] for variant in median}
-  summary = {"batch_size": _BATCH.value, "steps": _STEPS.value, "warmup_steps": _WARMUP.value,
-             "steps_per_execution": _SPE.value, "log_steps": _LOG_STEPS.value,
-             "cluster": f"{cluster.num_ps} ps + {cluster.num_workers} worker", "examples_per_sec": results,
-             "median": median,
-             "chief_reads_and_parses_records_per_sec": summary_parse,
-             "stream_over_files": {kind: median["stream"][kind] / median["files"][kind]
-                                   for kind in ("wall", "windows")},
-             "stream_cpu_over_files": {kind: cpu["stream"][kind] / cpu["files"][kind] for kind in cpu["files"]},
-             "load_average": [run["load_average"] for runs in results.values() for run in runs]}
-  print(json.dumps(summary, indent=1), flush=True)
-  if _OUT.value:
-    with open(_OUT.value, "w", encoding="utf-8") as f:
-      json.dump(summary, f, indent=1)
+  return {"batch_size": _BATCH.value, "steps": _STEPS.value, "warmup_steps": _WARMUP.value,
+          "steps_per_execution": _SPE.value, "log_steps": _LOG_STEPS.value,
+          "cluster": f"{cluster.num_ps} ps + {cluster.num_workers} worker", "examples_per_sec": results,
+          "median": median, "chief_reads_and_parses_records_per_sec": parse_rate,
+          "stream_over_files": {kind: median["stream"][kind] / median["files"][kind] for kind in ("wall", "windows")},
+          "stream_cpu_over_files": {kind: cpu["stream"][kind] / cpu["files"][kind] for kind in cpu["files"]},
+          "load_average": [run["load_average"] for runs in results.values() for run in runs]}
 
 
 def _replay_lines(work: str, seed: int):
