@@ -362,6 +362,7 @@ def _pooled_1pass() -> tuple:
   medians = {variant: statistics.median(values) for variant, values in aucs.items()}
   return len(aucs["files"]), medians["stream"], medians["files"], medians["stream"] - medians["files"]
 _BEFORE, _AFTER = "online/stacked_parse_before.json", "online/stacked_parse_after.json"
+_BEFORE_LOWER = "online/stacked_parse_before_lower_load.json"
 # Figures in docs/online.md: (quoted text, results file, values).
 ONLINE_PROSE = (
     ("| examples/s over the step-log windows, files | {:,.0f} | {:,.0f} |", "online/stream_vs_files*.json",
@@ -390,6 +391,14 @@ ONLINE_PROSE = (
      "{:.2f}x", "online/stacked_parse_{before,after}.json",
      lambda: (_online(_BEFORE, "median", "stream", _CPU, "chief"), _online(_AFTER, "median", "stream", _CPU, "chief"),
               _online(_BEFORE, "stream_cpu_over_files", "all"), _online(_AFTER, "stream_cpu_over_files", "all"))),
+    ("at a lower load, {} runs of each before the change: the chief's CPU per 1,000 examples {:.1f} ms against {:.1f} "
+     "ms after (the series above), its reader and parse alone {:,.0f} records/s of CPU time against {:,.0f}",
+     f"{_BEFORE_LOWER}, {_ONLINE_1X1}",
+     lambda: (len(_json(_BEFORE_LOWER)["examples_per_sec"]["stream"]),
+              _online(_BEFORE_LOWER, "median", "stream", _CPU, "chief"),
+              _online(_ONLINE_1X1, "median", "stream", _CPU, "chief"),
+              _online(_BEFORE_LOWER, "chief_reads_and_parses_records_per_sec", "cpu"),
+              _online(_ONLINE_1X1, "chief_reads_and_parses_records_per_sec", "cpu"))),
     ("examples/s over the windows {:.2f}x the files' before and {:.2f}x after", "online/stacked_parse_{before,after}.json",
      lambda: (_online(_BEFORE, "stream_over_files", "windows"), _online(_AFTER, "stream_over_files", "windows"))),
     ("after {} passes the medians are {:.4f} from the stream and {:.4f} from files, {:+.4f}", _Q3,
