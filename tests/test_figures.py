@@ -103,6 +103,8 @@ def _applied_per_ps(name: str) -> tuple:
 
 
 _ONLINE_1X1, _ONLINE_2X2 = "online/stream_vs_files.json", "online/stream_vs_files_2x2.json"
+_ONLINE_EARLIER = ("online/stream_vs_files_first.json", "online/stream_vs_files_2x2_first.json",
+                   "online/stream_vs_files_2x2_second.json")
 
 
 def _online_loads() -> tuple:
@@ -383,6 +385,10 @@ ONLINE_PROSE = (
                    for kind in ("wall", "cpu"))),
     ("| load average beside the runs | {:.0f}-{:.0f} | {:.0f}-{:.0f} |", "online/stream_vs_files*.json",
      lambda: _online_load(_ONLINE_1X1) + _online_load(_ONLINE_2X2)),
+    ("Earlier series gave {:.2f}x at 1 ps + 1 worker and {:.2f}x and {:.2f}x at 2 ps + 2 workers (load averages "
+     "{:.0f}-{:.0f}, {:.0f}-{:.0f} and {:.0f}-{:.0f})", "online/stream_vs_files_{first,2x2_first,2x2_second}.json",
+     lambda: tuple(_online(name, "stream_over_files", "windows") for name in _ONLINE_EARLIER)
+     + sum((_online_load(name) for name in _ONLINE_EARLIER), ())),
     ("1 ps + 1 worker, the stream runs gave {} examples/s in turn, the file runs {}", _ONLINE_1X1,
      lambda: (_online_runs(_ONLINE_1X1, "stream"), _online_runs(_ONLINE_1X1, "files"))),
     ("2 ps + 2 workers {} and {}", _ONLINE_2X2,
