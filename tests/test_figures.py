@@ -124,6 +124,17 @@ def _applied_per_ps(name: str) -> tuple:
   return exact, len(runs), min(applied), asked, counted
 
 
+_ONLINE_1X1, _ONLINE_2X2 = "online/stream_vs_files.json", "online/stream_vs_files_2x2.json"
+_ONLINE_EARLIER = ("online/stream_vs_files_first.json", "online/stream_vs_files_2x2_first.json",
+                   "online/stream_vs_files_2x2_second.json")
+
+
+def _online_loads() -> tuple:
+  """The lowest and highest load average beside the runs of the stream-against-files series."""
+  loads = [load for name in (_ONLINE_1X1, _ONLINE_2X2) for load in _json(name)["load_average"]]
+  return min(loads), max(loads)
+
+
 @dataclasses.dataclass(frozen=True)
 class Figure:
   """A README row (its first cell starts with `row`) quotes `template` filled with `values()` from `source`."""
@@ -266,15 +277,25 @@ FIGURES = (
     Figure("raw ids without hashing", "with `--bf16_rows` {:.2f}x the bytes", "dynamic_embedding_measured_bf16.json",
            lambda: (_json("dynamic_embedding_measured_bf16.json")["experiments"]["bf16_rows"]["summary"]
                     ["bytes_bf16_vs_float32"],)),
-    Figure("stream input against file input", "{:.2f}x the examples/s", "online/stream_vs_files.json",
-           lambda: (_json("online/stream_vs_files.json")["stream_over_files"]["windows"],)),
+    Figure("stream input against file input", "1 ps + 1 worker: {:.2f}x the examples/s", _ONLINE_1X1,
+           lambda: (_json(_ONLINE_1X1)["stream_over_files"]["windows"],)),
+    Figure("stream input against file input", "2 ps + 2 workers: {:.2f}x", _ONLINE_2X2,
+           lambda: (_json(_ONLINE_2X2)["stream_over_files"]["windows"],)),
+    Figure("stream input against file input", "CPU per example over all tasks {:.2f}x and {:.2f}x",
+           f"{_ONLINE_1X1}, {_ONLINE_2X2}",
+           lambda: tuple(_json(name)["stream_cpu_over_files"]["all"] for name in (_ONLINE_1X1, _ONLINE_2X2))),
+    Figure("stream input against file input", "load average {:.0f}-{:.0f}", f"{_ONLINE_1X1}, {_ONLINE_2X2}",
+           lambda: _online_loads()),
     Figure("a stream replay of the bundled MovieLens", "{:+.4f} AUC at {} passes ({:.4f} against {:.4f}); {:+.4f} at "
            "{} pass", "online/stream_quality.json",
            lambda: (_json("online/stream_quality.json")["stream_minus_files_auc"],
-                    _json("online/stream_quality.json")["passes"], _json("online/stream_quality.json")["stream"]["auc"],
-                    _json("online/stream_quality.json")["files"]["auc"],
+                    _json("online/stream_quality.json")["passes"],
+                    _json("online/stream_quality.json")["median_auc"]["stream"],
+                    _json("online/stream_quality.json")["median_auc"]["files"],
                     _json("online/stream_quality_1pass.json")["stream_minus_files_auc"],
                     _json("online/stream_quality_1pass.json")["passes"])),
+    Figure("a stream replay of the bundled MovieLens", "{:+.4f} over all {} runs of each 1-pass series",
+           "online/stream_quality_1pass*.json", lambda: (_pooled_1pass()[3], _pooled_1pass()[0])),
     Figure("raw ids without hashing", "{:+.3f} AUC over hashed tables", "dynamic_embedding_measured_movielens.json",
            lambda: (_json("dynamic_embedding_measured_movielens.json")["experiments"]["movielens"]["summary"]
                     ["auc_dynamic_minus_hashed"],)),
@@ -334,6 +355,114 @@ PERFORMANCE_PROSE = (
     ("`geo_steps` ({} here)", "modes.json", lambda: (_json("modes.json")["geo_steps"],)),
     ("load average {:.1f} before and {:.1f} after", "modes.json",
      lambda: (_json("modes.json")["load_before"][0], _json("modes.json")["load_after"][0])),
+)
+
+
+def _online(name: str, *path):
+  """A value of a stream-against-files results file: `path` keys into it."""
+  value = _json(name)
+  for key in path:
+    value = value[key]
+  return value
+
+
+def _online_pair(*path) -> tuple:
+  return tuple(_online(name, *path) for name in (_ONLINE_1X1, _ONLINE_2X2))
+
+
+def _online_runs(name: str, variant: str) -> str:
+  return ", ".join(f"{run['windows']:,.0f}" for run in _json(name)["examples_per_sec"][variant])
+
+
+def _online_load(name: str) -> tuple:
+  return min(_json(name)["load_average"]), max(_json(name)["load_average"])
+
+
+def _quality_diffs_per_run(name: str) -> str:
+  return ", ".join(f"{run['stream']['auc'] - run['files']['auc']:+.4f}" for run in _json(name)["runs"])
+
+
+_CPU = "cpu_ms_per_1000_examples"
+
+
+def _online_cpu(task: str) -> tuple:
+  """Median CPU ms per 1,000 examples of `task` (chief, all), files then stream, at 1 ps + 1 worker then 2 + 2."""
+  return tuple(_online(name, "median", variant, _CPU, task) for name in (_ONLINE_1X1, _ONLINE_2X2)
+               for variant in ("files", "stream"))
+
+
+_Q3, _Q1, _Q1_EARLIER = ("online/stream_quality.json", "online/stream_quality_1pass.json",
+                         "online/stream_quality_1pass_earlier.json")
+_Q1_SAME = "online/stream_quality_1pass_seed0_thrice.json"
+_Q1_SERIES = (_Q1_EARLIER, "online/stream_quality_1pass_second.json", _Q1_SAME,
+              "online/stream_quality_1pass_third.json", _Q1)  # in the order they ran
+
+
+def _pooled_1pass() -> tuple:
+  """(runs of each variant, the stream's and the files' median AUC over all 1-pass series, their difference)."""
+  aucs = {variant: [run[variant]["auc"] for name in _Q1_SERIES for run in _json(name)["runs"]]
+          for variant in ("stream", "files")}
+  medians = {variant: statistics.median(values) for variant, values in aucs.items()}
+  return len(aucs["files"]), medians["stream"], medians["files"], medians["stream"] - medians["files"]
+_BEFORE, _AFTER = "online/stacked_parse_before.json", "online/stacked_parse_after.json"
+_BEFORE_LOWER = "online/stacked_parse_before_lower_load.json"
+# Figures in docs/online.md: (quoted text, results file, values).
+ONLINE_PROSE = (
+    ("| examples/s over the step-log windows, files | {:,.0f} | {:,.0f} |", "online/stream_vs_files*.json",
+     lambda: _online_pair("median", "files", "windows")),
+    ("| examples/s over the step-log windows, stream | {:,.0f} | {:,.0f} |", "online/stream_vs_files*.json",
+     lambda: _online_pair("median", "stream", "windows")),
+    ("| stream / files | {:.2f}x | {:.2f}x |", "online/stream_vs_files*.json",
+     lambda: _online_pair("stream_over_files", "windows")),
+    ("| CPU ms per 1,000 examples over all tasks, files and stream | {:.1f} and {:.1f} | {:.1f} and {:.1f} |",
+     "online/stream_vs_files*.json", lambda: _online_cpu("all")),
+    ("| stream / files, CPU per example | {:.2f}x | {:.2f}x |", "online/stream_vs_files*.json",
+     lambda: _online_pair("stream_cpu_over_files", "all")),
+    ("| the chief's CPU ms per 1,000 examples, files and stream | {:.1f} and {:.1f} | {:.1f} and {:.1f} |",
+     "online/stream_vs_files*.json", lambda: _online_cpu("chief")),
+    ("| the chief reading and parsing alone, records/s over the wall time and over its CPU time | {:,.0f} and {:,.0f} "
+     "| {:,.0f} and {:,.0f} |", "online/stream_vs_files*.json",
+     lambda: tuple(_online(name, "chief_reads_and_parses_records_per_sec", kind) for name in (_ONLINE_1X1, _ONLINE_2X2)
+                   for kind in ("wall", "cpu"))),
+    ("| load average beside the runs | {:.0f}-{:.0f} | {:.0f}-{:.0f} |", "online/stream_vs_files*.json",
+     lambda: _online_load(_ONLINE_1X1) + _online_load(_ONLINE_2X2)),
+    ("Earlier series gave {:.2f}x at 1 ps + 1 worker and {:.2f}x and {:.2f}x at 2 ps + 2 workers (load averages "
+     "{:.0f}-{:.0f}, {:.0f}-{:.0f} and {:.0f}-{:.0f})", "online/stream_vs_files_{first,2x2_first,2x2_second}.json",
+     lambda: tuple(_online(name, "stream_over_files", "windows") for name in _ONLINE_EARLIER)
+     + sum((_online_load(name) for name in _ONLINE_EARLIER), ())),
+    ("1 ps + 1 worker, the stream runs gave {} examples/s in turn, the file runs {}", _ONLINE_1X1,
+     lambda: (_online_runs(_ONLINE_1X1, "stream"), _online_runs(_ONLINE_1X1, "files"))),
+    ("2 ps + 2 workers {} and {}", _ONLINE_2X2,
+     lambda: (_online_runs(_ONLINE_2X2, "stream"), _online_runs(_ONLINE_2X2, "files"))),
+    ("the chief's CPU per 1,000 examples went from {:.1f} ms to {:.1f} ms, all tasks' from {:.2f}x the files' to "
+     "{:.2f}x", "online/stacked_parse_{before,after}.json",
+     lambda: (_online(_BEFORE, "median", "stream", _CPU, "chief"), _online(_AFTER, "median", "stream", _CPU, "chief"),
+              _online(_BEFORE, "stream_cpu_over_files", "all"), _online(_AFTER, "stream_cpu_over_files", "all"))),
+    ("at a lower load, {} runs of each before the change: the chief's CPU per 1,000 examples {:.1f} ms against {:.1f} "
+     "ms after (the series above), its reader and parse alone {:,.0f} records/s of CPU time against {:,.0f}",
+     f"{_BEFORE_LOWER}, {_ONLINE_1X1}",
+     lambda: (len(_json(_BEFORE_LOWER)["examples_per_sec"]["stream"]),
+              _online(_BEFORE_LOWER, "median", "stream", _CPU, "chief"),
+              _online(_ONLINE_1X1, "median", "stream", _CPU, "chief"),
+              _online(_BEFORE_LOWER, "chief_reads_and_parses_records_per_sec", "cpu"),
+              _online(_ONLINE_1X1, "chief_reads_and_parses_records_per_sec", "cpu"))),
+    ("examples/s over the windows {:.2f}x the files' before and {:.2f}x after", "online/stacked_parse_{before,after}.json",
+     lambda: (_online(_BEFORE, "stream_over_files", "windows"), _online(_AFTER, "stream_over_files", "windows"))),
+    ("after {} passes the medians are {:.4f} from the stream and {:.4f} from files, {:+.4f}", _Q3,
+     lambda: (_online(_Q3, "passes"), _online(_Q3, "median_auc", "stream"), _online(_Q3, "median_auc", "files"),
+              _online(_Q3, "stream_minus_files_auc"))),
+    ("after {} pass {:.4f} and {:.4f}, {:+.4f}", _Q1,
+     lambda: (_online(_Q1, "passes"), _online(_Q1, "median_auc", "stream"), _online(_Q1, "median_auc", "files"),
+              _online(_Q1, "stream_minus_files_auc"))),
+    ("three runs of seed 0 in one series gave {} from files and {} from the stream", _Q1_SAME,
+     lambda: tuple(", ".join(f"{run[variant]['auc']:.4f}" for run in _json(_Q1_SAME)["runs"])
+                   for variant in ("files", "stream"))),
+    ("Stream minus files per seed: {} at 3 passes, {} at 1 pass", f"{_Q3}, {_Q1}",
+     lambda: (_quality_diffs_per_run(_Q3), _quality_diffs_per_run(_Q1))),
+    ("the 1-pass series gave {} as differences of their medians", "online/stream_quality_1pass*.json",
+     lambda: (", ".join(f"{_json(name)['stream_minus_files_auc']:+.4f}" for name in _Q1_SERIES),)),
+    ("over all their {} runs of each the medians are {:.4f} from the stream and {:.4f} from files ({:+.4f})",
+     "online/stream_quality_1pass*.json", lambda: _pooled_1pass()),
 )
 
 
@@ -423,6 +552,13 @@ def test_each_figure_in_performance_md_prose_is_its_results_value(template, sour
   text = " ".join((REPO / "docs" / "performance.md").read_text(encoding="utf-8").split())
   quoted = template.format(*values())
   assert quoted in text, f"docs/performance.md quotes {source}; the results give {quoted!r}"
+
+
+@pytest.mark.parametrize("template,source,values", ONLINE_PROSE, ids=[p[0][:40] for p in ONLINE_PROSE])
+def test_each_figure_in_online_md_is_its_results_value(template, source, values):
+  text = " ".join((REPO / "docs" / "online.md").read_text(encoding="utf-8").split())
+  quoted = " ".join(template.format(*values()).split())
+  assert quoted in text, f"docs/online.md quotes {source}; the results give {quoted!r}"
 
 
 def test_no_number_in_the_what_works_table_is_without_a_source():

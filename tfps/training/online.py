@@ -27,7 +27,6 @@ import time
 from typing import Callable, Optional
 
 from absl import logging
-import tensorflow as tf
 
 from tfps import _tf_private
 from tfps import run_records
@@ -75,6 +74,7 @@ class StreamLoop(loop_lib.TrainLoop):
     self._fed_positions = batches.positions()  # the position after the last batch scheduled
     self._written = delta_schedule.WriteSpan()  # when the examples scheduled since the last delta export were written
     self._ready = collections.deque()  # batches read ahead while the last chunk's functions ran, not scheduled yet
+    self._ready_stacked = ([], None)  # a function's worth of them, and their stacked element
     self._every_secs = checkpoint_every_secs
     self._stop: Callable[[], bool] = lambda: False
     self._evaluation_due = evaluation_due or (lambda step: False)
@@ -127,7 +127,7 @@ class StreamLoop(loop_lib.TrainLoop):
       self._ready.extendleft(reversed(batches[steps * per_step:]))  # a step's batches go in together
       if steps:
         batches = batches[:steps * per_step]
-        results += _schedule(runner, batches, per_step)
+        results += _schedule(runner, batches, per_step, self._stacked)
         self._fed_positions = batches[-1].positions
         for batch in batches:
           self._written.add(batch.written)
@@ -172,6 +172,18 @@ class StreamLoop(loop_lib.TrainLoop):
       if batch is None:
         return
       self._ready.append(batch)
+    full = self._batches.batch_size
+    if len(self._ready) == count and all(batch.size == full for batch in self._ready):  # parsed now, not after
+      chunk = list(self._ready)  # the join (the workers would wait); a partial batch goes in a function of its own
+      self._ready_stacked = (chunk, self._batches.stacked(chunk, count))
+
+  def _stacked(self, batches, size: int):
+    """The stacked element of `batches` (`StreamBatches.stacked`): the one `_read_ahead` made where it is theirs."""
+    chunk, stacked = self._ready_stacked
+    self._ready_stacked = ([], None)
+    if len(chunk) == len(batches) == size and all(a is b for a, b in zip(chunk, batches)):
+      return stacked
+    return self._batches.stacked(batches, size)
 
   def _save_with_positions(self, step: int, after_checkpoint) -> None:
     """The checkpoint of `step` with the position after every batch scheduled (all applied: the loop joined), then
@@ -228,26 +240,19 @@ class StreamLoop(loop_lib.TrainLoop):
     return metrics
 
 
-def _schedule(runner, batches, per_step: int) -> list:
+def _schedule(runner, batches, per_step: int, stacked) -> list:
   """Schedules `batches` (fed in order, `per_step` to a step), the steps whose batches are of one size in one function
-  (a partial batch's step alone); returns the functions' results."""
+  (a partial batch's step alone), each given `stacked(its batches, steps_per_execution * per_step)`; returns the
+  functions' results."""
   results, start = [], 0
   while start < len(batches):
     end = start + per_step
     while end < len(batches) and batches[end].size == batches[start].size:
       end += per_step
-    results.append(runner.schedule_batches(_stacked(batches[start:end], runner.steps_per_execution * per_step),
+    results.append(runner.schedule_batches(stacked(batches[start:end], runner.steps_per_execution * per_step),
                                            (end - start) // per_step))
     start = end
   return results
-
-
-def _stacked(batches, size: int):
-  """The batches' elements stacked along a new first dimension, padded to `size` with the last one (the padding is
-  never trained on: the function runs only the steps it is given)."""
-  elements = [batch.element for batch in batches]
-  elements += [elements[-1]] * (size - len(elements))
-  return tf.nest.map_structure(lambda *tensors: tf.stack(tensors), *elements)
 
 
 def check_mode(mode) -> None:

@@ -9,9 +9,11 @@ JSON object with the spec's columns (a column it lacks, or holds as null, is mis
 
 import collections
 import dataclasses
+import functools
+import itertools
 import json
 import time
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 from absl import logging
 import tensorflow as tf
@@ -29,21 +31,29 @@ _READ_CHUNK = 4096
 
 @dataclasses.dataclass
 class Batch:
-  """One batch of a stream.
+  """One batch of a stream, parsed when its `element` is first asked for (`StreamBatches.stacked` parses the
+  batches of a scheduled function at once instead).
 
   Attributes:
-    element: `(features, label)` tensors of `batch_size` examples, as the file reader yields them.
+    lines: its records' lines.
     positions: the stream's position just after the batch's last record (malformed and held-out records before it
       included).
     size: its examples: `batch_size`, or fewer in a partial batch (`idle_flush_secs`).
+    parse: `fn(lines tensor) -> element`, the stream's parse for a batch of its size.
     written: `(oldest, newest)` write time of its examples (`Record.timestamp`, seconds since the epoch), or None
       where the source gives none.
   """
 
-  element: tuple
+  lines: list
   positions: Positions
   size: int
+  parse: Callable = dataclasses.field(repr=False, compare=False)
   written: Optional[Tuple[float, float]] = None
+
+  @functools.cached_property
+  def element(self) -> tuple:
+    """`(features, label)` tensors of `size` examples, as the file reader yields them."""
+    return self.parse(tf.constant(self.lines))
 
 
 class StreamBatches:
@@ -79,8 +89,14 @@ class StreamBatches:
       return tf.nest.map_structure(lambda t: tf.ensure_shape(t, [batch_size] + t.shape[1:]),
                                    delimited.parse_lines(lines, spec))
 
+    def parse_stacked(lines):  # `steps * batch_size` lines -> every tensor `[steps, batch_size, ...]`
+      return tf.nest.map_structure(lambda t: tf.reshape(t, [-1, batch_size] + t.shape[1:].as_list()),
+                                   delimited.parse_lines(lines, spec))
+
     self._parse = tf.function(parse, autograph=False, input_signature=[tf.TensorSpec([batch_size], tf.string)])
     self._parse_partial = tf.function(lambda lines: delimited.parse_lines(lines, spec), autograph=False,
+                                      input_signature=[tf.TensorSpec([None], tf.string)])
+    self._parse_stacked = tf.function(parse_stacked, autograph=False,
                                       input_signature=[tf.TensorSpec([None], tf.string)])
 
   @property
@@ -111,6 +127,17 @@ class StreamBatches:
       seconds = max(time.time() - stamps[0], 0.0)
     return messages, seconds
 
+  def stacked(self, batches, size: int):
+    """The `batches`' elements stacked along a new first dimension, padded to `size` with the last one (a scheduled
+    function's argument; it runs only the steps it is given): full batches parsed at once, in one call."""
+    if any(batch.size != self.batch_size for batch in batches):
+      elements = [batch.element for batch in batches]
+      elements += [elements[-1]] * (size - len(elements))
+      return tf.nest.map_structure(lambda *tensors: tf.stack(tensors), *elements)
+    lines = [line for batch in batches for line in batch.lines] + batches[-1].lines * (size - len(batches))
+    return tf.nest.map_structure(lambda t: tf.ensure_shape(t, [size] + t.shape[1:]),
+                                 self._parse_stacked(tf.constant(lines)))
+
   def next_batch(self, timeout_secs: float) -> Optional[Batch]:
     """The next full batch, or None where the stream gave none within `timeout_secs` (the records read so far wait
     for the next call); a partial batch where a record has waited `idle_flush_secs` for its batch to fill."""
@@ -137,8 +164,15 @@ class StreamBatches:
 
   def _add(self, records) -> None:
     """Appends `records` to the pending ones; the held-out ones go to the window (and are never trained on)."""
-    now = time.monotonic()
-    for record, line in zip(records, self._checked(records)):
+    now, lines = time.monotonic(), self._checked(records)
+    if self.held_out is None:  # one step for all of them
+      good = len(lines) - lines.count(None)
+      if good and not self._good:
+        self._oldest_wait = now
+      self._good += good
+      self._pending.extend(zip(records, lines, itertools.repeat(now)))
+      return
+    for record, line in zip(records, lines):
       if line is not None and self.held_out is not None and self.held_out.takes(record):
         self.held_out.add(record, line)
         line = None
@@ -149,28 +183,30 @@ class StreamBatches:
 
   def _take(self, size: int) -> Batch:
     """The batch of the next `size` well-formed pending records (a partial one: all of them)."""
-    lines, positions, stamps = [], dict(self._positions), []
+    lines, positions, pending, stamps = [], dict(self._positions), self._pending, []
     while len(lines) < size:
-      record, line, _ = self._pending.popleft()
+      record, line, _ = pending.popleft()
       positions[record.key] = record.after
       if line is not None:
         lines.append(line)
         if record.timestamp is not None:
           stamps.append(record.timestamp)
-    while self._pending and self._pending[0][1] is None:  # malformed or held out records next: passed too
-      record, _, _ = self._pending.popleft()
+    while pending and pending[0][1] is None:  # malformed or held out records next: passed too
+      record, _, _ = pending.popleft()
       positions[record.key] = record.after
     self._good -= size
-    self._oldest_wait = next((read for _, line, read in self._pending if line is not None), None)
+    self._oldest_wait = next((read for _, line, read in pending if line is not None), None)
     self._positions = positions
     parse = self._parse if size == self.batch_size else self._parse_partial
-    return Batch(parse(tf.constant(lines)), dict(positions), size, (min(stamps), max(stamps)) if stamps else None)
+    return Batch(lines, dict(positions), size, parse, (min(stamps), max(stamps)) if stamps else None)
 
   def _checked(self, records) -> list:
     """Each record's line, or None where it is malformed (counted; raised with `strict`)."""
-    lines = [self._line(record.value) for record in records]
-    given = [line if line is not None else b"" for line in lines]
+    lines = [self._line(record.value) for record in records] if self._json else [r.value for r in records]
+    given = [line if line is not None else b"" for line in lines] if self._json else lines
     ok = tf.strings.regex_full_match(tf.constant(given, tf.string), self._pattern).numpy()
+    if not self._json and ok.all():
+      return lines
     for index, record in enumerate(records):
       if lines[index] is None or not ok[index]:
         if self._strict:

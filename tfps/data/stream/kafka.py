@@ -115,16 +115,16 @@ class KafkaSource(Source):
     first = self._consumer.poll(timeout_secs)
     if first is None:
       return []
-    records = []
+    records, topic, next_offsets = [], self._topic, self._next
     for message in [first] + (self._consumer.consume(max_records - 1, timeout=0) if max_records > 1 else []):
       if message.error() is not None:
         raise StreamError(f"{self.name}: partition {message.partition()}: {message.error().str()}")
       p, offset = message.partition(), message.offset()
-      self._next[p] = offset + 1
+      next_offsets[p] = offset + 1
       kind, stamp = message.timestamp()
-      stamp = stamp / 1000 if kind else None
-      records.append(Record(message.value() or b"", str(p), offset + 1, f"{self._topic}/{p}@{offset}", stamp))
-      self._newest_time = stamp
+      records.append(Record(message.value() or b"", str(p), offset + 1, f"{topic}/{p}@{offset}",
+                            stamp / 1000 if kind else None))
+    self._newest_time = records[-1].timestamp
     return records
 
   def positions(self) -> Positions:

@@ -1,7 +1,6 @@
 """What every stream source gives: records with the position after each one, and the errors a stream can raise."""
 
-import dataclasses
-from typing import Dict, List, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 from tfps.errors import TfpsError, UnreachableTaskError
 
@@ -23,9 +22,9 @@ class BrokerUnreachableError(UnreachableTaskError):
   chief resumes from its checkpoint)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Record:
-  """One message of a stream.
+class Record(NamedTuple):
+  """One message of a stream (a named tuple: a stream makes one per message, and a frozen dataclass costs several
+  times as much to make).
 
   Attributes:
     value: the record's bytes (a delimited line, or a JSON object).
