@@ -1,7 +1,7 @@
 """Online training under real kills (tfps-launch, 2 workers, the mock Kafka cluster in this process): on the
 Estimator path in async mode (1 ps) a worker SIGKILLed while messages flow, then the ps (the launcher restarts ps,
 workers and chief, which resumes from its newest checkpoint and that checkpoint's offsets); on the Keras path in sync
-mode (2 ps) a worker, then a ps and the chief together; then SIGTERM: every message is applied exactly once, counted
+mode (2 ps) a worker, the chief, then a ps; then SIGTERM: every message is applied exactly once, counted
 per message in the final checkpoint (tests/online_stream.py: a row per message, on every ps), and the group's offsets
 are the topic's end. And the online script on a folder stream: on the Estimator path with held-out windows, its
 sidecar and deltas; on the Keras path with held-out windows and its sidecar, stopped by SIGTERM (the sidecar ends
@@ -147,10 +147,9 @@ def test_each_message_applied_once_across_worker_and_ps_kills(tmp_path, subproce
 def test_the_keras_path_in_sync_mode_applies_each_message_once_across_worker_chief_and_ps_kills(tmp_path,
                                                                                                subprocess_env):
   """The Keras path (tfps.keras.online) in sync mode on 2 ps (each step one batch per worker slot): a worker
-  SIGKILLed while the second wave flows (the launcher restarts it alone), then ps:1 and the chief together while the
-  third does, once a checkpoint holds some of it (one restart of the cluster: the updates after that checkpoint were
-  on both ps, part of them lost with ps:1); then SIGTERM: exit 0, each message counted once (the fixture shards the
-  table over both ps: `min_shard_bytes=0`)."""
+  SIGKILLed while the second wave flows, the chief while the third does once a checkpoint holds some of it, ps:1
+  while the fourth does, then SIGTERM: exit 0, each message counted once (the fixture shards the table over both ps:
+  `min_shard_bytes=0`)."""
   holder, bootstrap = online_stream.mock_cluster()
   wave = WAVE // 2  # 10 sync steps of 2 batches of 8
   online_stream.produce(bootstrap, range(wave))
@@ -162,16 +161,18 @@ def test_the_keras_path_in_sync_mode_applies_each_message_once_across_worker_chi
     before = _checkpoints(model_dir)[-1]
     flow = _produce_slowly(bootstrap, range(2 * wave, 3 * wave))
     online_stream.wait_for(lambda: _checkpoints(model_dir)[-1] > before, "a checkpoint in the third wave", 120, alive)
-    for task in ("ps:1", "chief:0"):
-      online_stream.wait_for(lambda task=task: _task(mark, task), task, 60, alive).send_signal(signal.SIGKILL)
+    online_stream.wait_for(lambda: _task(mark, "chief:0"), "chief:0", 60, alive).send_signal(signal.SIGKILL)
     flow.join()
+    _wait_committed(bootstrap, "the third wave committed", alive)
+    _kill_while_flowing(bootstrap, mark, "ps:1", range(3 * wave, 4 * wave), alive)
     counts = _stop_and_count(launcher, bootstrap, mark, model_dir, out, alive)
   del holder
-  np.testing.assert_array_equal(counts[:3 * wave], np.ones(3 * wave))
-  assert not counts[3 * wave:].any()
+  np.testing.assert_array_equal(counts[:4 * wave], np.ones(4 * wave))
+  assert not counts[4 * wave:].any()
   text = out.read_text()
   assert "restarting worker:1 alone" in text, text[-3000:]
-  assert "failed; restarting the training cluster" in text, text[-3000:]
+  assert "chief:0 failed; restarting the training cluster" in text, text[-3000:]
+  assert "ps:1 failed; restarting the training cluster" in text, text[-3000:]
   assert "Stopping at step" in text, text[-3000:]
 
 
