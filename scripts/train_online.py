@@ -11,10 +11,10 @@ SIGTERM ends training after the steps in flight with a checkpoint. --stream=fold
 --stream_folder instead. With --stream_holdout_every=K about one message in K is held out, and
 --stream_eval_every_steps/secs evaluate the newest checkpoint on the newest of them; the same script run as the
 evaluator task (tfps-launch --evaluator) is the sidecar: it evaluates every checkpoint on the held-out window current
-at it. --delta_export_secs=T writes a delta of the changed rows every T seconds to model_dir/deltas
-(docs/delta_export.md); with --serve_deltas=DIR the chief also runs `tfps-delta watch` keeping DIR current, and the
-run's summary gives the freshness of the versions it served (from a message's write to the version serving it). See
-docs/online.md.
+at it (both paths). --delta_export_secs=T (the Estimator path) writes a delta of the changed rows every T seconds
+to model_dir/deltas (docs/delta_export.md); with --serve_deltas=DIR the chief also runs `tfps-delta watch` keeping DIR
+current, and the run's summary gives the freshness of the versions it served (from a message's write to the version
+serving it). See docs/online.md.
 """
 
 import contextlib
@@ -49,7 +49,7 @@ _DELTA_EXPORT_SECS = flags.DEFINE_float(
 _SERVE_DELTAS = flags.DEFINE_string(
     "serve_deltas", None, "With --delta_export_secs: the chief runs `tfps-delta watch model_dir/deltas --serving=DIR` "
     "while it trains, and the run's summary gives each served version's freshness (docs/delta_export.md).")
-_ESTIMATOR_ONLY = ("stream_eval_every_steps", "stream_eval_every_secs", "delta_export_secs", "serve_deltas")
+_ESTIMATOR_ONLY = ("delta_export_secs", "serve_deltas")
 
 
 def main(argv):
@@ -67,8 +67,8 @@ def main(argv):
   from tfps.training import online  # pylint: disable=g-import-not-at-top
   online.check_mode(mode)  # on every task: a mode a stream cannot train in ends the run, not only its chief
   if _PATH.value == "keras":
-    tfps.run_task(lambda cluster: _train_keras(cluster, mode), cluster=tfps.config_from_flags(),
-                  **tfps.server_options_from_flags())
+    tfps.run_task(lambda cluster: _train_keras(cluster, mode), evaluator_fn=_evaluate_keras,
+                  cluster=tfps.config_from_flags(), **tfps.server_options_from_flags())
   else:
     tfps.run_task(lambda cluster: _train_estimator(cluster, mode), evaluator_fn=lambda c: _evaluate_estimator(c, mode),
                   cluster=tfps.config_from_flags(), **tfps.server_options_from_flags())
@@ -135,23 +135,44 @@ def _evaluate_estimator(cluster, mode):
       _estimator(cluster, mode), holdout.window_input_fn(spec_lib.load_spec(fv.feature_spec), fv.batch_size))
 
 
-def _train_keras(cluster, mode):
-  """The chief's training on the Keras path: the bundled model compiled as `tfps.fit` trains it."""
+def _keras_model(cluster):
+  """`build_model` of the bundled model on the Keras path, compiled as `tfps.fit` trains it (`cluster` None: the
+  sidecar's unsharded copy)."""
   from tfps import models  # pylint: disable=g-import-not-at-top
-  from tfps.keras import online  # pylint: disable=g-import-not-at-top
   fv = flags.FLAGS
-  options = model_flags.model_options_from_flags(num_ps=cluster.num_ps)
+  options = model_flags.model_options_from_flags(num_ps=cluster.num_ps if cluster else 1)
 
   def build_model():
     model = models.build_model(fv.model, *_features(), **options)
     return models.compile_model(model, optimizer=fv.optimizer, learning_rate=fv.learning_rate)
 
-  online.train_on_stream(build_model, tfps_flags.stream_batches_from_flags(), model_dir=_MODEL_DIR.value,
+  return build_model
+
+
+def _train_keras(cluster, mode):
+  """The chief's training on the Keras path, with the inline evaluations of the newest held-out window."""
+  from tfps.keras import online  # pylint: disable=g-import-not-at-top
+  fv = flags.FLAGS
+  online.train_on_stream(_keras_model(cluster), tfps_flags.stream_batches_from_flags(), model_dir=_MODEL_DIR.value,
                          max_steps=_MAX_STEPS.value, sync_mode=mode, cluster=cluster,
                          strategy_options=tfps.strategy_options_from_flags(),
                          steps_per_execution=_STEPS_PER_EXECUTION.value,
                          checkpoint_every_steps=_CHECKPOINT_STEPS.value, log_every_steps=_LOG_STEPS.value,
-                         checkpoint_every_secs=fv.checkpoint_every_secs)
+                         checkpoint_every_secs=fv.checkpoint_every_secs,
+                         evaluate_every_steps=fv.stream_eval_every_steps,
+                         evaluate_every_secs=fv.stream_eval_every_secs, eval_batch_size=fv.batch_size)
+
+
+def _evaluate_keras(cluster):
+  """The sidecar on the Keras path: every checkpoint evaluated on the held-out window current at it."""
+  del cluster  # the sidecar reads checkpoints; it never connects to the cluster
+  from tfps.data import spec as spec_lib  # pylint: disable=g-import-not-at-top
+  from tfps.data.stream import holdout  # pylint: disable=g-import-not-at-top
+  from tfps.keras import stream_evaluation  # pylint: disable=g-import-not-at-top
+  fv = flags.FLAGS
+  return stream_evaluation.run_window_evaluator(
+      _keras_model(None), holdout.window_input_fn(spec_lib.load_spec(fv.feature_spec), fv.batch_size),
+      _MODEL_DIR.value)
 
 
 def _features():

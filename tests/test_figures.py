@@ -301,8 +301,9 @@ FIGURES = (
                     ["auc_dynamic_minus_hashed"],)),
 )
 BOUNDS = (
-    Bound("online training on a Kafka stream", "each of 4 waves of 320 messages counted once",
-          "tests/test_online_processes.py", ("WAVE = 320", "np.ones(4 * WAVE)")),
+    Bound("online training on a Kafka stream", "each of 3 waves of 320 messages, and of 4 waves of 160, counted once",
+          "tests/test_online_processes.py", ("WAVE = 320", "np.ones(3 * WAVE)", "wave = WAVE // 2",
+                                             "np.ones(4 * wave)")),
     Bound("the main job", "validation AUC above 0.6 after 2 epochs of 60 steps", "tests/test_jobs.py",
           ("assert val_auc > 0.6", '"--epochs=2", "--steps_per_epoch=60"')),
     Bound("a model of your own", "held-out AUC of at least 0.80", "tests/test_docs.py",

@@ -19,6 +19,8 @@ from tfps.data.stream import holdout
 from tfps.data.stream.sources import Record
 from tfps.estimator import online
 from tfps.estimator import stream_evaluation
+from tfps.keras import online as keras_online
+from tfps.keras import stream_evaluation as keras_stream_evaluation
 from tfps.training import stream_positions
 
 BATCH = 8
@@ -117,6 +119,51 @@ def test_a_stream_with_a_pause_and_a_held_out_share_applies_each_message_once_an
   assert len(table) == len(windows) + 1 and table[0].split()[0] == "step"
   assert table[-1].split()[0] == str(last["step"]) and table[-1].split()[-1] == "0.5000"
   assert report.write_report(str(model_dir), str(tmp_path / "r.png"))
+
+
+def _keras_model_with_auc() -> tf_keras.Model:
+  """tests/online_stream.py's Keras counting model, with an AUC of its rows as logits (0.5 on messages never
+  trained on)."""
+  model = online_stream.CountingModel()
+  model.compile(tf_keras.optimizers.legacy.SGD(1.0), metrics=[tf_keras.metrics.AUC(from_logits=True, name="auc")])
+  return model
+
+
+def test_the_keras_path_holds_out_a_share_and_evaluates_its_windows_inline_and_by_the_sidecar(cluster, tmp_path):
+  """The Keras path (tfps.keras.online) on 100 messages, one in about 4 held out, the last ones in a partial batch:
+  each trained message applied once, none held out; windows evaluated inline every 4 steps (run records, TensorBoard,
+  the summary, tfps-report) and by the Keras sidecar at every checkpoint, each on the window current at it."""
+  stream_dir, model_dir = tmp_path / "stream", tmp_path / "model"
+  stream_dir.mkdir()
+  _write_slice(stream_dir, "slice-0.csv", range(100))
+  held = _held_out_ids(0, 100, 4, "slice-0.csv")
+  steps = -(-(100 - len(held)) // BATCH)
+  make = _batches(stream_dir, held_out=holdout.HeldOut(4, 1000), idle_flush_secs=0.3)
+  assert keras_online.train_on_stream(_keras_model_with_auc, make, model_dir=str(model_dir), max_steps=steps,
+                                      cluster=cluster, steps_per_execution=2, checkpoint_every_steps=100,
+                                      log_every_steps=2, evaluate_every_steps=4, eval_batch_size=16) == steps
+  latest = str(model_dir / "checkpoints" / f"ckpt-{steps}")
+  np.testing.assert_array_equal(online_stream.counts_in(latest)[:120],
+                                [0 if i in held or i >= 100 else 1 for i in range(120)])
+
+  run = run_records.read_run(str(model_dir))
+  windows = [r for r in run["progress"] if r["kind"] == run_records.WINDOW_KIND]
+  assert windows[0]["step"] == 4 and all(b["step"] - a["step"] >= 4 for a, b in zip(windows, windows[1:]))
+  last = windows[-1]
+  assert last["window"]["messages"] == last["metrics"]["examples"] == last["window"]["held_out"] > 0
+  assert last["metrics"]["loss"] == 0.0 and last["metrics"]["auc"] == pytest.approx(0.5)  # none was trained on
+  assert tf.io.gfile.glob(str(model_dir / "eval_window" / "events.out.tfevents.*"))
+  stream = run["summary"]["stream"]
+  assert stream["held_out"] == len(held) and stream["last_windows"][-1] == {"step": last["step"], **last["metrics"]}
+  assert report.window_lines(str(model_dir))[-1].split()[0] == str(last["step"])
+
+  records = keras_stream_evaluation.run_window_evaluator(
+      _keras_model_with_auc, holdout.window_input_fn(online_stream.SPEC, 16), str(model_dir), poll_secs=0.1,
+      idle_timeout_secs=10)
+  assert records and records[-1]["step"] == steps
+  for record in records:  # each checkpoint on the window current at it
+    window = stream_positions.read_record(str(model_dir), record["checkpoint_number"])["window"]
+    assert record["metrics"]["examples"] == window["messages"] and record["metrics"]["loss"] == 0.0
 
 
 def test_window_evaluation_without_a_held_out_share_is_one_line(tmp_path):

@@ -1,9 +1,11 @@
-"""Online training under real kills (tfps-launch, 1 ps, 2 workers, the mock Kafka cluster in this process): on the
-Estimator path a worker SIGKILLed while messages flow, then the chief, then the ps (for each of the two the launcher
-restarts ps, workers and chief, which resumes from its newest checkpoint and that checkpoint's offsets), on the Keras
-path a worker; then SIGTERM: every message is applied exactly once, counted per message in the final checkpoint
-(tests/online_stream.py), and the group's offsets are the topic's end. And the online script on a folder stream: on
-the Estimator path with held-out windows, its sidecar and deltas; on the Keras path in sync mode."""
+"""Online training under real kills (tfps-launch, 2 workers, the mock Kafka cluster in this process): on the
+Estimator path in async mode (1 ps) a worker SIGKILLed while messages flow, then the ps (the launcher restarts ps,
+workers and chief, which resumes from its newest checkpoint and that checkpoint's offsets); on the Keras path in sync
+mode (2 ps) a worker, the chief, then a ps; then SIGTERM: every message is applied exactly once, counted
+per message in the final checkpoint (tests/online_stream.py: a row per message, on every ps), and the group's offsets
+are the topic's end. And the online script on a folder stream: on the Estimator path with held-out windows, its
+sidecar and deltas; on the Keras path with held-out windows and its sidecar, stopped by SIGTERM (the sidecar ends
+with it)."""
 
 import contextlib
 import json
@@ -64,20 +66,17 @@ def _checkpoints(model_dir: pathlib.Path):
 
 
 @contextlib.contextmanager
-def _online_run(tmp_path, subprocess_env, bootstrap: str, *args: str):
-  """tfps-launch (1 ps, 2 workers) running the counting fixture on the topic at `bootstrap` with `args`; yields
-  `(launcher, model_dir, out, mark, alive)`. Afterwards no process of the run is left (a failure names any)."""
-  model_dir, out, mark = tmp_path / "run", tmp_path / "out.txt", uuid.uuid4().hex
+def _launch(tmp_path, subprocess_env, launcher_flags, *command: str):
+  """tfps-launch with `launcher_flags` running `command` (a script and its flags); yields `(launcher, out, mark,
+  alive)`. Afterwards no process of the run is left (a failure names any)."""
+  out, mark = tmp_path / "out.txt", uuid.uuid4().hex
   env = dict(subprocess_env, **{marked_processes.MARK: mark})
-  command = [sys.executable, "-m", "tfps.cli.launch", "--num_workers=2", "--num_ps=1", "--max_restarts=3",
-             "--expose_ports",  # the mock brokers listen in this network namespace: tasks run in it too
-             f"--log_dir={tmp_path / 'logs'}", "tests/fixtures/online_count_train.py", "--",
-             f"--model_dir={model_dir}", f"--bootstrap={bootstrap}", f"--group={GROUP}", *args]
   with open(out, "w", encoding="utf-8") as output:
-    launcher = subprocess.Popen(command, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tfps.cli.launch", f"--log_dir={tmp_path / 'logs'}", *launcher_flags, *command],
+        cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
   try:
-    yield launcher, model_dir, out, mark, lambda: launcher.poll() is None
+    yield launcher, out, mark, lambda: launcher.poll() is None
   finally:
     left = marked_processes.marked(mark)
     marked_processes.kill_marked(mark)
@@ -85,6 +84,19 @@ def _online_run(tmp_path, subprocess_env, bootstrap: str, *args: str):
       launcher.kill()
       launcher.wait()
   assert not left, f"processes left behind: {left}"
+
+
+@contextlib.contextmanager
+def _online_run(tmp_path, subprocess_env, bootstrap: str, *args: str, num_ps: int = 1):
+  """tfps-launch (`num_ps` ps, 2 workers) running the counting fixture on the topic at `bootstrap` with `args`;
+  yields `(launcher, model_dir, out, mark, alive)`."""
+  model_dir = tmp_path / "run"
+  launcher_flags = ["--num_workers=2", f"--num_ps={num_ps}", "--max_restarts=3",
+                    "--expose_ports"]  # the mock brokers listen in this network namespace: tasks run in it too
+  with _launch(tmp_path, subprocess_env, launcher_flags, "tests/fixtures/online_count_train.py", "--",
+               f"--model_dir={model_dir}", f"--bootstrap={bootstrap}", f"--group={GROUP}", *args) as (
+                   launcher, out, mark, alive):
+    yield launcher, model_dir, out, mark, alive
 
 
 def _stop_and_count(launcher, bootstrap: str, mark: str, model_dir, out, alive) -> np.ndarray:
@@ -100,55 +112,68 @@ def _stop_and_count(launcher, bootstrap: str, mark: str, model_dir, out, alive) 
   return online_stream.counts_in(latest)
 
 
-def test_each_message_applied_once_across_worker_chief_and_ps_kills(tmp_path, subprocess_env):
+def _kill_while_flowing(bootstrap: str, mark: str, task: str, ids, alive) -> None:
+  """Writes the messages of `ids` slowly and SIGKILLs `task` while they flow."""
+  flow = _produce_slowly(bootstrap, ids)
+  time.sleep(0.5)
+  online_stream.wait_for(lambda: _task(mark, task), task, 60, alive).send_signal(signal.SIGKILL)
+  flow.join()
+
+
+def _wait_committed(bootstrap: str, what: str, alive) -> None:
+  online_stream.wait_for(lambda: online_stream.committed(bootstrap, GROUP) == online_stream.end_offsets(bootstrap),
+                         what, 480, alive)
+
+
+def test_each_message_applied_once_across_worker_and_ps_kills(tmp_path, subprocess_env):
+  """The Estimator path, async: a worker SIGKILLed while the second wave flows (the launcher restarts it alone), the
+  ps while the third does (the launcher restarts the cluster), then SIGTERM: exit 0, each message counted once."""
   holder, bootstrap = online_stream.mock_cluster()
   online_stream.produce(bootstrap, range(WAVE))
   with _online_run(tmp_path, subprocess_env, bootstrap) as (launcher, model_dir, out, mark, alive):
     online_stream.wait_for(lambda: _checkpoints(model_dir), "a first checkpoint", 480, alive)
-    flow = _produce_slowly(bootstrap, range(WAVE, 2 * WAVE))
-    time.sleep(0.5)
-    online_stream.wait_for(lambda: _task(mark, "worker:1"), "worker:1", 60, alive).send_signal(signal.SIGKILL)
-    flow.join()
-    before = _checkpoints(model_dir)[-1]
-    flow = _produce_slowly(bootstrap, range(2 * WAVE, 3 * WAVE))
-    online_stream.wait_for(lambda: _checkpoints(model_dir)[-1] > before, "a checkpoint in the third wave", 120, alive)
-    online_stream.wait_for(lambda: _task(mark, "chief:0"), "chief:0", 60, alive).send_signal(signal.SIGKILL)
-    flow.join()
-    online_stream.wait_for(lambda: online_stream.committed(bootstrap, GROUP) == online_stream.end_offsets(bootstrap),
-                           "the third wave committed", 480, alive)
-    flow = _produce_slowly(bootstrap, range(3 * WAVE, 4 * WAVE))
-    time.sleep(0.5)
-    online_stream.wait_for(lambda: _task(mark, "ps:0"), "ps:0", 60, alive).send_signal(signal.SIGKILL)
-    flow.join()
+    _kill_while_flowing(bootstrap, mark, "worker:1", range(WAVE, 2 * WAVE), alive)
+    _wait_committed(bootstrap, "the second wave committed", alive)
+    _kill_while_flowing(bootstrap, mark, "ps:0", range(2 * WAVE, 3 * WAVE), alive)
     counts = _stop_and_count(launcher, bootstrap, mark, model_dir, out, alive)
   del holder
-  np.testing.assert_array_equal(counts[:4 * WAVE], np.ones(4 * WAVE))  # every message applied once, none twice
-  assert not counts[4 * WAVE:].any()
+  np.testing.assert_array_equal(counts[:3 * WAVE], np.ones(3 * WAVE))  # every message applied once, none twice
+  assert not counts[3 * WAVE:].any()
   text = out.read_text()
   assert "restarting worker:1 alone" in text, text[-3000:]
-  assert "chief:0 failed; restarting the training cluster" in text, text[-3000:]
   assert "ps:0 failed; restarting the training cluster" in text, text[-3000:]
   assert "Stopping at step" in text, text[-3000:]
 
 
-def test_the_keras_path_applies_each_message_once_across_a_worker_kill(tmp_path, subprocess_env):
-  """The Keras path (tfps.keras.online): a worker SIGKILLed while the second of two waves flows (the launcher
-  restarts it alone), then SIGTERM (the chief may still be waiting for the worker to rejoin then; it ends once it has):
-  exit 0, each message counted once, the position the topic's end."""
+def test_the_keras_path_in_sync_mode_applies_each_message_once_across_worker_chief_and_ps_kills(tmp_path,
+                                                                                               subprocess_env):
+  """The Keras path (tfps.keras.online) in sync mode on 2 ps (each step one batch per worker slot): a worker
+  SIGKILLed while the second wave flows, the chief while the third does once a checkpoint holds some of it, ps:1
+  while the fourth does, then SIGTERM: exit 0, each message counted once (the fixture shards the table over both ps:
+  `min_shard_bytes=0`)."""
   holder, bootstrap = online_stream.mock_cluster()
-  online_stream.produce(bootstrap, range(WAVE // 2))
-  with _online_run(tmp_path, subprocess_env, bootstrap, "--path=keras") as (launcher, model_dir, out, mark, alive):
+  wave = WAVE // 2  # 10 sync steps of 2 batches of 8
+  online_stream.produce(bootstrap, range(wave))
+  with _online_run(tmp_path, subprocess_env, bootstrap, "--path=keras", "--sync_mode=sync", num_ps=2) as (
+      launcher, model_dir, out, mark, alive):
     online_stream.wait_for(lambda: _checkpoints(model_dir), "a first checkpoint", 480, alive)
-    flow = _produce_slowly(bootstrap, range(WAVE // 2, WAVE))
-    time.sleep(0.5)
-    online_stream.wait_for(lambda: _task(mark, "worker:1"), "worker:1", 60, alive).send_signal(signal.SIGKILL)
+    _kill_while_flowing(bootstrap, mark, "worker:1", range(wave, 2 * wave), alive)
+    _wait_committed(bootstrap, "the second wave committed", alive)
+    before = _checkpoints(model_dir)[-1]
+    flow = _produce_slowly(bootstrap, range(2 * wave, 3 * wave))
+    online_stream.wait_for(lambda: _checkpoints(model_dir)[-1] > before, "a checkpoint in the third wave", 120, alive)
+    online_stream.wait_for(lambda: _task(mark, "chief:0"), "chief:0", 60, alive).send_signal(signal.SIGKILL)
     flow.join()
+    _wait_committed(bootstrap, "the third wave committed", alive)
+    _kill_while_flowing(bootstrap, mark, "ps:1", range(3 * wave, 4 * wave), alive)
     counts = _stop_and_count(launcher, bootstrap, mark, model_dir, out, alive)
   del holder
-  np.testing.assert_array_equal(counts[:WAVE], np.ones(WAVE))
-  assert not counts[WAVE:].any()
+  np.testing.assert_array_equal(counts[:4 * wave], np.ones(4 * wave))
+  assert not counts[4 * wave:].any()
   text = out.read_text()
   assert "restarting worker:1 alone" in text, text[-3000:]
+  assert "chief:0 failed; restarting the training cluster" in text, text[-3000:]
+  assert "ps:1 failed; restarting the training cluster" in text, text[-3000:]
   assert "Stopping at step" in text, text[-3000:]
 
 
@@ -218,16 +243,33 @@ def test_the_online_script_trains_a_bundled_model_on_a_folder_stream(tmp_path, s
   assert f"{delta_freshness.summary_line(served)} (served in {tmp_path / 'serving'}; tfps-report" in text, text
 
 
-def test_the_online_script_trains_on_the_keras_path_in_sync_mode(tmp_path, subprocess_env):
-  """scripts/train_online.py --stream=folder --path=keras --sync_mode=sync under tfps-launch (2 workers): Wide&Deep on
-  the two slices, each step on one batch per worker, to --max_steps; the Keras model's metrics in its progress lines,
-  and the last checkpoint's position is the end of the second slice."""
-  slices, spec, _ = _folder_stream(tmp_path)
-  model_dir = tmp_path / "run"
-  _run_script(tmp_path, subprocess_env, ["--num_workers=2"],
-              [f"--stream_folder={slices}", f"--feature_spec={spec}", "--path=keras", "--sync_mode=sync",
-               "--max_steps=4", "--save_checkpoints_steps=2", f"--model_dir={model_dir}"])
-  lines = (model_dir / "loss.log").read_text()
-  assert "malformed_records 1" in lines and " | auc " in lines, lines  # the Keras model's metrics in its lines
-  latest = str(model_dir / "checkpoints" / "ckpt-4")
+def test_the_online_script_on_the_keras_path_evaluates_windows_and_its_sidecar_ends_after_sigterm(tmp_path,
+                                                                                                   subprocess_env):
+  """scripts/train_online.py --stream=folder --path=keras under tfps-launch with its sidecar: Wide&Deep on the two
+  slices with one message in about 8 held out, until every trained message is in a checkpoint; then SIGTERM to the
+  chief: the run ends with exit 0 within seconds, the sidecar too (it saw FINAL: without it, it would wait an hour
+  for a checkpoint), after evaluating the last checkpoint on its window; the chief evaluated the windows inline; the
+  Keras model's metrics are in the progress lines."""
+  slices, spec, written = _folder_stream(tmp_path)
+  model_dir, held_out = tmp_path / "run", _held_out_lines(written)
+  steps = -(-(128 - held_out) // 16)
+  script = ["scripts/train_online.py", "--", "--stream=folder", "--data=csv", "--batch_size=16", "--deep_layers=8",
+            "--embedding_dim=4", "--log_step_count_steps=2", "--path=keras", f"--stream_folder={slices}",
+            f"--feature_spec={spec}", "--steps_per_execution=2", "--save_checkpoints_steps=4",
+            "--stream_holdout_every=8", "--stream_eval_every_steps=4", "--stream_idle_flush_secs=1",
+            f"--model_dir={model_dir}"]
+  with _launch(tmp_path, subprocess_env, ["--num_workers=1", "--evaluator"], *script) as (launcher, out, mark, alive):
+    online_stream.wait_for(lambda: steps in _checkpoints(model_dir), f"ckpt-{steps}", 480, alive)
+    online_stream.wait_for(lambda: _task(mark, "chief:0"), "chief:0", 60, alive).send_signal(signal.SIGTERM)
+    stopped = time.monotonic()
+    assert launcher.wait(timeout=120) == 0, out.read_text()[-3000:]
+    ended_secs = time.monotonic() - stopped
+  text = out.read_text()
+  assert ended_secs < 30, (ended_secs, text[-3000:])
+  assert "Stopping at step" in text and "newest held-out windows: step 4: auc " in text, text[-3000:]
+  assert " | auc " in (model_dir / "loss.log").read_text()  # the Keras model's metrics in its lines
+  latest = str(model_dir / "checkpoints" / f"ckpt-{steps}")
   assert stream_positions.read_positions(str(model_dir), latest) == {"folder": ["clicks-1.csv", 65]}
+  sidecar = [json.loads(line) for line in (model_dir / "eval" / "metrics.jsonl").read_text().splitlines()]
+  assert sidecar[-1]["step"] == steps and sidecar[-1]["metrics"]["examples"] == held_out
+  assert 0 <= sidecar[-1]["metrics"]["auc"] <= 1

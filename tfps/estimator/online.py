@@ -6,12 +6,12 @@ from absl import logging
 import tensorflow as tf
 
 from tfps import checks
-from tfps.errors import UsageError
 from tfps.estimator import stream_evaluation
 from tfps.training import loop
 from tfps.training import online
 from tfps.training import stream_positions
 from tfps.training import tables
+from tfps.training import window_evaluation
 
 
 def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[int] = None,
@@ -41,8 +41,10 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
   config = estimator.config
   online.check_mode(config.mode)
   batches = make_batches(stream_positions.newest_positions(estimator.model_dir))
-  after_checkpoint, evaluation_due = _with_window_evaluation(estimator, batches, after_checkpoint,
-                                                             evaluate_every_steps, evaluate_every_secs, eval_batch_size)
+  after_checkpoint, evaluation_due = window_evaluation.with_window_evaluation(
+      batches, after_checkpoint, estimator.model_dir,
+      stream_evaluation.window_evaluation_of(estimator, batches.window_input_fn(eval_batch_size)),
+      evaluate_every_steps, evaluate_every_secs)
 
   def placeholder_input_fn():  # a batch of zeros on each worker, only to trace the step that creates the variables
     return tf.data.Dataset.from_tensors(tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype),
@@ -59,28 +61,4 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
                              checkpoint_every_steps=config.save_checkpoints_steps),
       model_dir=estimator.model_dir, metrics=lambda: tables.table_metrics(model.model.variables.tables),
       deltas=model.deltas)
-  step = online.run_until_stopped(stream_loop, max_steps, after_checkpoint, stop)
-  if max_steps is not None and step >= max_steps:
-    manager.finish()
-  return step
-
-
-def _with_window_evaluation(estimator, batches, after_checkpoint, every_steps, every_secs, batch_size):
-  """`(after_checkpoint, evaluation_due)` for the loop: `after_checkpoint` then the inline evaluation on the newest
-  held-out window where one is asked for (`evaluation_due`: None where none is)."""
-  if every_steps is None and every_secs is None:
-    return after_checkpoint, None
-  if batches.held_out is None:
-    batches.source.close()
-    raise UsageError("evaluating on the newest held-out window needs a held-out share of the stream "
-                     "(--stream_holdout_every, or StreamBatches(held_out=HeldOut(...)))")
-  inline = stream_evaluation.InlineWindowEvaluation(
-      stream_evaluation.WindowEvaluator(estimator, batches.window_input_fn(batch_size)), every_steps=every_steps,
-      every_secs=every_secs)
-
-  def after(step: int) -> None:
-    if after_checkpoint is not None:
-      after_checkpoint(step)
-    inline(step)
-
-  return after, inline.due
+  return online.run_until_stopped(stream_loop, max_steps, after_checkpoint, stop)

@@ -7,7 +7,7 @@ outside any strategy, restores the trained values into it (checkpoints store sha
 import os
 import tempfile
 import threading
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from absl import logging
 import tensorflow as tf
@@ -50,29 +50,30 @@ def export_saved_model(build_model: Callable[[], tf_keras.Model], export_dir: st
   """
   with tempfile.TemporaryDirectory() as scratch_dir:
     source = _source_checkpoint(model, model_dir, checkpoint, scratch_dir)
-    _outside_strategies(lambda: _save_plain(build_model, source, export_dir, dataset_fn))
+    outside_strategies(lambda: _save_plain(build_model, source, export_dir, dataset_fn))
   return export_dir
 
 
-def _outside_strategies(run: Callable[[], None]) -> None:
+def outside_strategies(run: Callable[[], Any]) -> Any:
   """`run()` where no strategy is in scope (a callback of `Model.fit` runs in its strategy's scope, and a model built
-  there would place its variables and table locks on the ps): in a thread of its own, as a scope is per thread."""
+  there would place its variables and table locks on the ps): in a thread of its own, as a scope is per thread.
+  Returns what `run()` returns."""
   if not tf.distribute.has_strategy():
-    run()
-    return
-  failed = []
+    return run()
+  returned, failed = [], []
 
   def target():
     try:
-      run()
+      returned.append(run())
     except BaseException as e:  # pylint: disable=broad-except  (raised again in the caller's thread)
       failed.append(e)
 
-  thread = threading.Thread(target=target, name="tfps-export")
+  thread = threading.Thread(target=target, name="tfps-outside-strategies")
   thread.start()
   thread.join()
   if failed:
     raise failed[0]
+  return returned[0]
 
 
 def _save_plain(build_model, source: str, export_dir: str, dataset_fn) -> None:

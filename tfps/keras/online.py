@@ -23,6 +23,7 @@ from tfps.errors import ArgumentTypeError, UsageError
 from tfps.keras import evaluation
 from tfps.keras import fitting
 from tfps.keras import steps as keras_steps
+from tfps.keras import stream_evaluation
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.training import chief as chief_lib
 from tfps.training import loop
@@ -31,6 +32,7 @@ from tfps.training import online
 from tfps.training import runners
 from tfps.training import stream_positions
 from tfps.training import tables
+from tfps.training import window_evaluation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +46,9 @@ class StreamOptions:
     checkpoint_every_secs: a checkpoint at least this often while steps are trained (None: by steps alone).
     log_every_steps: a progress line every this many steps (100).
     keep_checkpoint_max: checkpoints kept (5; None keeps all).
+    evaluate_every_steps, evaluate_every_secs: evaluate the newest checkpoint on the newest held-out window
+      (`StreamBatches(held_out=...)`) this often (None: not by steps, not by time; `tfps.training.window_evaluation`).
+    eval_batch_size: the window's batches in those evaluations (1024).
   """
 
   steps_per_execution: Optional[int] = None
@@ -51,12 +56,19 @@ class StreamOptions:
   checkpoint_every_secs: Optional[float] = None
   log_every_steps: int = 100
   keep_checkpoint_max: Optional[int] = 5
+  evaluate_every_steps: Optional[int] = None
+  evaluate_every_secs: Optional[float] = None
+  eval_batch_size: int = 1024
 
   def __post_init__(self):
     checks.positive_int("steps_per_execution", self.steps_per_execution, allow_none=True)
     checks.positive_int("checkpoint_every_steps", self.checkpoint_every_steps)
     checks.positive_int("log_every_steps", self.log_every_steps)
     checks.positive_int("keep_checkpoint_max", self.keep_checkpoint_max, allow_none=True)
+    checks.positive_int("evaluate_every_steps", self.evaluate_every_steps, allow_none=True)
+    checks.positive_int("eval_batch_size", self.eval_batch_size)
+    if self.evaluate_every_secs is not None:
+      checks.non_negative_number("evaluate_every_secs", self.evaluate_every_secs, "number of seconds")
     if self.checkpoint_every_secs is not None and not self.checkpoint_every_secs > 0:
       raise UsageError(f"`checkpoint_every_secs` ({self.checkpoint_every_secs!r}) must be a positive number or None")
 
@@ -85,9 +97,10 @@ def train_on_stream(build_model: Callable[[], tf_keras.Model], make_batches: Cal
     cluster: the cluster, seen from the chief; default: TF_CONFIG.
     strategy_options: a `tfps.StrategyOptions`; its fields may also be given one by one.
     stop: an event that ends training (None: SIGTERM does).
-    after_checkpoint: `fn(step)`, called after each checkpoint (e.g. an evaluation on the newest window).
+    after_checkpoint: `fn(step)`, called after each checkpoint (before an inline evaluation on the newest window).
     **options: the `StreamOptions` (`steps_per_execution`, `checkpoint_every_steps`, `checkpoint_every_secs`,
-      `log_every_steps`, `keep_checkpoint_max`) and `StrategyOptions` fields.
+      `log_every_steps`, `keep_checkpoint_max`, `evaluate_every_steps`, `evaluate_every_secs`, `eval_batch_size`)
+      and `StrategyOptions` fields.
   """
   settings, mode = _checked(build_model, make_batches, model_dir, max_steps, sync_mode, options)
   config = fitting.chief_cluster(cluster, "tfps.keras.online.train_on_stream")
@@ -95,16 +108,17 @@ def train_on_stream(build_model: Callable[[], tf_keras.Model], make_batches: Cal
     logging.set_verbosity(logging.INFO)  # outside absl.app (a notebook), absl would hide the progress lines
   chief = chief_lib.connect(config, mode, options_lib.as_strategy_options(strategy_options, **options))
   batches = make_batches(stream_positions.newest_positions(model_dir))
+  after_checkpoint, evaluation_due = window_evaluation.with_window_evaluation(
+      batches, after_checkpoint, model_dir,
+      stream_evaluation.window_evaluation_of(build_model, batches.window_input_fn(settings.eval_batch_size)),
+      settings.evaluate_every_steps, settings.evaluate_every_secs)
   with chief.strategy.scope():  # tf-keras creates its metrics' variables at the first trace of a step
     try:
-      stream_loop = _prepare(chief, build_model, batches, model_dir, settings)
+      stream_loop = _prepare(chief, build_model, batches, model_dir, settings, evaluation_due)
     except BaseException:
       batches.source.close()
       raise
-    step = online.run_until_stopped(stream_loop, max_steps, after_checkpoint, stop)
-  if max_steps is not None and step >= max_steps:
-    stream_loop.writer.finish()
-  return step
+    return online.run_until_stopped(stream_loop, max_steps, after_checkpoint, stop)
 
 
 def _checked(build_model, make_batches, model_dir, max_steps, sync_mode, options: dict):
@@ -130,8 +144,10 @@ def _checked(build_model, make_batches, model_dir, max_steps, sync_mode, options
   return settings, mode
 
 
-def _prepare(chief: chief_lib.Chief, build_model: Callable, batches, model_dir: str, settings: StreamOptions):
-  """The loop that trains the model on `batches`: its variables made, the newest checkpoint restored."""
+def _prepare(chief: chief_lib.Chief, build_model: Callable, batches, model_dir: str, settings: StreamOptions,
+             evaluation_due):
+  """The loop that trains the model on `batches`: its variables made, the newest checkpoint restored; it saves
+  a checkpoint where `evaluation_due(step)` (None: never) asks for one."""
   model = fitting.build_model_in_scope(build_model, chief.strategy)
   zeros = tf.data.Dataset.from_tensors(tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype),
                                                              batches.element_spec))
@@ -148,7 +164,7 @@ def _prepare(chief: chief_lib.Chief, build_model: Callable, batches, model_dir: 
                chief.mode.describe(chief.num_workers), f", resumed from {saved[-1]}" if saved else "")
   return KerasStreamLoop(
       model=model, batches=batches, checkpoint_every_secs=settings.checkpoint_every_secs, runner=runner,
-      checkpoint_manager=writer, model_dir=model_dir,
+      checkpoint_manager=writer, model_dir=model_dir, evaluation_due=evaluation_due,
       config=loop.LoopConfig(log_every_steps=settings.log_every_steps,
                              checkpoint_every_steps=settings.checkpoint_every_steps))
 
@@ -164,9 +180,6 @@ class KerasStreamLoop(online.StreamLoop):
   """The stream loop with the model's compiled metrics over each progress line's steps in the line (read after the
   line's join, then reset); the line's loss is the loss metric's mean over those steps where the model tracks one
   (compiled with a loss), else the mean of its steps' losses.
-
-  Attributes:
-    writer: the `CheckpointWriter`.
   """
 
   def __init__(self, *, model: tf_keras.Model, **kwargs):
@@ -174,7 +187,6 @@ class KerasStreamLoop(online.StreamLoop):
     self._window = {}
     self._tables = tables.tables_of(model)
     super().__init__(metrics=lambda: {**self._window, **tables.table_metrics(self._tables)}, **kwargs)
-    self.writer = self._manager
 
   def chunk_ended(self, steps: int, loss_sum: float) -> float:
     results = {name: float(value) for name, value in self._model.get_metrics_result().items()

@@ -230,6 +230,11 @@ class StreamLoop(loop_lib.TrainLoop):
     """Closes the stream's source (its connection, or files)."""
     self._batches.source.close()
 
+  def finish(self) -> None:
+    """Training ended (stopped, or at its last step): the FINAL marker names the newest checkpoint, so a sidecar
+    following the run ends after it, and ps and workers given the model_dir end (`CheckpointWriter.finish`)."""
+    self._manager.finish()
+
   def stream_metrics(self) -> dict:
     """Lag and malformed records, for the progress lines: `lag_messages` (where the source counts them),
     `lag_secs`, `malformed_records`."""
@@ -265,8 +270,9 @@ def check_mode(mode) -> None:
 
 def run_until_stopped(stream_loop: StreamLoop, max_steps: Optional[int], after_checkpoint=None,
                       stop: Optional[threading.Event] = None) -> int:
-  """`stream_loop.run` until `stop` is set (None: until SIGTERM) or `max_steps`; closes the stream's source after.
-  Returns the final step."""
+  """`stream_loop.run` until `stop` is set (None: until SIGTERM) or `max_steps`; closes the stream's source after,
+  waits for a lost worker to rejoin (a restarted one must not find FINAL and end), then writes FINAL. Returns the
+  final step."""
   try:
     if stop is not None:
       step = stream_loop.run(max_steps, after_checkpoint, stop=stop)
@@ -276,6 +282,7 @@ def run_until_stopped(stream_loop: StreamLoop, max_steps: Optional[int], after_c
   finally:
     stream_loop.close()
   wait_for_lost_workers(stream_loop.coordinator)
+  stream_loop.finish()
   return step
 
 

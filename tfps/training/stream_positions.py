@@ -7,7 +7,7 @@ before the checkpoint, so a checkpoint that exists always has its position; a po
 
 With a held-out share (`tfps.data.stream.holdout`), `window-N.csv` beside it holds the held-out window current at
 checkpoint N (the newest held-out messages, as delimited lines) and `stream-N.json` says what it is; inline and
-sidecar evaluation read it (`tfps.estimator.stream_evaluation`).
+sidecar evaluation read it (`tfps.training.window_evaluation`).
 """
 
 import json
