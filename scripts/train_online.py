@@ -45,11 +45,11 @@ _PATH = flags.DEFINE_enum("path", "estimator", ["estimator", "keras"], "The trai
                           "Estimator path, or the compiled tf-keras model (tfps.keras.online.train_on_stream).")
 _DELTA_EXPORT_SECS = flags.DEFINE_float(
     "delta_export_secs", None, "Seconds between delta exports of the changed rows to model_dir/deltas, each with the "
-    "stream position of its examples (default: none; docs/delta_export.md). The Estimator path.", lower_bound=0)
+    "stream position of its examples (default: none; docs/delta_export.md). Both paths.", lower_bound=0)
 _SERVE_DELTAS = flags.DEFINE_string(
     "serve_deltas", None, "With --delta_export_secs: the chief runs `tfps-delta watch model_dir/deltas --serving=DIR` "
     "while it trains, and the run's summary gives each served version's freshness (docs/delta_export.md).")
-_ESTIMATOR_ONLY = ("stream_eval_every_steps", "stream_eval_every_secs", "delta_export_secs", "serve_deltas")
+_ESTIMATOR_ONLY = ("stream_eval_every_steps", "stream_eval_every_secs")
 
 
 def main(argv):
@@ -146,12 +146,13 @@ def _train_keras(cluster, mode):
     model = models.build_model(fv.model, *_features(), **options)
     return models.compile_model(model, optimizer=fv.optimizer, learning_rate=fv.learning_rate)
 
-  online.train_on_stream(build_model, tfps_flags.stream_batches_from_flags(), model_dir=_MODEL_DIR.value,
-                         max_steps=_MAX_STEPS.value, sync_mode=mode, cluster=cluster,
-                         strategy_options=tfps.strategy_options_from_flags(),
-                         steps_per_execution=_STEPS_PER_EXECUTION.value,
-                         checkpoint_every_steps=_CHECKPOINT_STEPS.value, log_every_steps=_LOG_STEPS.value,
-                         checkpoint_every_secs=fv.checkpoint_every_secs)
+  with _served(_SERVE_DELTAS.value):
+    online.train_on_stream(build_model, tfps_flags.stream_batches_from_flags(), model_dir=_MODEL_DIR.value,
+                           max_steps=_MAX_STEPS.value, sync_mode=mode, cluster=cluster,
+                           strategy_options=tfps.strategy_options_from_flags(),
+                           steps_per_execution=_STEPS_PER_EXECUTION.value,
+                           checkpoint_every_steps=_CHECKPOINT_STEPS.value, log_every_steps=_LOG_STEPS.value,
+                           checkpoint_every_secs=fv.checkpoint_every_secs, delta_export_secs=_DELTA_EXPORT_SECS.value)
 
 
 def _features():
