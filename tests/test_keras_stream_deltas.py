@@ -11,13 +11,11 @@ import tf_keras
 
 import online_stream
 import tfps
-from tfps.data.stream import batches as batches_lib
-from tfps.data.stream import folder as folder_lib
 from tfps.keras import online
 from tfps.training import deltas
 
 from test_deltas import chain
-from test_estimator_deltas import line_of, write_slices
+from test_estimator_deltas import folder_stream, line_of
 
 
 def _sample(input_context):
@@ -29,14 +27,7 @@ def _sample(input_context):
 def keras_stream_run(cluster, tmp_path_factory):
   """The Keras counting model trained on a folder stream of 64 messages (2 slices), a delta after every 2 steps of 8."""
   root = tmp_path_factory.mktemp("keras_stream_deltas")
-  stream = root / "stream"
-  stream.mkdir()
-  write_slices(str(stream), 2)
-
-  def make(positions):
-    source = folder_lib.FolderSource(str(stream), pattern="slice-*.csv", positions=positions, poll_secs=0.05)
-    return batches_lib.StreamBatches(source, online_stream.SPEC, batch_size=8)
-
+  stream, make = folder_stream(root)
   assert online.train_on_stream(online_stream.build_keras_model, make, model_dir=str(root / "run"), max_steps=8,
                                 cluster=cluster, steps_per_execution=2, log_every_steps=2,
                                 checkpoint_every_steps=100, delta_export_secs=0, min_shard_bytes=0) == 8
