@@ -221,13 +221,15 @@ def test_the_online_script_trains_a_bundled_model_on_a_folder_stream(tmp_path, s
 def test_the_online_script_trains_on_the_keras_path_in_sync_mode(tmp_path, subprocess_env):
   """scripts/train_online.py --stream=folder --path=keras --sync_mode=sync under tfps-launch (2 workers): Wide&Deep on
   the two slices, each step on one batch per worker, to --max_steps; the Keras model's metrics in its progress lines,
-  and the last checkpoint's position is the end of the second slice."""
+  and the last checkpoint's position is the end of the second slice, as is the last delta's (--delta_export_secs)."""
   slices, spec, _ = _folder_stream(tmp_path)
   model_dir = tmp_path / "run"
   _run_script(tmp_path, subprocess_env, ["--num_workers=2"],
               [f"--stream_folder={slices}", f"--feature_spec={spec}", "--path=keras", "--sync_mode=sync",
-               "--max_steps=4", "--save_checkpoints_steps=2", f"--model_dir={model_dir}"])
+               "--max_steps=4", "--save_checkpoints_steps=2", f"--model_dir={model_dir}", "--delta_export_secs=0"])
   lines = (model_dir / "loss.log").read_text()
   assert "malformed_records 1" in lines and " | auc " in lines, lines  # the Keras model's metrics in its lines
   latest = str(model_dir / "checkpoints" / "ckpt-4")
   assert stream_positions.read_positions(str(model_dir), latest) == {"folder": ["clicks-1.csv", 65]}
+  last = deltas.read_manifest(str(sorted((model_dir / "deltas").iterdir())[-1]))
+  assert last["step"] == 4 and last["stream"]["to"] == {"folder": ["clicks-1.csv", 65]} and last["version"] > 1
