@@ -11,7 +11,7 @@ SIGTERM ends training after the steps in flight with a checkpoint. --stream=fold
 --stream_folder instead. With --stream_holdout_every=K about one message in K is held out, and
 --stream_eval_every_steps/secs evaluate the newest checkpoint on the newest of them; the same script run as the
 evaluator task (tfps-launch --evaluator) is the sidecar: it evaluates every checkpoint on the held-out window current
-at it (both paths). --delta_export_secs=T (the Estimator path) writes a delta of the changed rows every T seconds
+at it (both paths). --delta_export_secs=T (both paths) writes a delta of the changed rows every T seconds
 to model_dir/deltas (docs/delta_export.md); with --serve_deltas=DIR the chief also runs `tfps-delta watch` keeping DIR
 current, and the run's summary gives the freshness of the versions it served (from a message's write to the version
 serving it). See docs/online.md.
@@ -45,11 +45,10 @@ _PATH = flags.DEFINE_enum("path", "estimator", ["estimator", "keras"], "The trai
                           "Estimator path, or the compiled tf-keras model (tfps.keras.online.train_on_stream).")
 _DELTA_EXPORT_SECS = flags.DEFINE_float(
     "delta_export_secs", None, "Seconds between delta exports of the changed rows to model_dir/deltas, each with the "
-    "stream position of its examples (default: none; docs/delta_export.md). The Estimator path.", lower_bound=0)
+    "stream position of its examples (default: none; docs/delta_export.md). Both paths.", lower_bound=0)
 _SERVE_DELTAS = flags.DEFINE_string(
     "serve_deltas", None, "With --delta_export_secs: the chief runs `tfps-delta watch model_dir/deltas --serving=DIR` "
     "while it trains, and the run's summary gives each served version's freshness (docs/delta_export.md).")
-_ESTIMATOR_ONLY = ("delta_export_secs", "serve_deltas")
 
 
 def main(argv):
@@ -58,12 +57,8 @@ def main(argv):
   fv = flags.FLAGS
   if not fv.stream:
     raise tfps.UsageError("scripts/train_online.py trains on a stream: give --stream=kafka or --stream=folder")
-  given = [f"--{name}" for name in _ESTIMATOR_ONLY if fv[name].value is not None]
   if _SERVE_DELTAS.value and _DELTA_EXPORT_SECS.value is None:
     raise tfps.UsageError(f"--serve_deltas={_SERVE_DELTAS.value} serves delta exports: give --delta_export_secs too")
-  if _PATH.value == "keras" and given:
-    raise tfps.UsageError(f"--path=keras does not take {', '.join(given)} (the Estimator path does): give "
-                          f"--path=estimator or leave them out")
   from tfps.training import online  # pylint: disable=g-import-not-at-top
   online.check_mode(mode)  # on every task: a mode a stream cannot train in ends the run, not only its chief
   if _PATH.value == "keras":
@@ -153,14 +148,16 @@ def _train_keras(cluster, mode):
   """The chief's training on the Keras path, with the inline evaluations of the newest held-out window."""
   from tfps.keras import online  # pylint: disable=g-import-not-at-top
   fv = flags.FLAGS
-  online.train_on_stream(_keras_model(cluster), tfps_flags.stream_batches_from_flags(), model_dir=_MODEL_DIR.value,
-                         max_steps=_MAX_STEPS.value, sync_mode=mode, cluster=cluster,
-                         strategy_options=tfps.strategy_options_from_flags(),
-                         steps_per_execution=_STEPS_PER_EXECUTION.value,
-                         checkpoint_every_steps=_CHECKPOINT_STEPS.value, log_every_steps=_LOG_STEPS.value,
-                         checkpoint_every_secs=fv.checkpoint_every_secs,
-                         evaluate_every_steps=fv.stream_eval_every_steps,
-                         evaluate_every_secs=fv.stream_eval_every_secs, eval_batch_size=fv.batch_size)
+  with _served(_SERVE_DELTAS.value):
+    online.train_on_stream(_keras_model(cluster), tfps_flags.stream_batches_from_flags(), model_dir=_MODEL_DIR.value,
+                           max_steps=_MAX_STEPS.value, sync_mode=mode, cluster=cluster,
+                           strategy_options=tfps.strategy_options_from_flags(),
+                           steps_per_execution=_STEPS_PER_EXECUTION.value,
+                           checkpoint_every_steps=_CHECKPOINT_STEPS.value, log_every_steps=_LOG_STEPS.value,
+                           checkpoint_every_secs=fv.checkpoint_every_secs,
+                           evaluate_every_steps=fv.stream_eval_every_steps,
+                           evaluate_every_secs=fv.stream_eval_every_secs, eval_batch_size=fv.batch_size,
+                           delta_export_secs=_DELTA_EXPORT_SECS.value)
 
 
 def _evaluate_keras(cluster):

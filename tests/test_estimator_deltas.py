@@ -114,22 +114,28 @@ def line_of(positions):
   return 0 if name is None else int(name[len("slice-"):-len(".csv")]) * SLICE + line
 
 
-@pytest.fixture(scope="module")
-def stream_run(cluster, tmp_path_factory):
-  """The counting model trained on a folder stream of 64 messages (2 slices), a delta after every 2 steps of 8."""
-  root = tmp_path_factory.mktemp("stream_deltas")
+def folder_stream(root):
+  """`(folder, make_batches)`: a folder stream of 64 messages (2 slices) in `root/stream`, in batches of 8."""
   stream = root / "stream"
   stream.mkdir()
   write_slices(str(stream), 2)
-  config = tfps.RunConfig(delta_export_secs=0, steps_per_execution=2, log_step_count_steps=2,
-                          save_checkpoints_steps=100)
-  estimator = tfps.Estimator(counting_model_fn, model_dir=str(root / "run"), config=config, cluster=cluster,
-                             strategy_options={"min_shard_bytes": 0})  # the table sharded over both ps
 
   def make(positions):
     source = folder_lib.FolderSource(str(stream), pattern="slice-*.csv", positions=positions, poll_secs=0.05)
     return batches_lib.StreamBatches(source, online_stream.SPEC, batch_size=8)
 
+  return stream, make
+
+
+@pytest.fixture(scope="module")
+def stream_run(cluster, tmp_path_factory):
+  """The counting model trained on a folder stream of 64 messages (2 slices), a delta after every 2 steps of 8."""
+  root = tmp_path_factory.mktemp("stream_deltas")
+  stream, make = folder_stream(root)
+  config = tfps.RunConfig(delta_export_secs=0, steps_per_execution=2, log_step_count_steps=2,
+                          save_checkpoints_steps=100)
+  estimator = tfps.Estimator(counting_model_fn, model_dir=str(root / "run"), config=config, cluster=cluster,
+                             strategy_options={"min_shard_bytes": 0})  # the table sharded over both ps
   assert online.train_on_stream(estimator, make, max_steps=8) == 8
   full = estimator.export_saved_model(str(root / "full"), {key: tf.TensorSpec.from_tensor(value)
                                                            for key, value in stream_features().items()})

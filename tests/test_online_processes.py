@@ -249,7 +249,7 @@ def test_the_online_script_on_the_keras_path_evaluates_windows_and_its_sidecar_e
   slices with one message in about 8 held out, until every trained message is in a checkpoint; then SIGTERM to the
   chief: the run ends with exit 0 within seconds, the sidecar too (it saw FINAL: without it, it would wait an hour
   for a checkpoint), after evaluating the last checkpoint on its window; the chief evaluated the windows inline; the
-  Keras model's metrics are in the progress lines."""
+  Keras model's metrics are in the progress lines; the last delta (--delta_export_secs) ships up to the stream's end."""
   slices, spec, written = _folder_stream(tmp_path)
   model_dir, held_out = tmp_path / "run", _held_out_lines(written)
   steps = -(-(128 - held_out) // 16)
@@ -257,7 +257,7 @@ def test_the_online_script_on_the_keras_path_evaluates_windows_and_its_sidecar_e
             "--embedding_dim=4", "--log_step_count_steps=2", "--path=keras", f"--stream_folder={slices}",
             f"--feature_spec={spec}", "--steps_per_execution=2", "--save_checkpoints_steps=4",
             "--stream_holdout_every=8", "--stream_eval_every_steps=4", "--stream_idle_flush_secs=1",
-            f"--model_dir={model_dir}"]
+            "--delta_export_secs=0", f"--model_dir={model_dir}"]
   with _launch(tmp_path, subprocess_env, ["--num_workers=1", "--evaluator"], *script) as (launcher, out, mark, alive):
     online_stream.wait_for(lambda: steps in _checkpoints(model_dir), f"ckpt-{steps}", 480, alive)
     online_stream.wait_for(lambda: _task(mark, "chief:0"), "chief:0", 60, alive).send_signal(signal.SIGTERM)
@@ -270,6 +270,8 @@ def test_the_online_script_on_the_keras_path_evaluates_windows_and_its_sidecar_e
   assert " | auc " in (model_dir / "loss.log").read_text()  # the Keras model's metrics in its lines
   latest = str(model_dir / "checkpoints" / f"ckpt-{steps}")
   assert stream_positions.read_positions(str(model_dir), latest) == {"folder": ["clicks-1.csv", 65]}
+  last = deltas.read_manifest(str(sorted((model_dir / "deltas").iterdir())[-1]))  # --delta_export_secs: to the end
+  assert last["stream"]["to"] == {"folder": ["clicks-1.csv", 65]} and last["version"] > 1, last
   sidecar = [json.loads(line) for line in (model_dir / "eval" / "metrics.jsonl").read_text().splitlines()]
   assert sidecar[-1]["step"] == steps and sidecar[-1]["metrics"]["examples"] == held_out
   assert 0 <= sidecar[-1]["metrics"]["auc"] <= 1

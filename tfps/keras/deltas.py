@@ -1,7 +1,9 @@
 """Delta exports on the Keras path: `tfps.fit(..., delta_export_secs=T)` writes a base SavedModel when training
 starts and, every T seconds (checked before each scheduled execution of steps, within an epoch too, at each epoch's
-end, and at the end of training), a delta of what changed since (`tfps.training.deltas`); `apply` turns a base and
-its deltas into a SavedModel for serving (a Keras base, or the Estimator path's, `tfps.estimator.deltas`).
+end, and at the end of training), a delta of what changed since (`tfps.training.deltas`); so does
+`tfps.keras.online.train_on_stream(..., delta_export_secs=T)` between its chunks, each manifest with the stream span
+it ships and its examples' write times (`stream_schedule`). `apply` turns a base and its deltas into a SavedModel for
+serving (a Keras base, or the Estimator path's, `tfps.estimator.deltas`).
 """
 
 import os
@@ -26,12 +28,7 @@ def delta_callbacks(build_model: Callable, dataset_fn: Callable, model_dir: Opti
   a batch to build a model whose inputs are not declared, for the base export."""
   if delta_export_secs is None:
     return []
-  checks.non_negative_number("delta_export_secs", delta_export_secs, "number of seconds")
-  if not model_dir:
-    raise UsageError(f"`delta_export_secs` ({delta_export_secs}) needs a `model_dir` to write the deltas into "
-                     f"(model_dir/{delta_schedule.DELTAS_SUBDIR})")
-  return [DeltaExport(build_model, dataset_fn, os.path.join(model_dir, delta_schedule.DELTAS_SUBDIR),
-                      delta_export_secs)]
+  return [DeltaExport(build_model, dataset_fn, _deltas_folder(model_dir, delta_export_secs), delta_export_secs)]
 
 
 class DeltaExport(tf_keras.callbacks.Callback):
@@ -49,14 +46,7 @@ class DeltaExport(tf_keras.callbacks.Callback):
     self.schedule: Optional[delta_schedule.DeltaSchedule] = None
 
   def on_train_begin(self, logs=None):
-    layers = tables.tables_of(self.model)
-    delta_schedule.refuse_tables(self.secs, layers, "tfps.export_saved_model")
-    # Before the first step is traced: its updates mark the rows they change from then on.
-    touched = touched_rows.track(self.model.distribute_strategy)
-    writer = deltas.DeltaWriter(self.directory, deltas.whole_variables(self.model, self.model.weights), touched,
-                                tables=layers)
-    self.schedule = delta_schedule.DeltaSchedule(writer, self.secs, self._current_step, lambda folder: (
-        export.export_saved_model(self.build_model, folder, model=self.model, dataset_fn=self.dataset_fn)))
+    self.schedule = schedule_for(self.model, self.build_model, self.dataset_fn, self.directory, self.secs)
     self.schedule.begin()
 
   def due(self) -> bool:
@@ -73,8 +63,38 @@ class DeltaExport(tf_keras.callbacks.Callback):
   def on_train_end(self, logs=None):
     self.schedule.finish()
 
-  def _current_step(self) -> int:
-    return int(self.model.optimizer.iterations.numpy())
+
+def schedule_for(model: tf_keras.Model, build_model: Callable, dataset_fn: Callable, directory: str,
+                 secs: float) -> delta_schedule.DeltaSchedule:
+  """The delta schedule of `model` (trained in its strategy's scope) into `directory` every `secs` seconds, at its
+  optimizer's step; made before its first step is traced (that step's updates mark the rows they change from then
+  on). A table layer without `delta_shards` raises a one-line `UsageError`."""
+  layers = tables.tables_of(model)
+  delta_schedule.refuse_tables(secs, layers, "tfps.export_saved_model")
+  touched = touched_rows.track(model.distribute_strategy)
+  writer = deltas.DeltaWriter(directory, deltas.whole_variables(model, model.weights), touched, tables=layers)
+  return delta_schedule.DeltaSchedule(writer, secs, lambda: int(model.optimizer.iterations.numpy()), lambda folder: (
+      export.export_saved_model(build_model, folder, model=model, dataset_fn=dataset_fn)))
+
+
+def stream_schedule(build_model: Callable, model: tf_keras.Model, sample, model_dir: str,
+                    secs: Optional[float]) -> Optional[delta_schedule.DeltaSchedule]:
+  """The delta schedule `tfps.keras.online.train_on_stream` gives its stream loop for `delta_export_secs` (None where
+  it is None): the loop writes the base at its first step and a delta of the examples trained since every `secs`
+  seconds between chunks, each manifest with its stream span and write times (`tfps.training.delta_schedule`).
+  `sample` is a dataset of one batch, to build a model whose inputs are not declared for the base export."""
+  if secs is None:
+    return None
+  return schedule_for(model, build_model, lambda input_context: sample, _deltas_folder(model_dir, secs), secs)
+
+
+def _deltas_folder(model_dir: Optional[str], secs: float) -> str:
+  """`model_dir/deltas`, after a one-line `UsageError` for a bad `secs` or no `model_dir`."""
+  checks.non_negative_number("delta_export_secs", secs, "number of seconds")
+  if not model_dir:
+    raise UsageError(f"`delta_export_secs` ({secs}) needs a `model_dir` to write the deltas into "
+                     f"(model_dir/{delta_schedule.DELTAS_SUBDIR})")
+  return os.path.join(model_dir, delta_schedule.DELTAS_SUBDIR)
 
 
 def apply(base: str, delta_paths: Sequence[str], out: str) -> str:

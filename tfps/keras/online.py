@@ -20,6 +20,7 @@ from tfps import checks
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import options as options_lib
 from tfps.errors import ArgumentTypeError, UsageError
+from tfps.keras import deltas
 from tfps.keras import evaluation
 from tfps.keras import fitting
 from tfps.keras import steps as keras_steps
@@ -49,6 +50,9 @@ class StreamOptions:
     evaluate_every_steps, evaluate_every_secs: evaluate the newest checkpoint on the newest held-out window
       (`StreamBatches(held_out=...)`) this often (None: not by steps, not by time; `tfps.training.window_evaluation`).
     eval_batch_size: the window's batches in those evaluations (1024).
+    delta_export_secs: a base export at the start, then a delta of the rows changed every this many seconds into
+      `model_dir/deltas`, each with the stream span it ships and its examples' write times (`tfps.keras.deltas`;
+      None: no deltas).
   """
 
   steps_per_execution: Optional[int] = None
@@ -59,6 +63,7 @@ class StreamOptions:
   evaluate_every_steps: Optional[int] = None
   evaluate_every_secs: Optional[float] = None
   eval_batch_size: int = 1024
+  delta_export_secs: Optional[float] = None
 
   def __post_init__(self):
     checks.positive_int("steps_per_execution", self.steps_per_execution, allow_none=True)
@@ -71,6 +76,8 @@ class StreamOptions:
       checks.non_negative_number("evaluate_every_secs", self.evaluate_every_secs, "number of seconds")
     if self.checkpoint_every_secs is not None and not self.checkpoint_every_secs > 0:
       raise UsageError(f"`checkpoint_every_secs` ({self.checkpoint_every_secs!r}) must be a positive number or None")
+    if self.delta_export_secs is not None:
+      checks.non_negative_number("delta_export_secs", self.delta_export_secs, "number of seconds")
 
 
 def train_on_stream(build_model: Callable[[], tf_keras.Model], make_batches: Callable, *, model_dir: str,
@@ -99,8 +106,8 @@ def train_on_stream(build_model: Callable[[], tf_keras.Model], make_batches: Cal
     stop: an event that ends training (None: SIGTERM does).
     after_checkpoint: `fn(step)`, called after each checkpoint (before an inline evaluation on the newest window).
     **options: the `StreamOptions` (`steps_per_execution`, `checkpoint_every_steps`, `checkpoint_every_secs`,
-      `log_every_steps`, `keep_checkpoint_max`, `evaluate_every_steps`, `evaluate_every_secs`, `eval_batch_size`)
-      and `StrategyOptions` fields.
+      `log_every_steps`, `keep_checkpoint_max`, `evaluate_every_steps`, `evaluate_every_secs`, `eval_batch_size`,
+      `delta_export_secs`) and `StrategyOptions` fields.
   """
   settings, mode = _checked(build_model, make_batches, model_dir, max_steps, sync_mode, options)
   config = fitting.chief_cluster(cluster, "tfps.keras.online.train_on_stream")
@@ -156,6 +163,7 @@ def _prepare(chief: chief_lib.Chief, build_model: Callable, batches, model_dir: 
   saved = checkpoints_lib.list_checkpoints(model_dir)
   if saved:  # the checkpoint whose position `make_batches` was given
     chief.restore(saved[-1], tf.train.Checkpoint(model=model))
+  schedule = deltas.stream_schedule(build_model, model, zeros, model_dir, settings.delta_export_secs)
   writer = checkpoints_lib.CheckpointWriter(model_dir, model.optimizer.iterations, settings.keep_checkpoint_max,
                                             model=model)
   writer.begin()
@@ -164,7 +172,7 @@ def _prepare(chief: chief_lib.Chief, build_model: Callable, batches, model_dir: 
                chief.mode.describe(chief.num_workers), f", resumed from {saved[-1]}" if saved else "")
   return KerasStreamLoop(
       model=model, batches=batches, checkpoint_every_secs=settings.checkpoint_every_secs, runner=runner,
-      checkpoint_manager=writer, model_dir=model_dir, evaluation_due=evaluation_due,
+      checkpoint_manager=writer, model_dir=model_dir, evaluation_due=evaluation_due, deltas=schedule,
       config=loop.LoopConfig(log_every_steps=settings.log_every_steps,
                              checkpoint_every_steps=settings.checkpoint_every_steps))
 
