@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from tfps.cluster import console
+from tfps.cluster import tasks as tasks_lib
 from tfps.report import series
 from tfps import run_records
 from tfps.testing import applied_steps
@@ -93,7 +94,7 @@ def test_killed_chief_resumes_at_the_next_epoch(tmp_path, subprocess_env, launch
                 subprocess_env, tmp_path / "first.out")
   launched.append(first)
   wait_for(lambda: (model_dir / "checkpoints" / "ckpt-2.index").exists(), 240, "the epoch-2 checkpoint")
-  chief = [p for p in descendants(first) if '"type": "chief"' in p.environ().get("TF_CONFIG", "")]
+  chief = [tasks_lib.find_task(tmp_path / "logs1", "chief:0", descendants(first))]
   chief[0].send_signal(signal.SIGKILL)
   assert first.wait(timeout=60) == 128 + signal.SIGKILL
   assert "task chief:0 was killed by SIGKILL; last lines of" in (tmp_path / "first.out").read_text()
