@@ -221,8 +221,8 @@ def define_launch_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                        "warnings on the console (the task logs keep them either way).", flag_values=flag_values)
   flags.DEFINE_boolean("fork_tasks", sys.platform.startswith("linux"),
                        "Start the Python tasks from a fork server that has imported TensorFlow once, instead of one "
-                       "fresh Python each (a task starts ~2 CPU-seconds sooner and shares the imported modules' "
-                       "memory); --nofork_tasks starts each task as its own Python. Without a fork server (one that "
+                       "fresh Python each (a task then starts without importing TensorFlow, and shares the imported "
+                       "modules' memory); --nofork_tasks starts each task as its own Python. Without a fork server (one that "
                        "cannot start) the tasks start as their own Python, after one warning line.",
                        flag_values=flag_values)
   declare_program_flags(flag_values, __name__)

@@ -34,15 +34,16 @@ class ForkServerError(RuntimeError):
   """The fork server could not start, or could not start a task."""
 
 
-def become_subreaper() -> None:
-  """Makes this process a child subreaper: orphaned descendants (the forked tasks) become its children.
+def become_subreaper(enabled: bool = True) -> None:
+  """Makes this process a child subreaper (`enabled`; else no longer one): orphaned descendants (the forked tasks)
+  become its children.
 
   Raises:
     ForkServerError: the kernel refused it (not Linux).
   """
   try:
     libc = ctypes.CDLL(None, use_errno=True)
-    failed = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0
+    failed = libc.prctl(_PR_SET_CHILD_SUBREAPER, int(enabled), 0, 0, 0) != 0
   except (OSError, AttributeError) as e:
     raise ForkServerError(f"prctl(PR_SET_CHILD_SUBREAPER) is not available: {e}") from None
   if failed:
