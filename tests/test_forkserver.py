@@ -132,7 +132,8 @@ def wait_for(condition, what, timeout_secs=60):
 def test_tasks_json_names_each_task_and_a_killed_one_is_restarted_under_a_new_pid(tmp_path, marked_env):
   proc = launch(tmp_path, marked_env, "--max_restarts=1", script_args=["--chief_secs=8", "--spawn_child"])
   log_dir = tmp_path / "logs"
-  worker = wait_for(lambda: tasks_lib.find_task(log_dir, "worker:1", marked(tmp_path)), "worker:1")
+  wait_for(lambda: tasks_lib.find_task(log_dir, "chief:0", marked(tmp_path)), "chief:0")
+  worker = tasks_lib.find_task(log_dir, "worker:1", marked(tmp_path))
   assert sorted(tasks_lib.task_pids(log_dir)) == ["chief:0", "ps:0", "worker:0", "worker:1"]
   assert "TF_CONFIG" not in worker.environ()  # forked: /proc shows the server's environment
   first_pid = tasks_lib.task_pids(log_dir)["worker:1"]
