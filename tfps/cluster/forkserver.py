@@ -15,9 +15,11 @@ the task's TF_CONFIG: the launcher names its tasks' pids in `<log_dir>/tasks.jso
 
 import ast
 import ctypes
+import importlib
 import json
 import os
 import pathlib
+import runpy
 import signal
 import socket
 import subprocess
@@ -122,7 +124,7 @@ class ForkServer:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     package_parent = str(pathlib.Path(__file__).resolve().parents[2])
     code = (f"import sys; sys.path.insert(0, {package_parent!r}); from tfps.cluster import forkserver; "
-            f"forkserver.serve({theirs.fileno()}, sys.argv[1:])")
+            f"forkserver.main({theirs.fileno()}, sys.argv[1:])")
     with open(log_path, "wb") as log:
       process = subprocess.Popen([sys.executable, "-c", code, *preload], env=environ, stdin=subprocess.DEVNULL,
                                  stdout=log, stderr=subprocess.STDOUT, pass_fds=[theirs.fileno()],
@@ -182,9 +184,18 @@ def _end(process: subprocess.Popen) -> None:
 # The server side (runs in the server process).
 
 
-def serve(fd: int, preload: Sequence[str]) -> None:
-  """The server's loop: imports `preload`, says it is ready, then forks a task per request until the launcher
-  closes the socket."""
+def main(fd: int, preload: Sequence[str]) -> None:
+  """The server process: `serve`s until the launcher closes the socket; in a forked task, runs its script as
+  `__main__`, and Python's own exit follows (non-daemon threads, atexit, its status, a traceback and status 1 for an
+  exception)."""
+  script = serve(fd, preload)
+  if script is not None:
+    runpy.run_path(script, run_name="__main__")
+
+
+def serve(fd: int, preload: Sequence[str]) -> Optional[str]:
+  """Imports `preload`, says it is ready, then forks a task per request; returns None when the launcher closes the
+  socket, and in a forked task the script to run (`_become_task` made the process the task's)."""
   sock = socket.socket(fileno=fd)
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher ends it by closing the socket
   try:
@@ -192,28 +203,30 @@ def serve(fd: int, preload: Sequence[str]) -> None:
       _preload(name)
   except Exception as e:  # pylint: disable=broad-except  (any import error: the launcher falls back to Popen)
     sock.send(json.dumps({"error": f"importing {name}: {type(e).__name__}: {e}"}).encode())
-    return
+    return None
   sock.send(json.dumps({"threads": len(os.listdir("/proc/self/task"))}).encode())
   while True:
     try:
       data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 2)
     except OSError:
-      return
+      return None
     if not data:
-      return
+      return None
+    request = json.loads(data)
     try:
-      reply = {"pid": _fork_task(sock, json.loads(data), fds)}
+      pid = _fork_task()
     except OSError as e:
-      reply = {"error": f"could not fork a task: {e}"}
-    finally:
-      for fd_ in fds:
-        os.close(fd_)
-    sock.send(json.dumps(reply).encode())
+      pid = f"could not fork a task: {e}"
+    if pid is None:  # the task
+      sock.close()
+      return _become_task(request, fds)
+    for fd_ in fds:
+      os.close(fd_)
+    sock.send(json.dumps({"pid": pid} if isinstance(pid, int) else {"error": pid}).encode())
 
 
 def _preload(name: str) -> None:
   """Imports module `name`, or its parent if `name` is a name inside it (`from a import b`: b a function)."""
-  import importlib  # pylint: disable=g-import-not-at-top
   try:
     importlib.import_module(name)
   except ModuleNotFoundError as e:
@@ -223,21 +236,22 @@ def _preload(name: str) -> None:
     importlib.import_module(parent)
 
 
-def _fork_task(sock: socket.socket, request: dict, fds: Sequence[int]) -> int:
-  """Forks the middle process, which forks the task, sends us its pid and ends; returns the task's pid."""
+def _fork_task() -> Optional[int]:
+  """Forks the middle process, which forks the task, sends us its pid and ends; returns the task's pid, and None in
+  the task."""
   read_end, write_end = os.pipe()
   middle = os.fork()
   if middle == 0:
     os.close(read_end)
     try:
       task = os.fork()
-      if task == 0:
-        os.close(write_end)
-        sock.close()
-        _run_task(request, fds)  # never returns
-      os.write(write_end, str(task).encode())
-    finally:
-      os._exit(0)  # pylint: disable=protected-access
+    except OSError:
+      os._exit(1)
+    if task == 0:
+      os.close(write_end)
+      return None
+    os.write(write_end, str(task).encode())
+    os._exit(0)
   os.close(write_end)
   with os.fdopen(read_end, "rb") as pipe:
     pid = pipe.read()
@@ -247,8 +261,9 @@ def _fork_task(sock: socket.socket, request: dict, fds: Sequence[int]) -> int:
   return int(pid)
 
 
-def _run_task(request: dict, fds: Sequence[int]) -> None:
-  """In the task: becomes `python SCRIPT ARGS...` with the request's environment and output, and exits as it would."""
+def _become_task(request: dict, fds: Sequence[int]) -> str:
+  """In the task: makes this process `python SCRIPT ARGS...` with the request's environment and output (in a session
+  of its own, stdin from /dev/null, Python's signal handlers); returns the script."""
   os.setsid()
   null = os.open(os.devnull, os.O_RDONLY)
   os.dup2(null, 0)
@@ -265,43 +280,4 @@ def _run_task(request: dict, fds: Sequence[int]) -> None:
   sys.path[0] = os.path.dirname(os.path.abspath(script))
   if "numpy" in sys.modules:  # its global generator's state, else the same in every task
     sys.modules["numpy"].random.seed()
-  os._exit(_run_script(script))  # pylint: disable=protected-access
-
-
-def _run_script(script: str) -> int:
-  """Runs `script` as `__main__`, then what Python runs at exit; returns the exit status Python would give."""
-  import atexit  # pylint: disable=g-import-not-at-top
-  import runpy  # pylint: disable=g-import-not-at-top
-  import threading  # pylint: disable=g-import-not-at-top
-  status = 0
-  try:
-    runpy.run_path(script, run_name="__main__")
-  except SystemExit as e:
-    status = _exit_code(e.code)
-  except KeyboardInterrupt:
-    sys.excepthook(*sys.exc_info())
-    status = -signal.SIGINT
-  except BaseException:  # pylint: disable=broad-except  (as Python: any exception, its traceback, status 1)
-    sys.excepthook(*sys.exc_info())
-    status = 1
-  threading._shutdown()  # pylint: disable=protected-access  (Python's own exit: wait for non-daemon threads)
-  atexit._run_exitfuncs()  # pylint: disable=protected-access
-  for stream in (sys.stdout, sys.stderr):
-    try:
-      stream.flush()
-    except (OSError, ValueError):
-      pass
-  if status == -signal.SIGINT:  # as Python: an uncaught Ctrl-C ends the process by SIGINT
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGINT)
-  return status
-
-
-def _exit_code(code) -> int:
-  """The status `sys.exit(code)` gives: None 0, an int itself, anything else printed to stderr and 1."""
-  if code is None:
-    return 0
-  if isinstance(code, int):
-    return code & 0xFF
-  print(code, file=sys.stderr)
-  return 1
+  return script
