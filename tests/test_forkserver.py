@@ -173,3 +173,20 @@ def test_a_fork_server_that_cannot_start_leaves_one_warning_and_fresh_pythons(tm
   finally:
     group.stop_all()
     forkserver.become_subreaper(False)
+
+
+def test_a_forked_task_keeps_what_the_imports_set_in_the_environment(tmp_path):
+  """`import tfps` sets gRPC's keepalive options (read by TensorFlow at its first channel, in the task)."""
+  environ = {key: value for key, value in os.environ.items() if key != "TF_GRPC_DEFAULT_OPTIONS"}
+  server = forkserver.ForkServer.start(environ, ["tfps"], tmp_path / "forkserver.log", timeout_secs=60)
+  try:
+    script = tmp_path / "grpc.py"
+    script.write_text("import os\nprint(os.environ.get('TF_GRPC_DEFAULT_OPTIONS'), os.environ['TF_CONFIG'])\n")
+    with open(tmp_path / "out.log", "wb") as out:
+      task = server.spawn([sys.executable, str(script)], dict(environ, TF_CONFIG="{}"), out.fileno(), out.fileno())
+    assert task.wait(timeout=60) == 0
+    assert (tmp_path / "out.log").read_text() == "grpc.keepalive_time_ms=5000,grpc.keepalive_timeout_ms=5000," \
+        "grpc.min_reconnect_backoff_ms=2000,grpc.max_reconnect_backoff_ms=5000 {}\n"
+  finally:
+    server.close()
+    forkserver.become_subreaper(False)

@@ -157,7 +157,7 @@ def test_main_job_trains_and_the_sidecar_reports_auc(tmp_path, subprocess_env, l
   best = json.loads((model_dir / "best" / "best.json").read_text())
   assert best["metric"] == "auc"
   assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == [
-      "chief-0.log", "evaluator-0.log", "ps-0.log", "worker-0.log", "worker-1.log"]
+      "chief-0.log", "evaluator-0.log", "forkserver.log", "ps-0.log", "tasks.json", "worker-0.log", "worker-1.log"]
 
   result = subprocess.run(sidecar + [f"--model_dir={model_dir}", "--evaluate_every_checkpoint", "--best_metric=loss"],
                           cwd=REPO, env=subprocess_env, capture_output=True, text=True, timeout=300)

@@ -198,6 +198,7 @@ def serve(fd: int, preload: Sequence[str]) -> Optional[str]:
   socket, and in a forked task the script to run (`_become_task` made the process the task's)."""
   sock = socket.socket(fileno=fd)
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher ends it by closing the socket
+  before = dict(os.environ)
   try:
     for name in preload:
       _preload(name)
@@ -205,6 +206,8 @@ def serve(fd: int, preload: Sequence[str]) -> Optional[str]:
     sock.send(json.dumps({"error": f"importing {name}: {type(e).__name__}: {e}"}).encode())
     return None
   sock.send(json.dumps({"threads": len(os.listdir("/proc/self/task"))}).encode())
+  # what the imports set in the environment (tfps's gRPC options, TensorFlow's own), as they would in each task
+  imported = {key: value for key, value in os.environ.items() if before.get(key) != value}
   while True:
     try:
       data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 2)
@@ -219,7 +222,7 @@ def serve(fd: int, preload: Sequence[str]) -> Optional[str]:
       pid = f"could not fork a task: {e}"
     if pid is None:  # the task
       sock.close()
-      return _become_task(request, fds)
+      return _become_task(request, fds, imported)
     for fd_ in fds:
       os.close(fd_)
     sock.send(json.dumps({"pid": pid} if isinstance(pid, int) else {"error": pid}).encode())
@@ -261,9 +264,10 @@ def _fork_task() -> Optional[int]:
   return int(pid)
 
 
-def _become_task(request: dict, fds: Sequence[int]) -> str:
-  """In the task: makes this process `python SCRIPT ARGS...` with the request's environment and output (in a session
-  of its own, stdin from /dev/null, Python's signal handlers); returns the script."""
+def _become_task(request: dict, fds: Sequence[int], imported: Dict[str, str]) -> str:
+  """In the task: makes this process `python SCRIPT ARGS...` with the request's environment, plus what the imports
+  set in it (`imported`), and the request's output (in a session of its own, stdin from /dev/null, Python's signal
+  handlers); returns the script."""
   os.setsid()
   null = os.open(os.devnull, os.O_RDONLY)
   os.dup2(null, 0)
@@ -274,7 +278,7 @@ def _become_task(request: dict, fds: Sequence[int]) -> str:
   signal.signal(signal.SIGINT, signal.default_int_handler)
   os.chdir(request["cwd"])
   os.environ.clear()
-  os.environ.update(request["env"])
+  os.environ.update(request["env"], **imported)
   script = request["argv"][0]
   sys.argv = list(request["argv"])
   sys.path[0] = os.path.dirname(os.path.abspath(script))
