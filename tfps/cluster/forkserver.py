@@ -123,8 +123,8 @@ class ForkServer:
     become_subreaper()
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     package_parent = str(pathlib.Path(__file__).resolve().parents[2])
-    code = (f"import sys; sys.path.insert(0, {package_parent!r}); from tfps.cluster import forkserver; "
-            f"forkserver.main({theirs.fileno()}, sys.argv[1:])")
+    code = (f"import os, sys; environ = dict(os.environ); sys.path.insert(0, {package_parent!r}); "
+            f"from tfps.cluster import forkserver; forkserver.main({theirs.fileno()}, sys.argv[1:], environ)")
     with open(log_path, "wb") as log:
       process = subprocess.Popen([sys.executable, "-c", code, *preload], env=environ, stdin=subprocess.DEVNULL,
                                  stdout=log, stderr=subprocess.STDOUT, pass_fds=[theirs.fileno()],
@@ -184,21 +184,20 @@ def _end(process: subprocess.Popen) -> None:
 # The server side (runs in the server process).
 
 
-def main(fd: int, preload: Sequence[str]) -> None:
+def main(fd: int, preload: Sequence[str], environ: Dict[str, str]) -> None:
   """The server process: `serve`s until the launcher closes the socket; in a forked task, runs its script as
   `__main__`, and Python's own exit follows (non-daemon threads, atexit, its status, a traceback and status 1 for an
-  exception)."""
-  script = serve(fd, preload)
+  exception). `environ`: the environment it started with (before tfps, imported to run this, set its part)."""
+  script = serve(fd, preload, environ)
   if script is not None:
     runpy.run_path(script, run_name="__main__")
 
 
-def serve(fd: int, preload: Sequence[str]) -> Optional[str]:
+def serve(fd: int, preload: Sequence[str], environ: Dict[str, str]) -> Optional[str]:
   """Imports `preload`, says it is ready, then forks a task per request; returns None when the launcher closes the
   socket, and in a forked task the script to run (`_become_task` made the process the task's)."""
   sock = socket.socket(fileno=fd)
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher ends it by closing the socket
-  before = dict(os.environ)
   try:
     for name in preload:
       _preload(name)
@@ -207,7 +206,7 @@ def serve(fd: int, preload: Sequence[str]) -> Optional[str]:
     return None
   sock.send(json.dumps({"threads": len(os.listdir("/proc/self/task"))}).encode())
   # what the imports set in the environment (tfps's gRPC options, TensorFlow's own), as they would in each task
-  imported = {key: value for key, value in os.environ.items() if before.get(key) != value}
+  imported = {key: value for key, value in os.environ.items() if environ.get(key) != value}
   while True:
     try:
       data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 2)
