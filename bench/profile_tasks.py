@@ -86,12 +86,12 @@ def shares(perf_data: str) -> dict:
           "samples": samples.group(1) if samples else None}
 
 
-def _tasks(launcher: subprocess.Popen) -> dict:
+def _tasks(launcher: subprocess.Popen, log_dir: str) -> dict:
   try:
     children = psutil.Process(launcher.pid).children(recursive=True)
   except psutil.Error:
     return {}
-  return {name: child.pid for child in children if (name := runner.task_name(child))}
+  return {name: child.pid for child in children if (name := runner.task_name(child, log_dir))}
 
 
 def main(argv):
@@ -106,7 +106,7 @@ def main(argv):
   folder = tempfile.mkdtemp(prefix="tfps_profile_")
   try:
     time.sleep(_WARMUP.value)
-    tasks = _tasks(launcher)
+    tasks = _tasks(launcher, log_dir)
     wanted = {name: pid for name, pid in tasks.items() if name in ("ps:0", "worker:0")}
     if len(wanted) != 2 or launcher.poll() is not None:
       raise runner.BenchError(f"the run has no ps and worker to sample after {_WARMUP.value:.0f}s (tasks: {tasks}); "

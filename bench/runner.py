@@ -1,6 +1,6 @@
 """Runs one `train_bench.py` measurement (alone, or as a cluster under `tfps-launch`) and watches its processes.
 
-While a cluster runs, every task process (found by its TF_CONFIG) is sampled every `sample_secs`: CPU time, peak RSS
+While a cluster runs, every task process (named in the log folder's tasks.json, or by its TF_CONFIG) is sampled every `sample_secs`: CPU time, peak RSS
 (`VmHWM` of /proc/<pid>/status, through psutil), RSS (`VmRSS`), and the bytes its TCP sockets sent and received
 (`ss -tinp`: the kernel's per-connection `bytes_sent`/`bytes_received`; gRPC keeps its connections open, so nothing is
 lost between samples). The result is the chief's JSON plus, per task, `peak_rss_bytes`, `rss_bytes` (at its last
@@ -24,6 +24,8 @@ from typing import Dict, List, Optional, Sequence
 
 import psutil
 
+from tfps.cluster import tasks as tasks_lib
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "bench", "train_bench.py")
 PLAIN_SCRIPT = os.path.join(ROOT, "bench", "plain_pss_train.py")  # starts its own cluster, no tfps
@@ -40,7 +42,13 @@ class BenchError(RuntimeError):
   """A benchmark run failed; the message holds the end of its log."""
 
 
-def task_name(process: psutil.Process) -> Optional[str]:
+def task_name(process: psutil.Process, log_dir: Optional[str] = None) -> Optional[str]:
+  """`process`'s task ("ps:0"): named in `log_dir`'s tasks.json (tfps-launch's fork server's tasks show its
+  environment), else by its TF_CONFIG; None if it is no task."""
+  named = [label for label in tasks_lib.task_pids(log_dir) if tasks_lib.find_task(log_dir, label, [process])] \
+      if log_dir else []
+  if named:
+    return named[0]
   try:
     tf_config = process.environ().get("TF_CONFIG")
   except (psutil.Error, OSError):
@@ -86,7 +94,7 @@ def _socket_bytes(netns_pid: Optional[int] = None) -> Dict[int, int]:
   return totals
 
 
-def _sample(root: psutil.Process, tasks: Dict[str, psutil.Process]) -> Dict[str, tuple]:
+def _sample(root: psutil.Process, tasks: Dict[str, psutil.Process], log_dir: str) -> Dict[str, tuple]:
   """`{task: (time, cpu_secs, peak_rss, network_bytes)}` of every live task process under `root`."""
   try:
     children = root.children(recursive=True)
@@ -94,7 +102,7 @@ def _sample(root: psutil.Process, tasks: Dict[str, psutil.Process]) -> Dict[str,
     children = []
   for child in children:
     if child.pid not in {p.pid for p in tasks.values()}:
-      name = task_name(child)
+      name = task_name(child, log_dir)
       if name:
         tasks[name] = child
   result = {}
@@ -164,7 +172,7 @@ def run(args: Sequence[str], *, num_ps: int = 0, num_workers: int = 0, log_dir: 
     while process.poll() is None:
       if time.monotonic() > deadline:
         raise BenchError(f"{' '.join(command)} took more than {timeout_secs:g}s; log {log_path}:\n{_tail(log_path)}")
-      for name, sample in _sample(root, tasks).items():
+      for name, sample in _sample(root, tasks, log_dir).items():
         samples.setdefault(name, []).append(sample)
       time.sleep(sample_secs)
   finally:

@@ -43,10 +43,10 @@ SCRIPT = os.path.join(runner.ROOT, "bench", "worker_kills_train.py")
 EPOCHS, STEPS, TIMEOUT_SECS = 4, 100, 400
 
 
-def _task(launcher: psutil.Process, name: str):
+def _task(launcher: psutil.Process, name: str, log_dir: str):
   for child in launcher.children(recursive=True):
     try:
-      if runner.task_name(child) == name and child.status() != psutil.STATUS_ZOMBIE:
+      if runner.task_name(child, log_dir) == name and child.status() != psutil.STATUS_ZOMBIE:
         return child
     except psutil.Error:
       continue
@@ -76,8 +76,8 @@ def one_run(workdir: str) -> dict:
       _wait(lambda: os.path.exists(checkpoint), f"checkpoint {epoch}", process)
       time.sleep(0.2)
       victim = f"worker:{epoch % 2}"
-      _wait(lambda: _task(launcher, victim) is not None, f"{victim} running", process, 60)
-      _task(launcher, victim).send_signal(signal.SIGKILL)
+      _wait(lambda: _task(launcher, victim, log_dir) is not None, f"{victim} running", process, 60)
+      _task(launcher, victim, log_dir).send_signal(signal.SIGKILL)
     process.wait(timeout=TIMEOUT_SECS)
   finally:
     runner.stop(process)

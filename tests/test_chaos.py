@@ -22,6 +22,7 @@ from fixtures.launcher import QUICK_STOP
 import psutil
 import pytest
 
+from tfps.cluster import tasks as tasks_lib
 from tfps.testing import applied_steps
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -67,14 +68,7 @@ class Run:
 
   def task(self, name):
     """The live process of task `name` ("worker:1")."""
-    for process in self.tasks():
-      try:
-        task = json.loads(process.environ().get("TF_CONFIG", "{}")).get("task")
-      except (psutil.NoSuchProcess, psutil.AccessDenied):
-        continue
-      if task and f"{task['type']}:{task['index']}" == name and process.status() != psutil.STATUS_ZOMBIE:
-        return process
-    return None
+    return tasks_lib.find_task(self.log_dir, name, self.tasks())
 
   def wait_for_checkpoint(self, number, timeout_secs=240):
     path = self.model_dir / "checkpoints" / f"ckpt-{number}.index"

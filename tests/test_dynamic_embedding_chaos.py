@@ -21,6 +21,7 @@ import time
 import psutil
 import pytest
 
+from tfps.cluster import tasks as tasks_lib
 from tfps.testing import applied_steps
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -30,20 +31,13 @@ BATCHES_PER_STEP = {"async": 1, "sync": 2, "geo": 1}  # sync: one batch per work
 pytestmark = pytest.mark.slow
 
 
-def _task(launcher: subprocess.Popen, name: str):
-  """The live process of task `name` ("worker:1") under `launcher`, or None."""
+def _task(launcher: subprocess.Popen, name: str, log_dir: pathlib.Path):
+  """The live process of task `name` ("worker:1") under `launcher` (logging to `log_dir`), or None."""
   try:
     children = psutil.Process(launcher.pid).children(recursive=True)
   except psutil.NoSuchProcess:
     return None
-  for process in children:
-    try:
-      task = json.loads(process.environ().get("TF_CONFIG", "{}")).get("task")
-      if task and f"{task['type']}:{task['index']}" == name and process.status() != psutil.STATUS_ZOMBIE:
-        return process
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-      continue
-  return None
+  return tasks_lib.find_task(log_dir, name, children)
 
 
 def _wait_for(condition, what: str, launcher: subprocess.Popen, out: pathlib.Path, timeout_secs: float = 480):
@@ -74,10 +68,10 @@ def _run(tmp_path, env, kills, sync_mode="async", steps_per_epoch=STEPS, epochs=
       _wait_for(lambda epoch=epoch: (model_dir / "checkpoints" / f"ckpt-{epoch}.index").exists(),
                 f"checkpoint {epoch}", launcher, out)
       time.sleep(0.2)  # into the next epoch, at some point of a step
-      _wait_for(lambda name=name: _task(launcher, name), name, launcher, out).send_signal(signal.SIGKILL)
+      _wait_for(lambda name=name: _task(launcher, name, tmp_path / "logs"), name, launcher, out).send_signal(signal.SIGKILL)
     assert launcher.wait(timeout=400) == 0, out.read_text()[-3000:]
   finally:
-    leftovers = [process for process in (_task(launcher, name) for name in
+    leftovers = [process for process in (_task(launcher, name, tmp_path / "logs") for name in
                                          ("chief:0", "worker:0", "worker:1", "ps:0", "ps:1")) if process]
     for process in leftovers:
       process.kill()

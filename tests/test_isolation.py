@@ -20,6 +20,7 @@ import pytest
 import needs
 from marked_processes import MARK, kill_marked, marked
 from tfps.cluster import isolation
+from tfps.cluster import tasks as tasks_lib
 from tfps.testing import hosts as hosts_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -93,14 +94,8 @@ def processes_in(namespace):
   return pids
 
 
-def task_process(processes, task_type):
-  for process in processes:
-    try:
-      if f'"type": "{task_type}"' in process.environ().get("TF_CONFIG", ""):
-        return process
-    except psutil.Error:
-      continue
-  return None
+def task_process(log_dir, processes, task_type):
+  return tasks_lib.find_task(log_dir, f"{task_type}:0", processes)
 
 
 @pytest.fixture
@@ -139,7 +134,7 @@ def test_other_hosts_reach_task_ports_only_with_expose_ports(tmp_path, marked_en
   assert sorted(ports) == ["chief:0", "ps:0", "worker:0"]
   wait_for(lambda: "Training on " in read(tmp_path / "logs" / "chief-0.log"), "training to start", launcher)
   from_other_host = probe(two_hosts.command("prober", []), two_hosts.address("trainer"), ports.values())
-  ps = task_process(marked(tmp_path), "ps")
+  ps = task_process(tmp_path / "logs", marked(tmp_path), "ps")
   from_inside = probe(["nsenter", f"--net=/proc/{ps.pid}/ns/net"], "127.0.0.1", ports.values())
   assert launcher.poll() is None, "training ended before the probes ran"
 
@@ -161,9 +156,12 @@ def test_nothing_outlives_the_launcher(tmp_path, marked_env, ending):
   launcher = subprocess.Popen([*LAUNCH, f"--log_dir={tmp_path / 'logs'}", str(FAKE_TASK), "--", "--spawn_child",
                                *chief], cwd=REPO, env=marked_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, start_new_session=True)
-  expected = 3 + 4 + 4  # launcher, unshare, launcher inside; ps, 2 workers, chief; a grandchild of each task
+  expected = 3 + 1 + 4 + 4  # launcher, unshare, launcher inside, its fork server; ps, 2 workers, chief; a grandchild
+  # of each task
   wait_for(lambda: len(marked(tmp_path)) >= expected, f"{expected} processes", launcher, timeout_secs=60)
-  tasks = [p for p in marked(tmp_path) if "TF_CONFIG" in p.environ()]
+  tasks = [tasks_lib.find_task(tmp_path / "logs", label, marked(tmp_path))
+           for label in tasks_lib.task_pids(tmp_path / "logs")]
+  assert len(tasks) == 4 and all(tasks), tasks
   namespaces = {net_namespace(p.pid) for p in tasks}
   assert len(namespaces) == 1 and net_namespace(os.getpid()) not in namespaces
   namespace = namespaces.pop()

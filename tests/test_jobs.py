@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from tfps.cluster import console
+from tfps.cluster import tasks as tasks_lib
 from tfps.report import series
 from tfps import run_records
 from tfps.testing import applied_steps
@@ -93,7 +94,7 @@ def test_killed_chief_resumes_at_the_next_epoch(tmp_path, subprocess_env, launch
                 subprocess_env, tmp_path / "first.out")
   launched.append(first)
   wait_for(lambda: (model_dir / "checkpoints" / "ckpt-2.index").exists(), 240, "the epoch-2 checkpoint")
-  chief = [p for p in descendants(first) if '"type": "chief"' in p.environ().get("TF_CONFIG", "")]
+  chief = [tasks_lib.find_task(tmp_path / "logs1", "chief:0", descendants(first))]
   chief[0].send_signal(signal.SIGKILL)
   assert first.wait(timeout=60) == 128 + signal.SIGKILL
   assert "task chief:0 was killed by SIGKILL; last lines of" in (tmp_path / "first.out").read_text()
@@ -129,7 +130,8 @@ def test_main_job_trains_and_the_sidecar_reports_auc(tmp_path, subprocess_env, l
   # Quiet console: TensorFlow's noise is in the chief's log only.
   noise = [line for line in output.splitlines() if not console.ConsoleFilter().keep(line.encode() + b"\n")]
   assert noise == [] and "Could not find cuda" not in output and "session config" not in output
-  assert "Could not find cuda" in (tmp_path / "logs" / "chief-0.log").read_text()
+  logs = tmp_path / "logs"  # the chief's own, or the fork server's, which imported TensorFlow for every task
+  assert "Could not find cuda" in (logs / "chief-0.log").read_text() + (logs / "forkserver.log").read_text()
   evaluations = [json.loads(line) for line in (model_dir / "eval" / "metrics.jsonl").read_text().splitlines()]
   assert evaluations and evaluations[-1]["checkpoint"].endswith("ckpt-2")
   assert [(e["checkpoint_number"], e["step"]) for e in evaluations[-1:]] == [(2, 120)]  # the optimizer step
@@ -155,7 +157,7 @@ def test_main_job_trains_and_the_sidecar_reports_auc(tmp_path, subprocess_env, l
   best = json.loads((model_dir / "best" / "best.json").read_text())
   assert best["metric"] == "auc"
   assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == [
-      "chief-0.log", "evaluator-0.log", "ps-0.log", "worker-0.log", "worker-1.log"]
+      "chief-0.log", "evaluator-0.log", "forkserver.log", "ps-0.log", "tasks.json", "worker-0.log", "worker-1.log"]
 
   result = subprocess.run(sidecar + [f"--model_dir={model_dir}", "--evaluate_every_checkpoint", "--best_metric=loss"],
                           cwd=REPO, env=subprocess_env, capture_output=True, text=True, timeout=300)

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from marked_processes import MARK, kill_marked, marked as tasks_of
+from tfps.cluster import tasks as tasks_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FAKE_TASK = REPO / "tests" / "fixtures" / "fake_task.py"
@@ -35,7 +36,7 @@ def test_chief_success_stops_all_tasks_and_exits_zero(tmp_path, marked_env):
   assert proc.returncode == 0, err
   assert "started chief:0" in out and "chief done" in out  # the chief's output is streamed
   logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
-  assert logs == ["chief-0.log", "ps-0.log", "ps-1.log", "worker-0.log", "worker-1.log"]
+  assert logs == ["chief-0.log", "ps-0.log", "ps-1.log", "tasks.json", "worker-0.log", "worker-1.log"]
   assert "started worker:1" in (tmp_path / "logs" / "worker-1.log").read_text()
   assert tasks_of(tmp_path) == []
 
@@ -63,7 +64,7 @@ def test_killed_ps_is_reported_by_signal(tmp_path, marked_env):
   proc = launch(tmp_path, "--max_restarts=0", script_args=["--chief_hang"], env=marked_env)
   deadline = time.monotonic() + 30
   while time.monotonic() < deadline:
-    ps = [p for p in tasks_of(tmp_path) if '"type": "ps"' in p.environ().get("TF_CONFIG", "")]
+    ps = [p for p in [tasks_lib.find_task(tmp_path / "logs", "ps:0", tasks_of(tmp_path))] if p]
     if ps:
       break
     time.sleep(0.1)
@@ -94,7 +95,8 @@ def test_failed_evaluator_fails_the_launch_but_not_training(tmp_path, marked_env
 def test_signal_to_launcher_leaves_no_process_behind(tmp_path, marked_env, signum):
   proc = launch(tmp_path, "--num_workers=3", "--evaluator", script_args=["--chief_hang", "--chief_secs=100",
                                                                            "--spawn_child"], env=marked_env)
-  expected = 3 + 6 + 6  # the launcher, its `unshare` and the launcher in the namespace; 6 tasks; their grandchildren
+  expected = 3 + 1 + 6 + 6  # the launcher, its `unshare`, the launcher in the namespace and its fork server; 6 tasks;
+  # their grandchildren
   deadline = time.monotonic() + 30
   while len(tasks_of(tmp_path)) < expected and time.monotonic() < deadline:
     time.sleep(0.1)

@@ -23,6 +23,7 @@ import pytest
 
 import marked_processes
 import online_stream
+from tfps.cluster import tasks as tasks_lib
 from tfps.data.stream import folder
 from tfps.data.stream import holdout
 from tfps.data.stream.sources import Record
@@ -37,16 +38,12 @@ GROUP = "online-test"
 pytestmark = pytest.mark.slow
 
 
+_LOG_DIRS = {}  # a run's mark: its log folder (where the launcher names its tasks' pids)
+
+
 def _task(mark: str, name: str):
   """The live process of task `name` ("worker:1") among the processes marked `mark`, or None."""
-  for process in marked_processes.marked(mark):
-    try:
-      task = json.loads(process.environ().get("TF_CONFIG", "{}")).get("task")
-    except psutil.Error:
-      continue
-    if task and f"{task['type']}:{task['index']}" == name:
-      return process
-  return None
+  return tasks_lib.find_task(_LOG_DIRS[mark], name, marked_processes.marked(mark))
 
 
 def _produce_slowly(bootstrap: str, ids) -> threading.Thread:
@@ -71,6 +68,7 @@ def _launch(tmp_path, subprocess_env, launcher_flags, *command: str):
   alive)`. Afterwards no process of the run is left (a failure names any)."""
   out, mark = tmp_path / "out.txt", uuid.uuid4().hex
   env = dict(subprocess_env, **{marked_processes.MARK: mark})
+  _LOG_DIRS[mark] = tmp_path / "logs"
   with open(out, "w", encoding="utf-8") as output:
     launcher = subprocess.Popen(
         [sys.executable, "-m", "tfps.cli.launch", f"--log_dir={tmp_path / 'logs'}", *launcher_flags, *command],

@@ -219,6 +219,12 @@ def define_launch_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                      lower_bound=0.0, flag_values=flag_values)
   flags.DEFINE_boolean("verbose", False, "Show TensorFlow's C++ info lines, its CUDA probe, config dumps and retracing "
                        "warnings on the console (the task logs keep them either way).", flag_values=flag_values)
+  flags.DEFINE_boolean("fork_tasks", sys.platform.startswith("linux"),
+                       "Start the Python tasks from a fork server that has imported TensorFlow once, instead of one "
+                       "fresh Python each (a task then starts without importing TensorFlow, and shares the imported "
+                       "modules' memory); --nofork_tasks starts each task as its own Python. Without a fork server (one that "
+                       "cannot start) the tasks start as their own Python, after one warning line.",
+                       flag_values=flag_values)
   declare_program_flags(flag_values, __name__)
   flag_values.register_key_flag_for_module(sys.argv[0], flag_values["log_dir"])
 
