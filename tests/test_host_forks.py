@@ -64,7 +64,8 @@ def start(hosts, host, argv, log_path, **kwargs):
 
 
 def netns_pids(hosts, host):
-  return {int(pid) for pid in hosts_lib._ip("netns", "pids", hosts.hosts[host].netns).stdout.split()}  # pylint: disable=protected-access
+  out = subprocess.run(["ip", "netns", "pids", hosts.hosts[host].netns], capture_output=True, text=True, check=True)
+  return {int(pid) for pid in out.stdout.split()}
 
 
 def test_a_forked_task_is_on_its_host(tmp_path, hosts):
