@@ -263,6 +263,37 @@ def _fork_task() -> Optional[int]:
   return int(pid)
 
 
+NETNS_ENV = "TFPS_FORK_NETNS"  # in a request's environment: the network namespace the task runs in (`_enter_netns`)
+_CLONE_NEWNS, _CLONE_NEWNET = 0x00020000, 0x40000000  # linux/sched.h
+_MS_BIND, _MS_REC, _MS_SLAVE = 0x1000, 0x4000, 1 << 19  # linux/mount.h
+_MNT_DETACH = 2
+
+
+def _enter_netns(name: str) -> None:
+  """In the task, what `ip netns exec NAME` does before it runs a command: enters network namespace NAME, and in a
+  mount namespace of its own sees each file of `/etc/netns/NAME` over its namesake in `/etc` and a `/sys` of NAME.
+
+  Raises:
+    OSError: a step failed (what and why).
+  """
+  libc = ctypes.CDLL(None, use_errno=True)
+
+  def check(result: int, what: str) -> None:
+    if result != 0:
+      raise OSError(ctypes.get_errno(), f"{what} for network namespace {name}: {os.strerror(ctypes.get_errno())}")
+
+  with open(os.path.join("/var/run/netns", name), "rb") as f:
+    check(libc.setns(f.fileno(), _CLONE_NEWNET), "setns")
+  check(libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+  check(libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None), "making / a slave mount")
+  etc = os.path.join("/etc/netns", name)
+  for entry in sorted(os.listdir(etc)) if os.path.isdir(etc) else []:
+    check(libc.mount(os.path.join(etc, entry).encode(), os.path.join("/etc", entry).encode(), b"none", _MS_BIND,
+                     None), f"binding {etc}/{entry}")
+  libc.umount2(b"/sys", _MNT_DETACH)  # as ip: there may be no /sys mounted
+  check(libc.mount(name.encode(), b"/sys", b"sysfs", 0, None), "mounting /sys")
+
+
 def _become_task(request: dict, fds: Sequence[int], imported: Dict[str, str]) -> str:
   """In the task: makes this process `python SCRIPT ARGS...` with the request's environment, plus what the imports
   set in it (`imported`), and the request's output (in a session of its own, stdin from /dev/null, Python's signal
@@ -274,6 +305,8 @@ def _become_task(request: dict, fds: Sequence[int], imported: Dict[str, str]) ->
   os.dup2(fds[1], 2)
   for fd in (null, *fds):
     os.close(fd)
+  if NETNS_ENV in request["env"]:
+    _enter_netns(request["env"].pop(NETNS_ENV))
   signal.signal(signal.SIGINT, signal.default_int_handler)
   os.chdir(request["cwd"])
   os.environ.clear()

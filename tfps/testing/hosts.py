@@ -25,6 +25,8 @@ import sys
 import time
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from tfps.testing import host_forks
+
 NETNS_ETC = "/etc/netns"
 _COUNTER = itertools.count()
 MAX_DELAY_MS = 10_000
@@ -59,10 +61,12 @@ class TestHosts:
     names: host names (letters, digits, '-' and '.'); each resolves on every host to its address.
     aliases: more names for a host (`{"ps0": ["tfjob-ps-0.default.svc"]}`), e.g. as an orchestrator would name it.
     subnet: the third octet of the hosts' /24 (default: chosen from this process's id, so parallel runs differ).
+    fork_tasks: `popen` forks Python scripts from one fork server of these hosts (`tfps.testing.host_forks`);
+      False: every task is a fresh `ip netns exec ... python`.
   """
 
   def __init__(self, names: Sequence[str], aliases: Optional[Mapping[str, Sequence[str]]] = None,
-               subnet: Optional[int] = None):
+               subnet: Optional[int] = None, fork_tasks: bool = True):
     if not names or len(set(names)) != len(names):
       raise ValueError(f"`names` must be distinct and not empty, got {list(names)}")
     if len(names) > 250:
@@ -83,6 +87,7 @@ class TestHosts:
     self._procs: List[subprocess.Popen] = []
     self._delayers: Dict[str, subprocess.Popen] = {}  # host name: its packet delayer (`delay`)
     self._made: List[str] = []  # namespaces made so far, for close()
+    self._forks = host_forks.HostForks(fork_tasks)
     try:
       self._build()
     except BaseException:
@@ -122,8 +127,11 @@ class TestHosts:
     return ["ip", "netns", "exec", self.hosts[name].netns, *argv]
 
   def popen(self, name: str, argv: Sequence[str], **kwargs) -> subprocess.Popen:
-    """Starts `argv` on host `name` in a session of its own; `close()` kills it (and its children) if still running."""
-    proc = subprocess.Popen(self.command(name, argv), start_new_session=True, **kwargs)
+    """Starts `argv` on host `name` in a session of its own (a Python script: forked, see `fork_tasks`); `close()`
+    kills it (and its children) if still running."""
+    proc = self._forks.spawn(self.hosts[name].netns, argv, kwargs)
+    if proc is None:
+      proc = subprocess.Popen(self.command(name, argv), start_new_session=True, **kwargs)
     self._procs.append(proc)
     return proc
 
@@ -243,6 +251,7 @@ class TestHosts:
         proc.wait(timeout=10)
       except subprocess.TimeoutExpired:
         pass
+    self._forks.close()
     for proc in self._delayers.values():
       for pipe in (proc.stdout, proc.stderr):
         pipe.close()
