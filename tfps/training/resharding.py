@@ -169,6 +169,15 @@ def _pieces(comparison: _Comparison) -> List[Tuple[str, object]]:
   return found
 
 
+@tf.function
+def _read_into(part, path, keys, specs) -> None:
+  """Restores one piece into variable `part` on its own ps; inside one function the restored tensor is the assign's
+  alone, so the variable adopts its buffer (no copy), and it is gone when the call ends."""
+  with tf.device(part.device):
+    part.assign(tf.raw_ops.RestoreV2(prefix=path, tensor_names=keys, shape_and_slices=specs, dtypes=[part.dtype])[0],
+                read_value=False)
+
+
 def _restore_piecewise(path: str, key: str, variable) -> None:
   """Reads the saved value `key` into `variable` one shard at a time, each its own restore op on the shard's ps that
   requests only the shard's rows, assigned before the next is read: a ps holds one shard's rows more at most (and,
@@ -179,11 +188,7 @@ def _restore_piecewise(path: str, key: str, variable) -> None:
   for part in (variable.variables if sharded else [variable]):
     rows = int(part.shape[0]) if sharded else 0
     spec = " ".join(str(d) for d in full) + f" {offset},{rows}" + ":-" * (len(full) - 1) if sharded else ""
-    with tf.device(part.device):
-      restored = tf.raw_ops.RestoreV2(prefix=path, tensor_names=[key], shape_and_slices=[spec],
-                                      dtypes=[part.dtype])[0]
-      part.assign(restored, read_value=False)
-    del restored
+    _read_into(part, tf.constant(path), tf.constant([key]), tf.constant([spec]))
     offset += rows
 
 
