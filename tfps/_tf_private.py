@@ -324,7 +324,7 @@ def restored_elsewhere(variables):
   """Inside the block, a checkpoint's restore (`tf.train.Checkpoint.read`) leaves the sharded `variables` alone: each
   hands it no saveable, so their saved values stay unused (the caller restores them piece by piece itself).
 
-  TensorFlow restores every value of a checkpoint at once, per ps, before it assigns any: a variable is held twice.
+  TensorFlow restores every value of a checkpoint at once, per ps, before it assigns any.
   """
   with contextlib.ExitStack() as stack:
     for variable in variables:

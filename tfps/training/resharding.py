@@ -172,7 +172,7 @@ def _pieces(comparison: _Comparison) -> List[Tuple[str, object]]:
 @tf.function
 def _read_into(part, path, keys, specs) -> None:
   """Restores one piece into variable `part` on its own ps; inside one function the restored tensor is the assign's
-  alone, so the variable adopts its buffer (no copy), and it is gone when the call ends."""
+  alone, and it is gone when the call ends."""
   with tf.device(part.device):
     part.assign(tf.raw_ops.RestoreV2(prefix=path, tensor_names=keys, shape_and_slices=specs, dtypes=[part.dtype])[0],
                 read_value=False)
