@@ -255,7 +255,8 @@ def plot_scale(summary: dict, path: str) -> Optional[str]:
     line, = right.plot(sizes, [row["bytes_per_row"] for row in rows], marker="o", label=f"{table}: measured")
     bound = rows[0]["rss_bound"] * rows[0]["state_bytes"] / rows[0]["table_rows"]
     right.axhline(bound, linestyle="--", color=line.get_color(), label=f"{table}: bound ({rows[0]['rss_bound']}x)")
-  right.axhline(rows[0]["state_bytes"] / rows[0]["table_rows"], linestyle=":", color="gray",
+  first = summary["rows"][0]
+  right.axhline(first["state_bytes"] / first["table_rows"], linestyle=":", color="gray",
                 label="rows + Adagrad slots")
   right.set_ylim(bottom=0)
   return _save_size_plot(plt, fig, "rows of the table (2 ps + 2 workers)", "ps bytes per row over baseline (all ps)",

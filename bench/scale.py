@@ -45,8 +45,10 @@ _REPEATS = flags.DEFINE_integer("repeats", 2, "Repetitions of the sizes (not of 
 _STEPS = flags.DEFINE_integer("steps", 200, "Steps per epoch.", lower_bound=20)
 _MEASURE = flags.DEFINE_integer("measure", 3, "Timed epochs after the first.", lower_bound=1)
 _BATCH = flags.DEFINE_integer("batch_size", 256, "Examples per step (per worker).", lower_bound=1)
-_RESUME_PS = flags.DEFINE_integer("resume_ps", 3, "ps of the cluster that resumes from the checkpoint (0: none).",
-                                  lower_bound=0)
+_RESUME_PS = flags.DEFINE_list("resume_ps", ["3"], "ps counts of the clusters that resume from the checkpoint, "
+                               "one after another (empty: none).")
+_EVERY = flags.DEFINE_boolean("checkpoint_every_size", False, "Write a checkpoint (and resume from it) at every hashed "
+                               "size of the last repetition, not only the largest.")
 _SCRATCH = flags.DEFINE_string("scratch", tempfile.gettempdir(), "Where the checkpoint is written (then removed).")
 _HEADROOM = flags.DEFINE_float("headroom_gib", 3.0, "Memory a run leaves free beyond its ps's bound.", lower_bound=0)
 _ADD = flags.DEFINE_boolean("add_to_results", False, "Start from the runs of --out/scale.json (its baseline too) and "
@@ -95,14 +97,14 @@ def _run(runs: dict, table: str, rows: int, name: str, *extra, num_ps: int = NUM
 
 
 def _checkpoint(runs: dict, rows: int, name: str, checkpoint_dir: str):
-  """The hashed run of `rows` that writes the checkpoint, then the resume on `--resume_ps` ps."""
+  """The hashed run of `rows` that writes the checkpoint, then a resume on each of `--resume_ps` ps counts."""
   saved = _run(runs, "hashed", rows, name, f"--save_to={checkpoint_dir}")
-  if saved is None or not _RESUME_PS.value:
+  if saved is None:
     return saved
-  resumed = _run(runs, "hashed", rows, f"{name}_resume", f"--resume_from={checkpoint_dir}",
-                 num_ps=_RESUME_PS.value)
-  if resumed is not None:
-    runs.setdefault("checkpoints", []).append({"save": saved, "resume": resumed})
+  for num_ps in (int(count) for count in _RESUME_PS.value):
+    resumed = _run(runs, "hashed", rows, f"{name}_resume{num_ps}", f"--resume_from={checkpoint_dir}", num_ps=num_ps)
+    if resumed is not None:
+      runs.setdefault("checkpoints", []).append({"save": saved, "resume": resumed})
   return saved
 
 
@@ -135,7 +137,7 @@ def measure() -> dict:
     for repeat in range(_REPEATS.value):
       for table, rows in _order(repeat):
         name = f"{table}_{rows}_r{repeat}"
-        saves = table == "hashed" and rows == checkpoint_rows and repeat == _REPEATS.value - 1
+        saves = (table == "hashed" and (rows == checkpoint_rows or _EVERY.value) and repeat == _REPEATS.value - 1)
         result = _checkpoint(runs, rows, name, checkpoint_dir) if saves else _run(runs, table, rows, name)
         if result is not None:
           runs["results"].append(dict(result, repeat=repeat))

@@ -100,6 +100,14 @@ def _factors(checkpoints: List[dict]) -> Dict[str, float]:
                     default=1.0) for kind, same in (("resharded", False), ("same_ps", True))}
 
 
+def largest_restore_factors(checkpoints: List[dict]) -> Dict[str, float]:
+  """`_factors` of the resumes of the largest table resumed only: at small sizes a ps's share is within how much its
+  baseline moves between runs."""
+  resumes = [row for row in checkpoints if row["resumed_on_ps"] is not None]
+  largest = max((row["table_rows"] for row in resumes), default=0)
+  return _factors([row for row in resumes if row["table_rows"] == largest])
+
+
 def summarize(runs: dict) -> dict:
   """`runs` (bench/scale.py's `measure`) summarized: a row per (table, rows), the checkpoint, the targets, advice."""
   grouped = {}

@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from bench import aims  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bench import report  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bench import scale_summary  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bench import throughput  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -271,6 +272,15 @@ def modes_table(name: str) -> str:
 
 PROFILE = "loop_index/profile/profile.json"
 SCALE = "scale/scale.json"
+RESTORE = {"before": "scale/restore_before/scale.json", "after": "scale/restore_after/scale.json"}  # piecewise restore
+
+
+def scale_advice() -> str:
+  """What 10^9 rows need: bytes per row from the scale series, resume peaks from the piecewise restore's series."""
+  factors = scale_summary.largest_restore_factors(load(RESTORE["after"])["summary"]["checkpoints"])
+  return report.advice_table({"advice": scale_summary.advice(load(SCALE)["summary"]["rows"], factors)})
+
+
 BLOCKS = {
     "defaults_b256": lambda: series_table(DEFAULTS[:2], 256),
     "defaults_b4096": lambda: series_table(DEFAULTS[2:], 4096),
@@ -285,7 +295,9 @@ BLOCKS = {
     "scaling": scaling_table,
     "scale": lambda: report.scale_table(load(SCALE)["summary"]),
     "scale_checkpoint": lambda: report.checkpoint_table(load(SCALE)["summary"]),
-    "scale_advice": lambda: report.advice_table(load(SCALE)["summary"]),
+    "scale_advice": scale_advice,
+    "scale_restore_before": lambda: report.checkpoint_table(load(RESTORE["before"])["summary"]),
+    "scale_restore_after": lambda: report.checkpoint_table(load(RESTORE["after"])["summary"]),
 }
 _BLOCK = re.compile(r"(<!-- tables\.py: (\w+) -->\n)(.*?)(<!-- /tables\.py -->)", re.S)
 

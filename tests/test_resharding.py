@@ -11,6 +11,7 @@ import tensorflow as tf
 import tf_keras
 
 import tfps
+from tfps import _tf_private
 from tfps import models
 from tfps.errors import CheckpointMismatchError
 from tfps.training import checkpoints as checkpoints_lib
@@ -171,3 +172,20 @@ def test_estimator_resumes_on_other_shard_counts_with_the_same_first_loss(cluste
   with pytest.raises(CheckpointMismatchError, match=r"ckpt-4 does not fit this model: .*\[800, 4\] in the checkpoint "
                      r"and \[800, 3\] in the model"):
     _estimator(cluster, tmp_path / "on1", 2, tmp_path / "unused", embedding_dim=3).train(dataset, max_steps=5)
+
+
+def test_sharded_tables_are_read_piece_by_piece_and_tensorflow_leaves_them_alone(cluster, tmp_path):
+  strategy, model = _built(cluster, 2)
+  path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt"))
+  saved = _state(model, tmp_path / "saved")
+  tables = list(models.embedding_tables(model).values())
+  assert tables and all(_tf_private.is_sharded_variable(t) for t in tables)
+  with strategy.scope():
+    for table in tables:
+      table.assign(tf.zeros(table.shape))
+    with _tf_private.restored_elsewhere(tables):  # TensorFlow's own read: it must not restore (so hold) them
+      tf.train.Checkpoint(model=model).read(path).expect_partial()
+    assert all(not np.any(table.numpy()) for table in tables)
+    resharding.restore(path, tf.train.Checkpoint(model=model))
+  for name, value in _state(model, tmp_path / "restored").items():
+    np.testing.assert_array_equal(value, saved[name], err_msg=name)

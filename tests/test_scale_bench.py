@@ -103,3 +103,17 @@ def test_the_summary_tables_and_plot_have_every_field(runs, tmp_path):
   assert "| hashed 3e+03 rows, saved on 2 ps |" in report.checkpoint_table(summary)
   plot = report.plot_scale(summary, str(tmp_path / "scale.png"))
   assert plot and (tmp_path / "scale.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_advice_takes_the_resume_peaks_of_the_largest_table_resumed_only():
+  resume = lambda rows, on_ps, factor: {"table_rows": rows, "saved_on_ps": 2, "resumed_on_ps": on_ps,
+                                        "restore_factor": factor}
+  checkpoints = [resume(10**6, 3, 9.0), resume(10**6, 2, 8.0), resume(10**7, 3, 2.3), resume(10**7, 2, 2.1),
+                 {"table_rows": 10**8, "saved_on_ps": 2, "resumed_on_ps": None}]  # saved, never resumed
+  assert scale_summary.largest_restore_factors(checkpoints) == {"resharded": 2.3, "same_ps": 2.1}
+
+
+def test_the_plot_of_a_hashed_table_alone_is_written(runs, tmp_path):
+  summary = scale_summary.summarize(dict(runs, results=[r for r in runs["results"] if r["table"] == "hashed"]))
+  plot = report.plot_scale(summary, str(tmp_path / "scale.png"))
+  assert plot and (tmp_path / "scale.png").read_bytes()[:4] == b"\x89PNG"

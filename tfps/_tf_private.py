@@ -319,6 +319,19 @@ def uninitialized_variable(**kwargs):
   return resource_variable_ops.UninitializedVariable(**kwargs)
 
 
+@contextlib.contextmanager
+def restored_elsewhere(variables):
+  """Inside the block, a checkpoint's restore (`tf.train.Checkpoint.read`) leaves the sharded `variables` alone: each
+  hands it no saveable, so their saved values stay unused (the caller restores them piece by piece itself).
+
+  TensorFlow restores every value of a checkpoint at once, per ps, before it assigns any.
+  """
+  with contextlib.ExitStack() as stack:
+    for variable in variables:
+      stack.enter_context(swapped(variable, "_gather_saveables_for_checkpoint", dict))
+    yield
+
+
 def checkpoint_object_graph(path: str):
   """The object graph stored in checkpoint `path` (`TrackableObjectGraph`: each object's named children, its
   variables' checkpoint keys, its optimizer slots).

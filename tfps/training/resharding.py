@@ -21,7 +21,7 @@ for one run (a new run starts them afresh from the restored step counter), and v
 (`tfps.training.initialization`) restore like any other.
 """
 
-from typing import List
+from typing import List, Tuple
 
 import tensorflow as tf
 import tf_keras
@@ -75,6 +75,7 @@ class _Comparison:
     self.graph = _tf_private.checkpoint_object_graph(path)
     self.shapes = tf.train.load_checkpoint(path).get_variable_to_shape_map()
     self.differences: List[str] = []
+    self.matched = {}  # node id -> the live object it was compared with
     self._seen = set()
 
   def _saved_values(self, node_id: int) -> bool:
@@ -85,6 +86,7 @@ class _Comparison:
     if node_id in self._seen:
       return
     self._seen.add(node_id)
+    self.matched[node_id] = value
     node = self.graph.nodes[node_id]
     self._check_table_shards(node, value, path)
     if _is_variable(value):
@@ -132,7 +134,7 @@ class _Comparison:
       self.differences.append(f"{path} keeps slots {saved} in the checkpoint and {live} in the model")
 
 
-def check_compatible(path: str, root) -> None:
+def check_compatible(path: str, root) -> _Comparison:
   """Raises `CheckpointMismatchError` unless checkpoint `path` fits `root` (a `tf.train.Checkpoint` of the model,
   with every variable created, optimizer slots included): the same objects holding variables, of the same shapes,
   and the same optimizer slots. The number of shards of a variable may differ."""
@@ -143,6 +145,51 @@ def check_compatible(path: str, root) -> None:
     more = f" (and {len(found) - _SHOWN} more)" if len(found) > _SHOWN else ""
     raise CheckpointMismatchError(f"checkpoint {path} does not fit this model: {'; '.join(found[:_SHOWN])}{more}. "
                                   "Resume with the model it was saved from, or train in a new model_dir")
+  return comparison
+
+
+def _value_key(node) -> str:
+  return next((a.checkpoint_key for a in node.attributes if a.name == "VARIABLE_VALUE"), "")
+
+
+def _pieces(comparison: _Comparison) -> List[Tuple[str, object]]:
+  """`(checkpoint key, live variable)` of every sharded variable and every legacy optimizer slot: what `restore` reads
+  piece by piece."""
+  nodes, matched = comparison.graph.nodes, comparison.matched
+  found = [(_value_key(nodes[i]), value) for i, value in matched.items()
+           if _tf_private.is_sharded_variable(value) and _value_key(nodes[i])]
+  for node_id, optimizer in matched.items():
+    if not isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer):
+      continue
+    for slot in nodes[node_id].slot_variables:
+      variable = matched.get(slot.original_variable_node_id)
+      key = _value_key(nodes[slot.slot_variable_node_id])
+      if variable is not None and key:
+        found.append((key, optimizer.get_slot(variable, slot.slot_name)))
+  return found
+
+
+@tf.function
+def _read_into(part, path, keys, specs) -> None:
+  """Restores one piece into variable `part` on its own ps; inside one function the restored tensor is the assign's
+  alone, and it is gone when the call ends."""
+  with tf.device(part.device):
+    part.assign(tf.raw_ops.RestoreV2(prefix=path, tensor_names=keys, shape_and_slices=specs, dtypes=[part.dtype])[0],
+                read_value=False)
+
+
+def _restore_piecewise(path: str, key: str, variable) -> None:
+  """Reads the saved value `key` into `variable` one shard at a time, each its own restore op on the shard's ps that
+  requests only the shard's rows, assigned before the next is read: a ps holds one shard's rows more at most (and,
+  when the saved slices differ from the live shards, the saved slice TensorFlow's reader reads whole for them)."""
+  sharded = _tf_private.is_sharded_variable(variable)
+  full = variable.shape.as_list()
+  offset = 0
+  for part in (variable.variables if sharded else [variable]):
+    rows = int(part.shape[0]) if sharded else 0
+    spec = " ".join(str(d) for d in full) + f" {offset},{rows}" + ":-" * (len(full) - 1) if sharded else ""
+    _read_into(part, tf.constant(path), tf.constant([key]), tf.constant([spec]))
+    offset += rows
 
 
 def restore(path: str, root):
@@ -152,8 +199,14 @@ def restore(path: str, root):
   Raises:
     CheckpointMismatchError: the checkpoint does not fit (nothing is restored then).
   """
-  check_compatible(path, root)
+  pieces = _pieces(check_compatible(path, root))
+  # Sharded variables and legacy slots are read piece by piece (`_restore_piecewise`), the rest as TensorFlow does.
   # The comparison has matched every object holding variables; TensorFlow's own `assert_existing_objects_matched`
   # cannot be used instead: a legacy optimizer hands out a new ShardedVariable of slot shards on each `get_slot`, and
   # the one the restore bound is never the one the assertion sees.
-  return root.read(path).expect_partial()
+  options = tf.train.CheckpointOptions(experimental_skip_slot_variables=True)
+  with _tf_private.restored_elsewhere([v for _, v in pieces if _tf_private.is_sharded_variable(v)]):
+    status = root.read(path, options=options).expect_partial()
+  for key, variable in pieces:
+    _restore_piecewise(path, key, variable)
+  return status
