@@ -13,13 +13,14 @@ sys.path.insert(0, str(REPO))
 
 from bench import runner  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-# A benchmark that burns CPU for 50 ms inside its measured span, counts it itself, and writes its JSON.
+# A benchmark that burns 50 ms of CPU inside its measured span (however long that takes on a busy machine), counts
+# it itself, and writes its JSON.
 _BENCHMARK = textwrap.dedent("""\
     import json, os, sys, time
     path = sys.argv[-1].split("=", 1)[1]
     time.sleep(1.0)  # long enough for samples before the span
     start, cpu = time.time(), sum(os.times()[:2])
-    while time.time() - start < 0.05:
+    while sum(os.times()[:2]) - cpu < 0.05 and time.time() - start < 10:
       pass
     end = time.time()
     cores = (sum(os.times()[:2]) - cpu) / (end - start)
@@ -35,7 +36,8 @@ def test_a_short_window_alone_gets_the_process_own_cpu(tmp_path):
   result = runner.run([], log_dir=str(tmp_path / "logs"), script=str(script), timeout_secs=60)
   single = result["tasks"]["single:0"]
   assert single["peak_rss_bytes"] > 0
-  assert single["cores"] == result["process_cores"] > 0.3  # a busy loop: most of a core
+  assert single["cores"] == result["process_cores"] > 0  # its own count of a busy loop's CPU (a share of a core that
+  # other processes may take most of)
 
 
 def test_a_span_between_two_samples_gets_the_cpu_interpolated_at_its_ends():
