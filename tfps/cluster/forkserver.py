@@ -244,6 +244,7 @@ def _fork_task() -> Optional[int]:
   read_end, write_end = os.pipe()
   middle = os.fork()
   if middle == 0:
+    middle_pid = os.getpid()
     os.close(read_end)
     try:
       task = os.fork()
@@ -251,6 +252,8 @@ def _fork_task() -> Optional[int]:
       os._exit(1)
     if task == 0:
       os.close(write_end)
+      while os.getppid() == middle_pid:  # the middle ends at once: run as the subreaper's child, as tasks.json says
+        time.sleep(0.001)
       return None
     os.write(write_end, str(task).encode())
     os._exit(0)
