@@ -20,6 +20,7 @@ FIRST_MODEL = REPO / "examples" / "first_model.py"
 PROGRAM_DIRS = ("tfps", "scripts", "bench", "examples")  # where the programs a reader runs define their flags
 ABSL_FLAGS = {"flagfile", "help", "helpfull", "helpshort", "helpxml", "undefok"}  # every absl program has these
 README_MAX_LINES = 250
+PERFORMANCE_MAX_LINES = 400  # a reader's page; the history is in bench/results/*/NOTES.md
 STATED_VAL_AUC = 0.80  # the README: "requires `val_auc` of at least 0.80"
 
 _FENCE = re.compile(r"^```.*?^```", re.M | re.S)
@@ -122,6 +123,11 @@ def test_the_flag_check_knows_flags_built_from_fstrings_and_rejects_made_up_ones
 def test_readme_is_short():
   lines = README.read_text(encoding="utf-8").count("\n")
   assert lines <= README_MAX_LINES, f"README.md has {lines} lines; at most {README_MAX_LINES}"
+
+
+def test_performance_md_is_read_in_ten_minutes():
+  lines = (REPO / "docs" / "performance.md").read_text(encoding="utf-8").count("\n")
+  assert lines <= PERFORMANCE_MAX_LINES, f"docs/performance.md has {lines} lines; at most {PERFORMANCE_MAX_LINES}"
 
 
 def test_readme_shows_the_first_model_file_as_it_is():

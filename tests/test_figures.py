@@ -83,6 +83,12 @@ def _pooled(names, variant: str) -> float:
   return statistics.median(rate for name in names for rate in _row(name, variant)["runs"])
 
 
+def _restore_factor(series: str, num_ps: int) -> float:
+  """A ps's peak over its share when the 1e7-row checkpoint saved on 2 ps was resumed on `num_ps` (scale/restore_*)."""
+  return next(row["restore_factor"] for row in _json(f"scale/restore_{series}/scale.json")["summary"]["checkpoints"]
+              if row["table_rows"] == 10**7 and row["resumed_on_ps"] == num_ps)
+
+
 def _load_range(names) -> tuple:
   """The lowest and highest 1-minute load average at the end of any run of the throughput results `names`."""
   loads = [run["load"] for name in names for run in tables.load(name)["runs"]["results"]]
@@ -353,6 +359,9 @@ PERFORMANCE_PROSE = (
      lambda: (_capped_megabytes(True), _capped_megabytes(False), _capped(200), _capped(1000), _capped(0))),
     ("Wide&Deep {:.4f} AUC, DCN {:.4f} against one process in float32", "bf16_rows/quality.json",
      lambda: _quality_diffs("bf16_rows/quality.json")),
+    ("the peak at 1e7 rows falls from {:.2f}x the share before the piecewise restore to {:.2f}x; on as many ps it "
+     "stays at {:.2f}x", "scale/restore_{before,after}/scale.json",
+     lambda: (_restore_factor("before", 3), _restore_factor("after", 3), _restore_factor("after", 2))),
     ("`geo_steps` ({} here)", "modes.json", lambda: (_json("modes.json")["geo_steps"],)),
     ("load average {:.1f} before and {:.1f} after", "modes.json",
      lambda: (_json("modes.json")["load_before"][0], _json("modes.json")["load_after"][0])),
