@@ -64,8 +64,8 @@ def train(cluster):
   spec = click_spec(users=per_phase // 30, items=per_phase // 60)  # each seen ~30 and ~60 times a phase
   categorical, dense = spec.model_features()
   every = per_phase // 1500                      # steps between evaluations: about 5 a phase
-  estimator = tfps.Estimator(model_fns.build_model_fn("wide_deep", categorical, dense, deep_layers=[32],
-                                                      learning_rate=0.5),
+  estimator = tfps.Estimator(model_fns.build_model_fn("wide_deep", categorical, dense, deep_layers=[32], optimizer="adam",
+                                                      learning_rate=0.05),
                              model_dir=f"{run_dir}/model", cluster=cluster,
                              config=tfps.RunConfig(save_checkpoints_steps=100_000, log_step_count_steps=every,
                                                    delta_export_secs=5))  # the rows changed, every 5 s

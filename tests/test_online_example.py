@@ -13,8 +13,8 @@ import pytest
 import marked_processes
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-RECOVERED_AUC = 0.72  # each phase's best of its last two evaluations reaches it (seen: 0.76-0.83)
-FALL = 0.08  # a drift's lowest evaluation is at least this far below the best of the last two before it (seen: 0.13+)
+RECOVERED_AUC = 0.72  # each phase's best of its last two evaluations reaches it
+FALL = 0.12  # a drift's lowest evaluation is this far below the best of the last two before it, and they above it
 
 pytestmark = pytest.mark.slow
 
