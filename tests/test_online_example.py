@@ -31,11 +31,7 @@ def _run_example(tmp_path, subprocess_env) -> str:
   try:
     code = launcher.wait(timeout=300)
   finally:
-    left = marked_processes.marked(mark)
-    marked_processes.kill_marked(mark)
-    if launcher.poll() is None:
-      launcher.kill()
-      launcher.wait()
+    left = marked_processes.end_launch(launcher, mark)
   assert not left, f"processes left behind: {left}"
   assert code == 0, out.read_text()[-3000:]
   return out.read_text()
