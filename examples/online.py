@@ -46,7 +46,7 @@ def produce(bootstrap, per_phase, trained, done):  # clicks from a planted model
     if number:
       print(json.dumps({"drift": number, "step": trained[0]}), flush=True)
     for start in range(0, per_phase, 500):
-      for n in range(500):
+      for n in range(min(500, per_phase - start)):
         producer.produce("clicks", value=click(rng, per_phase // 30, score).encode(), partition=n % 4)
       producer.poll(0)
       time.sleep(0.15)                           # ~3,000 clicks/s
