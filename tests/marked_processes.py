@@ -28,3 +28,14 @@ def kill_marked(mark):
       process.kill()
     except psutil.NoSuchProcess:
       continue
+
+
+def end_launch(launcher, mark) -> list:
+  """After a test's launch (`launcher`, a `subprocess.Popen`, started with MARK=`mark`): returns the processes still
+  `marked(mark)` (left behind), SIGKILLs them, and kills and reaps the launcher where it still runs."""
+  left = marked(mark)
+  kill_marked(mark)
+  if launcher.poll() is None:
+    launcher.kill()
+    launcher.wait()
+  return left

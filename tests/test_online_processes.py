@@ -76,11 +76,7 @@ def _launch(tmp_path, subprocess_env, launcher_flags, *command: str):
   try:
     yield launcher, out, mark, lambda: launcher.poll() is None
   finally:
-    left = marked_processes.marked(mark)
-    marked_processes.kill_marked(mark)
-    if launcher.poll() is None:
-      launcher.kill()
-      launcher.wait()
+    left = marked_processes.end_launch(launcher, mark)
   assert not left, f"processes left behind: {left}"
 
 
