@@ -136,10 +136,11 @@ def _tail(path: str, lines: int = 15) -> str:
 
 
 def run(args: Sequence[str], *, num_ps: int = 0, num_workers: int = 0, log_dir: str,
-        timeout_secs: float = 600.0, sample_secs: float = 0.25, plain: bool = False, script: str = SCRIPT) -> dict:
+        timeout_secs: float = 600.0, sample_secs: float = 0.25, plain: bool = False, script: str = SCRIPT,
+        env: Optional[Dict[str, str]] = None) -> dict:
   """Runs `train_bench.py ARGS` (or another benchmark `script` that takes `--benchmark_json`): alone when `num_ps` is
   0, else under `tfps-launch` with that cluster; with `plain`, `plain_pss_train.py ARGS` instead, which starts that
-  cluster itself (no tfps code).
+  cluster itself (no tfps code). `env`: variables set for every process of the run, beside this one's environment.
 
   Returns the chief's JSON, with `tasks: {task: {"peak_rss_bytes", "cores"}}` (one process: the task `single:0`).
 
@@ -163,7 +164,8 @@ def run(args: Sequence[str], *, num_ps: int = 0, num_workers: int = 0, log_dir: 
     log.write(" ".join(command) + "\n")
     log.flush()
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               start_new_session=True, cwd=ROOT)
+                               start_new_session=True, cwd=ROOT,
+                               env=dict(os.environ, **(env or {})))
   deadline = time.monotonic() + timeout_secs
   try:
     root = psutil.Process(process.pid)

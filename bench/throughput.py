@@ -58,7 +58,9 @@ _VARIANTS = flags.DEFINE_list(
     "threads of ps and workers spin, TensorFlow's default; `+nospin`: they sleep, tfps's default), `+lockfree` "
     "for --lockfree_row_updates (a legacy Adagrad's table rows updated without a lock), `+pipelined` for "
     "--pipelined_updates (a step's updates applied while the next step computes), `+bf16` for --bf16_rows (table "
-    "rows and their gradients cross as bfloat16). `ps_floor_1x1`: the workload trained by a loop written directly "
+    "rows and their gradients cross as bfloat16), `+intra<N>` / `+inter<N>` for N intra-op / inter-op threads in "
+    "every process of the run (TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS; TensorFlow's default: one per "
+    "core). `ps_floor_1x1`: the workload trained by a loop written directly "
     "in TensorFlow, nothing on the ps but the work it must do (`bench/ps_floor_train.py`; `+packed`: its dense "
     "variables in one variable); each tfps row gets "
     "its ps CPU per step over the floor's (`ps_vs_floor`). The tutorial loop runs at the "
@@ -79,6 +81,22 @@ _FLAG_OPTIONS = {"packed": "--packed_reads", "unpacked": "--nopacked_reads", "sp
                  "lockfree": "--lockfree_row_updates", "pipelined": "--pipelined_updates", "bf16": "--bf16_rows"}
 
 
+# `+option<N>` -> the environment variable it sets to N in every process of the run.
+_ENV_OPTIONS = {"intra": "TF_NUM_INTRAOP_THREADS", "inter": "TF_NUM_INTEROP_THREADS"}
+
+
+def _option_env(options) -> tuple:
+  """`(environment, options left)`: the variables `options` set (`+intra<N>`, `+inter<N>`), and the other options."""
+  env, rest = {}, []
+  for option in options:
+    match = re.fullmatch(r"(intra|inter)([1-9][0-9]*)", option)
+    if match:
+      env[_ENV_OPTIONS[match.group(1)]] = match.group(2)
+    else:
+      rest.append(option)
+  return env, tuple(rest)
+
+
 def _steps(batch_size: int) -> int:
   return max(20, round(_WINDOW.value / batch_size / 20) * 20)
 
@@ -95,6 +113,7 @@ def _option_args(variant: str) -> list:
   """The flags of train_bench.py (plain_pss_train.py for the ps floor) the variant's options set; raises
   `app.UsageError` on an unknown option."""
   path, num_ps, _, options = variant_shape(variant)
+  options = _option_env(options)[1]
   if path == "ps_floor" and (num_ps != 1 or set(options) - {"packed"}):
     raise app.UsageError(f"--variants: {variant!r}: the ps floor runs with 1 ps (ps_floor_1x<workers>), its one "
                          "option is packed")
@@ -112,7 +131,7 @@ def _option_args(variant: str) -> list:
       args.append(f"--unrolled_steps={int(option[6:])}")
     elif option != "per_feature":
       raise app.UsageError(f"--variants: {variant!r} has the option {option!r}; allowed: per_feature, spe<N>, "
-                           "unroll<N>, " + ", ".join(_FLAG_OPTIONS))
+                           "unroll<N>, intra<N>, inter<N>, " + ", ".join(_FLAG_OPTIONS))
   return args
 
 
@@ -129,7 +148,7 @@ def _path_args(path: str) -> list:
 
 def _peer_has(option: str) -> bool:
   """Whether the plain peer has `option` too (else a variant with it is compared with the peer without it)."""
-  return not (option.startswith(("spe", "unroll")) or option in _FLAG_OPTIONS)
+  return not (option.startswith(("spe", "unroll", "intra", "inter")) or option in _FLAG_OPTIONS)
 
 
 def _run(variant: str, batch_size: int, repeat: int) -> dict:
@@ -145,7 +164,8 @@ def _run(variant: str, batch_size: int, repeat: int) -> dict:
   else:
     args.append(f"--connect_timeout_secs={_START_SECS.value}")
   log_dir = runner.log_dir(f"{variant.replace('+', '_')}_b{batch_size}_r{repeat}")
-  return runner.run(args, num_ps=num_ps, num_workers=num_workers, log_dir=log_dir, plain=plain)
+  return runner.run(args, num_ps=num_ps, num_workers=num_workers, log_dir=log_dir, plain=plain,
+                    env=_option_env(options)[0])
 
 
 def _trivial(repeat: int) -> dict:

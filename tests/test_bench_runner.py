@@ -40,6 +40,15 @@ def test_a_short_window_alone_gets_the_process_own_cpu(tmp_path):
   # other processes may take most of)
 
 
+def test_a_runs_environment_reaches_its_process(tmp_path):
+  script = tmp_path / "bench.py"
+  script.write_text("import json, os, sys\n"
+                    "json.dump({'threads': os.environ.get('TF_NUM_INTRAOP_THREADS')}, open(sys.argv[-1][17:], 'w'))\n")
+  result = runner.run([], log_dir=str(tmp_path / "logs"), script=str(script), timeout_secs=60,
+                      env={"TF_NUM_INTRAOP_THREADS": "1"})
+  assert result["threads"] == "1"
+
+
 def test_a_span_between_two_samples_gets_the_cpu_interpolated_at_its_ends():
   # (time, CPU seconds, peak RSS, network bytes, RSS): 0.5 cores until t=10.5, then 1 core; the span holds no sample.
   series = [(10.0, 2.0, 1, 0, 1), (10.5, 2.25, 1, 0, 1), (11.0, 2.75, 1, 0, 1)]

@@ -126,14 +126,29 @@ def test_throughput_compares_fit_with_the_plain_pss_peer_one_process_and_the_ps_
 @pytest.mark.slow
 def test_an_unknown_variant_option_is_refused_before_any_run(subprocess_env):
   assert _refused(subprocess_env, "fit_1x1,fit_1x1+pipelind") == (
-      "--variants: 'fit_1x1+pipelind' has the option 'pipelind'; allowed: per_feature, spe<N>, unroll<N>, packed, "
-      "unpacked, spin, nospin, lockfree, pipelined, bf16")
+      "--variants: 'fit_1x1+pipelind' has the option 'pipelind'; allowed: per_feature, spe<N>, unroll<N>, intra<N>, "
+      "inter<N>, packed, unpacked, spin, nospin, lockfree, pipelined, bf16")
 
 
 @pytest.mark.slow
 def test_a_ps_floor_on_more_than_one_ps_is_refused_before_any_run(subprocess_env):
   assert _refused(subprocess_env, "fit_2x2,ps_floor_2x2") == (
       "--variants: 'ps_floor_2x2': the ps floor runs with 1 ps (ps_floor_1x<workers>), its one option is packed")
+
+
+def test_thread_options_set_the_runs_environment_and_leave_the_flags(monkeypatch):
+  """`+intra<N>` / `+inter<N>` reach every process of the run as TensorFlow's thread-count variables, not as flags;
+  the other options still give their flags, and a row with them is compared with the peer without them."""
+  calls = []
+  if not throughput.flags.FLAGS.is_parsed():
+    throughput.flags.FLAGS.mark_as_parsed()  # the defaults
+  monkeypatch.setattr(throughput.runner, "run", lambda args, **kwargs: calls.append((args, kwargs)) or {})
+  throughput._run("fit_1x1+intra1+unroll4+inter2", 256, 0)
+  args, kwargs = calls[0]
+  assert kwargs["env"] == {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "2"}
+  assert "--unrolled_steps=4" in args and not any("intra" in arg or "inter" in arg for arg in args)
+  assert throughput._option_args("single+intra1") == []
+  assert not throughput._peer_has("intra1") and throughput._peer_has("per_feature")
 
 
 def test_the_tutorial_peer_and_the_fixed_shards_peer_are_run_and_compared_apart():
