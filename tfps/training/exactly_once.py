@@ -172,12 +172,16 @@ def counted_after_updates(step) -> List[tf.Operation]:
   """Inside `applying_once_per_ps`, after a step's updates: the step's count where `step` (a
   `tfps.training.steps.Step`) does not count itself (a list, empty where it does).
 
-  Counted after the step's updates (so not before all its gradients are on their ps), through the strategy's update
-  too: skipped where the counter's ps applied this step already. Made on the counter's ps from nothing of the worker's:
-  a count built on the worker would wait there for the updates and go back to the ps, a round trip in every step."""
+  Counted after the step's updates on the counter's ps, through the strategy's update too: skipped where that ps
+  applied this step already, as a tf-keras optimizer's `iterations` is. It waits for no other ps (each would send it a
+  control signal in every step): the step's record waits for them all (rule 2), and the counter is settled from the
+  records (rule 4). Made on the counter's ps from nothing of the worker's: a count built on the worker would wait
+  there for the updates and go back to the ps, a round trip in every step."""
   if step.counts_itself:
     return []
-  with tf.device(step.counter.device), tf.control_dependencies(after_updates(step.variables())):
+  device = step.counter.device
+  local = [part for variable in step.variables() for part in strategy_lib.shards_of(variable) if part.device == device]
+  with tf.device(device), tf.control_dependencies(after_updates(local)):
     return [step.count(1)]
 
 
