@@ -10,7 +10,10 @@ and its in-memory batches of `bench/workload.py`) is shared with the tfps varian
 
 Started without `TF_CONFIG`, this script is its own launcher: it picks free ports on 127.0.0.1, starts `--num_ps` ps
 and `--num_workers` worker processes of itself (each a `tf.distribute.Server` with its `TF_CONFIG`), waits until they
-listen, starts the chief, and stops the servers when the chief is done. The chief writes the same JSON as
+listen, starts the chief, and stops the servers when the chief is done. As `tfps-launch` does by default, it imports
+TensorFlow once and forks each task from itself (`--fork_tasks`; a forked task's `/proc/<pid>/environ` has no
+TF_CONFIG, so it names each task's pid in `<--task_log_dir>/tasks.json`, as `tfps-launch` does); `--nofork_tasks`
+starts a fresh Python per task. The chief writes the same JSON as
 `train_bench.py` (`--benchmark_json`): examples/s over `--measure` windows of `--steps` steps after a warm-up window.
 With `--path=ps_floor` the chief trains the same workload with a loop written directly in TensorFlow instead, nothing
 on the ps but the work any such training must do there (`bench/ps_floor_train.py`): the ps's floor.
@@ -20,6 +23,7 @@ on the ps but the work any such training must do there (`bench/ps_floor_train.py
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -54,6 +58,8 @@ _SPE = flags.DEFINE_integer("steps_per_execution", 20, "Steps per scheduled func
 _JSON = flags.DEFINE_string("benchmark_json", None, "Where the chief writes its measurements.")
 _LINGER = flags.DEFINE_float("linger_secs", 1.5, "Seconds the chief waits before exiting (the driver reads the "
                              "servers' memory peaks meanwhile).", lower_bound=0)
+_FORK = flags.DEFINE_boolean("fork_tasks", True, "Launcher: fork each task from this process after one import of "
+                             "TensorFlow, as tfps-launch's default --fork_tasks does; else a fresh Python per task.")
 _START_SECS = flags.DEFINE_float("start_timeout_secs", 60.0, "Seconds the servers may take to listen (launcher).",
                                  lower_bound=1)
 
@@ -71,6 +77,44 @@ def _wait_listening(address: str, deadline: float) -> None:
       time.sleep(0.1)
 
 
+class _ForkedTask:
+  """A task forked from the launcher (after its one import of TensorFlow), with the bits of `subprocess.Popen` that
+  `launch` uses: the child runs `main` with `tf_config` in its environment and its output in `log`."""
+
+  def __init__(self, tf_config: str, log):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    self.pid = os.fork()
+    if self.pid:
+      return
+    status = 1
+    try:
+      os.environ["TF_CONFIG"] = tf_config
+      if log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+      main([])
+      status = 0
+    except SystemExit as e:  # as Python ends on it: a status, or a message on stderr and status 1
+      if e.code is None or isinstance(e.code, int):
+        status = e.code or 0
+      else:
+        print(e.code, file=sys.stderr)
+    except Exception:  # pylint: disable=broad-except  (a task's failure is its exit status, as in a fresh Python)
+      import traceback  # pylint: disable=g-import-not-at-top
+      traceback.print_exc()
+    finally:
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os._exit(status)  # pylint: disable=protected-access
+
+  def terminate(self) -> None:
+    os.kill(self.pid, signal.SIGTERM)
+
+  def wait(self) -> int:
+    return os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+
+
 def launch() -> int:
   """Starts the cluster as processes of this script with their TF_CONFIG; returns the chief's exit code."""
   import portpicker  # pylint: disable=g-import-not-at-top
@@ -80,15 +124,29 @@ def launch() -> int:
   if _LOG_DIR.value:
     os.makedirs(_LOG_DIR.value, exist_ok=True)
 
-  def start(job: str, index: int) -> subprocess.Popen:
-    env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": job, "index": index}}))
+  if _FORK.value:
+    import tensorflow  # pylint: disable=g-import-not-at-top,unused-import  (once, for every forked task)
+    import tf_keras  # pylint: disable=g-import-not-at-top,unused-import
+  pids = {}
+
+  def start(job: str, index: int):
+    tf_config = json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
     log = open(os.path.join(_LOG_DIR.value, f"{job}-{index}.log"), "w", encoding="utf-8") if _LOG_DIR.value else None
     try:
-      return subprocess.Popen([sys.executable, os.path.abspath(__file__)] + sys.argv[1:], env=env, stdout=log,
-                              stderr=subprocess.STDOUT if log else None, stdin=subprocess.DEVNULL)
+      if _FORK.value:
+        process = _ForkedTask(tf_config, log)
+      else:
+        process = subprocess.Popen([sys.executable, os.path.abspath(__file__)] + sys.argv[1:],
+                                   env=dict(os.environ, TF_CONFIG=tf_config), stdout=log,
+                                   stderr=subprocess.STDOUT if log else None, stdin=subprocess.DEVNULL)
     finally:
       if log:
         log.close()
+    pids[f"{job}:{index}"] = process.pid
+    if _LOG_DIR.value:  # as tfps-launch names its tasks (bench/runner.py finds them by it)
+      with open(os.path.join(_LOG_DIR.value, "tasks.json"), "w", encoding="utf-8") as tasks:
+        json.dump(pids, tasks)
+    return process
 
   servers = [start(job, index) for job in ("ps", "worker") for index in range(len(cluster[job]))]
   try:

@@ -5,7 +5,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -59,7 +58,7 @@ def test_a_taken_port_is_refused_before_a_server_shares_it():
 
 
 @pytest.mark.slow
-def test_bad_hosts_on_test_hosts_each_give_one_line_and_no_hang():
+def test_bad_hosts_on_test_hosts_each_give_one_line_and_no_hang(tmp_path):
   """Each role as typed on its host; three failing commands run at once on test hosts."""
   needs.require_root()
   names = ["chief", "busy", "silent", "idle"]
@@ -75,22 +74,21 @@ def test_bad_hosts_on_test_hosts_each_give_one_line_and_no_hang():
                               "s.listen(); print('ready', flush=True); time.sleep(600)"], stdout=subprocess.PIPE)
     test_hosts.cut("silent")
     time.sleep(0.5)
+    commands = {ps: ("chief", [python, SCRIPT, "--job_name=chief", f"--chief_hosts=chief:{3000 + i}",
+                               f"--ps_hosts={ps}", "--model_dir=/tmp/tfps_bad_hosts", *common])
+                for i, ps in enumerate(chief_cases)}
+    commands["ps on busy"] = ("busy", [python, SCRIPT, "--job_name=ps", "--ps_hosts=busy:2222",
+                                       "--chief_hosts=chief:3000", *common])
+    start, started = time.monotonic(), {}
+    for key, (host, argv) in commands.items():  # all at once, each forked from one import of TensorFlow
+      outputs = tmp_path / f"{len(started)}.out", tmp_path / f"{len(started)}.err"
+      with open(outputs[0], "w") as out, open(outputs[1], "w") as err:
+        started[key] = (test_hosts.popen(host, argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL), outputs)
     runs = {}
-
-    def run(key, host, argv):
-      start = time.monotonic()
-      result = test_hosts.run(host, argv, timeout=240, cwd=ROOT)
-      runs[key] = (result, time.monotonic() - start)
-
-    threads = [threading.Thread(target=run, args=(
-        ps, "chief", [python, SCRIPT, "--job_name=chief", f"--chief_hosts=chief:{3000 + i}", f"--ps_hosts={ps}",
-                      "--model_dir=/tmp/tfps_bad_hosts", *common])) for i, ps in enumerate(chief_cases)]
-    threads.append(threading.Thread(target=run, args=("ps on busy", "busy", [
-        python, SCRIPT, "--job_name=ps", "--ps_hosts=busy:2222", "--chief_hosts=chief:3000", *common])))
-    for thread in threads:
-      thread.start()
-    for thread in threads:
-      thread.join()
+    for key, (process, outputs) in started.items():
+      code = process.wait(timeout=240)
+      runs[key] = (subprocess.CompletedProcess(commands[key][1], code, *(path.read_text() for path in outputs)),
+                   time.monotonic() - start)
   assert not set(made) & set(hosts_lib.leftovers())
   expected = {ps: f"train_keras.py: task ps:0 at {ps} did not answer within 3s: {text}"
               for ps, text in chief_cases.items()}

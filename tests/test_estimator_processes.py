@@ -3,6 +3,7 @@ again resumes at the checkpointed step and ends at exactly max_steps; a sidecar 
 and under tfps-launch."""
 
 import json
+import os
 import pathlib
 import re
 import signal
@@ -16,6 +17,7 @@ import psutil
 import pytest
 
 from tfps.testing import applied_steps
+from tfps.testing import host_forks
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "train_estimator.py"
@@ -30,12 +32,16 @@ class Processes:
     self.log_dir = log_dir
     self.env = env
     self.started = {}
+    self.forks = host_forks.HostForks()  # the script's processes fork from one import of TensorFlow
 
-  def start(self, name: str, *args: str, command=(sys.executable, str(SCRIPT))) -> subprocess.Popen:
-    """Starts `command + args` (default: the script), its output in `<log_dir>/<name>.log`."""
+  def start(self, name: str, *args: str, command=(sys.executable, str(SCRIPT))):
+    """Starts `command + args` (default: the script, forked as tfps-launch starts its tasks; else a fresh process in
+    a session of its own), its output in `<log_dir>/<name>.log`."""
     with open(self.log_dir / f"{name}.log", "ab") as log:
-      process = subprocess.Popen([*command, *args], cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
+      options = {"env": self.env, "stdout": log, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL}
+      process = self.forks.spawn(None, [*command, *args], options)
+      if process is None:
+        process = subprocess.Popen([*command, *args], cwd=REPO, start_new_session=True, **options)
     self.started[name] = process
     return process
 
@@ -54,9 +60,10 @@ class Processes:
   def stop_all(self) -> None:
     for process in self.started.values():
       kill_tree(process)
+    self.forks.close()
 
 
-def kill_tree(process: subprocess.Popen) -> None:
+def kill_tree(process) -> None:
   """SIGKILL to `process` and all its descendants; waits for them."""
   try:
     tree = [psutil.Process(process.pid)] + psutil.Process(process.pid).children(recursive=True)
@@ -109,7 +116,7 @@ def test_chief_restart_resumes_and_sidecar_follows(tmp_path, subprocess_env):
     processes.start("evaluator", "--job_name=evaluator", *cluster, *job)
     first_chief = processes.start("chief-1", "--job_name=chief", *cluster, *job)
     _wait_for(lambda: _latest_checkpoint_step(model_dir), 120, "the first checkpoint", processes)
-    first_chief.send_signal(signal.SIGKILL)
+    os.kill(first_chief.pid, signal.SIGKILL)
     first_chief.wait(timeout=10)
     saved = _latest_checkpoint_step(model_dir)
     assert saved < MAX_STEPS, "the chief finished before it could be killed; slow it down"
@@ -202,7 +209,7 @@ def test_evaluation_exact_when_a_worker_dies(tmp_path, subprocess_env):
                             command=(sys.executable, "-c", CHIEF_EVAL % {"examples": EVAL_EXAMPLES}))
     _wait_for(lambda: "EVALUATING" in processes.log("chief"), 120, "the evaluation to start", processes)
     time.sleep(1.0)
-    processes.started["worker-1"].kill()
+    os.kill(processes.started["worker-1"].pid, signal.SIGKILL)
     processes.started["worker-1"].wait(timeout=10)
     del processes.started["worker-1"]
     assert chief.wait(timeout=120) == 0, processes.log("chief")[-3000:]

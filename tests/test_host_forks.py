@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -88,7 +89,11 @@ def test_forked_tasks_talk_by_name_and_die_by_signal(tmp_path, hosts):
   assert (tmp_path / "a.log").read_text().split() == ["HELLO"]
   sleeper = start(hosts, "b", [sys.executable, script(tmp_path, "sleep.py", "import time\ntime.sleep(600)\n")],
                   tmp_path / "sleep.log")
-  assert isinstance(sleeper, forkserver.ForkedProcess) and sleeper.pid in netns_pids(hosts, "b")
+  assert isinstance(sleeper, forkserver.ForkedProcess)
+  deadline = time.monotonic() + 30  # the task enters the host's namespace just after its fork, before its script
+  while sleeper.pid not in netns_pids(hosts, "b"):
+    assert time.monotonic() < deadline and sleeper.poll() is None, f"{sleeper.pid} never in b's namespace"
+    time.sleep(0.02)
   os.killpg(sleeper.pid, signal.SIGKILL)
   assert sleeper.wait(timeout=30) == -signal.SIGKILL
   left = start(hosts, "a", [sys.executable, str(tmp_path / "sleep.py")], tmp_path / "left.log")

@@ -3,8 +3,10 @@ before that (`tfps.cluster.job_end`); on 6 test hosts every task of a run exits 
 and started again finds its ps and workers still there, and the sidecar's last record is the FINAL checkpoint."""
 
 import json
+import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -16,6 +18,7 @@ import needs
 from tfps.cluster import job_end
 from tfps.errors import EXIT_LOST_TASK
 from tfps.testing import host_cluster as host_cluster_lib
+from tfps.testing import host_forks
 from tfps.testing import hosts as hosts_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -89,17 +92,23 @@ def test_the_marker_is_read_where_the_chief_writes_it(tmp_path):
 @pytest.mark.slow
 def test_servers_exit_3_for_a_lost_chief_and_0_after_final(tmp_path, subprocess_env):
   """Two ps processes on loopback whose chief never comes: one fails after --lost_chief_timeout_secs, the other ends
-  with status 0 once FINAL appears (written here) and the chief stays silent."""
+  with status 0 once FINAL appears (written here) and the chief stays silent. Both fork from one import of
+  TensorFlow (`tfps.testing.host_forks`)."""
+  forks, started = host_forks.HostForks(), []
+
   def start(name, timeout_secs):
     ports = [portpicker.pick_unused_port() for _ in range(3)]
-    argv = [sys.executable, "scripts/train_keras.py", "--job_name=ps", f"--ps_hosts=127.0.0.1:{ports[0]}",
-            f"--worker_hosts=127.0.0.1:{ports[1]}", f"--chief_hosts=127.0.0.1:{ports[2]}",
-            f"--model_dir={tmp_path / name}", f"--lost_chief_timeout_secs={timeout_secs}"]
-    log = open(tmp_path / f"{name}.log", "w")
-    return subprocess.Popen(argv, cwd=REPO, env=subprocess_env, stdout=log, stderr=subprocess.STDOUT)
+    argv = [sys.executable, str(REPO / "scripts" / "train_keras.py"), "--job_name=ps",
+            f"--ps_hosts=127.0.0.1:{ports[0]}", f"--worker_hosts=127.0.0.1:{ports[1]}",
+            f"--chief_hosts=127.0.0.1:{ports[2]}", f"--model_dir={tmp_path / name}",
+            f"--lost_chief_timeout_secs={timeout_secs}"]
+    with open(tmp_path / f"{name}.log", "w") as log:
+      options = {"env": subprocess_env, "stdout": log, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL}
+      started.append(forks.spawn(None, argv, options) or subprocess.Popen(argv, cwd=REPO, **options))
+    return started[-1]
 
-  lost, ended = start("lost", 3), start("ended", 300)
   try:
+    lost, ended = start("lost", 3), start("ended", 300)
     deadline = time.monotonic() + 120
     while "Serving ps:0" not in (tmp_path / "ended.log").read_text():
       assert time.monotonic() < deadline and ended.poll() is None, (tmp_path / "ended.log").read_text()
@@ -115,10 +124,11 @@ def test_servers_exit_3_for_a_lost_chief_and_0_after_final(tmp_path, subprocess_
     assert len(lines) == 1 and re.search(r"has not answered for [3-9]s and training has not ended", lines[0]), lines
     assert "Traceback" not in (tmp_path / "lost.log").read_text()
   finally:
-    for process in (lost, ended):
+    for process in started:
       if process.poll() is None:
-        process.kill()
+        os.kill(process.pid, signal.SIGKILL)
         process.wait()
+    forks.close()
 
 
 SIX = (("ps", 2), ("worker", 2), ("chief", 1), ("evaluator", 1))

@@ -9,6 +9,7 @@ plain process, from checkpoints written on 1, 2 and 3 ps.
 
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -19,6 +20,7 @@ import pytest
 import tensorflow as tf
 
 import tfps
+from tfps.testing import host_forks
 from tfps.training import checkpoints as checkpoints_lib
 
 TASK = pathlib.Path(__file__).parent / "fixtures" / "reshard_task.py"
@@ -34,43 +36,59 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-  """Three ps and one worker, killed (and waited for) at the end."""
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-             PYTHONPATH=str(pathlib.Path(__file__).parents[1]) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  """Three ps and one worker, killed (and waited for) at the end; every process of the module (these and the chiefs)
+  forks from one import of TensorFlow (`start`)."""
+  # The fixtures' folder too: the fork server imports the task's imports (reshard_model) before the task runs.
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.pathsep.join(
+      [str(pathlib.Path(__file__).parents[1]), str(TASK.parent), os.environ.get("PYTHONPATH", "")]))
   ps = [f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(NUM_PS)]
   worker = f"127.0.0.1:{portpicker.pick_unused_port()}"
   logs = tmp_path_factory.mktemp("servers")
+  forks = host_forks.HostForks()
   processes = []
   try:
     for job, index in [("ps", k) for k in range(NUM_PS)] + [("worker", 0)]:
-      with open(logs / f"{job}{index}.log", "wb") as log:
-        processes.append(subprocess.Popen(
-            [sys.executable, str(TASK), f"--job_name={job}", f"--task_index={index}", f"--ps_hosts={','.join(ps)}",
-             f"--worker_hosts={worker}"], env=env, stdout=log, stderr=subprocess.STDOUT))
-    yield {"ps": ps, "worker": worker, "env": env}
+      processes.append(_start(forks, [f"--job_name={job}", f"--task_index={index}", f"--ps_hosts={','.join(ps)}",
+                                      f"--worker_hosts={worker}"], env, logs / f"{job}{index}.log"))
+    yield {"ps": ps, "worker": worker, "env": env, "forks": forks}
   finally:
     for process in processes:  # SIGKILL: nothing of a server is kept
-      process.kill()
+      os.kill(process.pid, signal.SIGKILL)
     for process in processes:
       process.wait()
+    forks.close()
 
 
-def _start_chief(servers, num_ps, *flags) -> subprocess.Popen:
-  return subprocess.Popen(
-      [sys.executable, str(TASK), "--job_name=chief", "--task_index=0", f"--ps_hosts={','.join(servers['ps'][:num_ps])}",
-       f"--worker_hosts={servers['worker']}", f"--chief_hosts=127.0.0.1:{portpicker.pick_unused_port()}",
-       "--min_shard_bytes=0", *flags], env=servers["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      text=True)
+def _start(forks, args, env, out, err=None):
+  """TASK with `args`, forked (else a fresh process), its stdout to file `out` and its stderr to `err` (or `out`)."""
+  argv = [sys.executable, str(TASK), *args]
+  with open(out, "wb") as stdout, open(err or os.devnull, "wb") as stderr:
+    options = {"env": env, "stdout": stdout, "stderr": stderr if err else subprocess.STDOUT,
+               "stdin": subprocess.DEVNULL}
+    return forks.spawn(None, argv, options) or subprocess.Popen(argv, **options)
 
 
-def _finish(process: subprocess.Popen) -> subprocess.CompletedProcess:
+def _start_chief(servers, num_ps, *flags):
+  """The chief with `flags`; its stdout and stderr go to files beside its --loss_file (`_finish` reads them)."""
+  loss_file = next(flag for flag in flags if flag.startswith("--loss_file=")).split("=", 1)[1]
+  outputs = pathlib.Path(f"{loss_file}.stdout"), pathlib.Path(f"{loss_file}.stderr")
+  process = _start(servers["forks"], [
+      "--job_name=chief", "--task_index=0", f"--ps_hosts={','.join(servers['ps'][:num_ps])}",
+      f"--worker_hosts={servers['worker']}", f"--chief_hosts=127.0.0.1:{portpicker.pick_unused_port()}",
+      "--min_shard_bytes=0", *flags], servers["env"], *outputs)
+  process.outputs = outputs
+  return process
+
+
+def _finish(process) -> subprocess.CompletedProcess:
   try:
-    stdout, stderr = process.communicate(timeout=300)
+    process.wait(timeout=300)
   finally:
     if process.poll() is None:
-      process.kill()
+      os.kill(process.pid, signal.SIGKILL)
       process.wait()
-  return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+  stdout, stderr = (path.read_text(errors="replace") for path in process.outputs)
+  return subprocess.CompletedProcess(process.pid, process.returncode, stdout, stderr)
 
 
 def _chief(servers, num_ps, *flags) -> subprocess.CompletedProcess:

@@ -1,4 +1,5 @@
-"""Python tasks on test hosts, forked from one fork server per group of hosts (`tfps.cluster.forkserver`).
+"""Python tasks on test hosts (or on this machine), forked from one fork server per group of hosts
+(`tfps.cluster.forkserver`).
 
 A fresh `ip netns exec NS python script.py` imports TensorFlow again in every task (2-3 s of CPU each). Instead the
 first Python script started on a group's hosts starts a fork server in this machine's own namespace, which imports
@@ -42,12 +43,14 @@ class HostForks:
     self._server: Optional[forkserver.ForkServer] = None
     self._log: Optional[pathlib.Path] = None
 
-  def spawn(self, netns: str, argv: Sequence[str], kwargs: Dict) -> Optional[forkserver.ForkedProcess]:
-    """`argv` forked into network namespace `netns` with `kwargs`' environment and output, or None if it is not
-    `forkable` or there is no server (start it fresh)."""
+  def spawn(self, netns: Optional[str], argv: Sequence[str], kwargs: Dict) -> Optional[forkserver.ForkedProcess]:
+    """`argv` forked into network namespace `netns` (None: this machine's) with `kwargs`' environment and output, or
+    None if it is not `forkable` or there is no server (start it fresh)."""
     if not self.enabled or not forkable(argv, kwargs) or not self._start(argv[1], kwargs.get("env")):
       return None
-    environ = dict(os.environ if kwargs.get("env") is None else kwargs["env"], **{forkserver.NETNS_ENV: netns})
+    environ = dict(os.environ if kwargs.get("env") is None else kwargs["env"])
+    if netns is not None:
+      environ[forkserver.NETNS_ENV] = netns
     stdout = kwargs["stdout"].fileno()
     stderr = stdout if kwargs.get("stderr") == subprocess.STDOUT else kwargs["stderr"].fileno()
     return self._server.spawn(argv, environ, stdout, stderr)
