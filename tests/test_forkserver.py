@@ -89,7 +89,7 @@ def test_a_server_that_cannot_import_its_modules_is_refused(tmp_path):
 
 def test_the_server_imports_tensorflow_without_starting_its_runtime(tmp_path):
   """Forking copies one thread: TensorFlow's thread pools, made at import, would be lost in every task."""
-  server = forkserver.ForkServer.start(tasks_lib.shared_environ(), launch_lib.TRAINING_PRELOAD,
+  server = forkserver.ForkServer.start(tasks_lib.shared_environ(), forkserver.TRAINING_PRELOAD,
                                        tmp_path / "forkserver.log")
   try:
     assert server.threads <= 2  # the main thread and OpenBLAS's (which re-creates its threads after a fork)
@@ -101,10 +101,10 @@ def test_the_server_imports_tensorflow_without_starting_its_runtime(tmp_path):
 def test_what_the_server_imports_for_a_script(tmp_path):
   light = tmp_path / "light.py"
   light.write_text("import os\nfrom absl import app\nfrom tfps import run_records\n")
-  assert launch_lib.fork_server_preload(str(light)) == ["absl.app", "tfps.run_records"]
+  assert forkserver.preload_for(str(light)) == ["absl.app", "tfps.run_records"]
   trains = tmp_path / "trains.py"
   trains.write_text("import os\nimport tfps\n")
-  assert launch_lib.fork_server_preload(str(trains)) == [*launch_lib.TRAINING_PRELOAD, "tfps"]
+  assert forkserver.preload_for(str(trains)) == [*forkserver.TRAINING_PRELOAD, "tfps"]
 
 
 @pytest.fixture

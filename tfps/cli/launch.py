@@ -142,30 +142,12 @@ def _check_compiles(script: str) -> None:
                          f"{USAGE}") from None
 
 
-# What the fork server imports once for every task of a script that trains: TensorFlow, tf-keras and the tfps modules
-# scripts import (none of them starts TensorFlow's runtime on import, which would leave threads behind that a fork
-# does not copy).
-TRAINING_PRELOAD = ("tensorflow", "tf_keras", "tfps", "tfps.cli.flags", "tfps.cli.model_flags", "tfps.keras",
-                    "tfps.estimator", "tfps.models")
-_PRELOAD_PACKAGES = ("absl", "numpy", "tensorflow", "tf_keras", "tfps")  # whose imports start no runtime
-_LIGHT_TFPS = ("tfps.run_records", "tfps.errors", "tfps.checks", "tfps.formatting")  # import no TensorFlow
-
-
-def fork_server_preload(script: str) -> List[str]:
-  """What the fork server imports for `script`: its own top-level imports of `_PRELOAD_PACKAGES`, and, unless those
-  are only absl, numpy and tfps modules that import no TensorFlow, `TRAINING_PRELOAD` (`import tfps` imports
-  TensorFlow only when training starts: in every task, without it)."""
-  names = [name for name in forkserver.script_imports(script) if name.split(".")[0] in _PRELOAD_PACKAGES]
-  light = all(name.split(".")[0] in ("absl", "numpy") or name.startswith(_LIGHT_TFPS) for name in names)
-  return names if light else [*TRAINING_PRELOAD, *names]
-
-
 def launch_tasks(config: LaunchConfig, cluster: cluster_lib.ClusterConfig) -> tasks_lib.TaskGroup:
   """Starts one process per task, each with its own TF_CONFIG and log file; streams the chief's output."""
   group = tasks_lib.TaskGroup(log_dir=pathlib.Path(config.log_dir), stop_grace_secs=config.stop_grace_secs,
                               verbose=config.verbose)
   if config.fork_tasks:
-    group.start_fork_server(fork_server_preload(config.script))
+    group.start_fork_server(forkserver.preload_for(config.script))
   command = [sys.executable, config.script, *config.script_args]
   for task_type, task_index in task_names(config):
     group.start(cluster.for_task(task_type, task_index), command, stream=task_type == "chief")

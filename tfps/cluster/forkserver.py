@@ -68,6 +68,24 @@ def script_imports(script: str) -> List[str]:
   return names
 
 
+# What the fork server imports once for every task of a script that trains: TensorFlow, tf-keras and the tfps modules
+# scripts import (none of them starts TensorFlow's runtime on import, which would leave threads behind that a fork
+# does not copy).
+TRAINING_PRELOAD = ("tensorflow", "tf_keras", "tfps", "tfps.cli.flags", "tfps.cli.model_flags", "tfps.keras",
+                    "tfps.estimator", "tfps.models")
+_PRELOAD_PACKAGES = ("absl", "numpy", "tensorflow", "tf_keras", "tfps")  # whose imports start no runtime
+_LIGHT_TFPS = ("tfps.run_records", "tfps.errors", "tfps.checks", "tfps.formatting")  # import no TensorFlow
+
+
+def preload_for(script: str) -> List[str]:
+  """What the fork server imports for `script`: its own top-level imports of `_PRELOAD_PACKAGES`, and, unless those
+  are only absl, numpy and tfps modules that import no TensorFlow, `TRAINING_PRELOAD` (`import tfps` imports
+  TensorFlow only when training starts: in every task, without it)."""
+  names = [name for name in script_imports(script) if name.split(".")[0] in _PRELOAD_PACKAGES]
+  light = all(name.split(".")[0] in ("absl", "numpy") or name.startswith(_LIGHT_TFPS) for name in names)
+  return names if light else [*TRAINING_PRELOAD, *names]
+
+
 class ForkedProcess:
   """A task the fork server started, re-parented to this process: the part of `subprocess.Popen` the launcher uses
   (`pid`, `returncode`, `stdout`, `poll()`, `wait(timeout)`)."""
