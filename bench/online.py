@@ -19,7 +19,9 @@ files for each; then the chief's reading and parsing alone (records/s over the w
 u1.base rows in one shuffled order (`--quality_epochs` passes, each shuffled anew, `--max_rows` per pass), trained
 once from a file on the workers and once from a folder stream of the same lines by the chief, same model (Wide&Deep
 on user and movie ids), seed, batches and steps; then both evaluated on all of u1.test. Once per seed of `--seeds`,
-the variants' order alternating. The target: the median of the stream's AUCs within 0.005 of the files'.
+the variants' order alternating. The target: the median of the stream's AUCs within 0.005 of the files'. The mode
+flags apply (`--sync_mode=sync`: a step trains a batch per worker, so a pass has 1 / workers as many steps); with
+`tf_random_seed` each seed's runs repeat at 1 worker and in sync mode (docs/repeatability.md).
 
   .venv/bin/python -m tfps.cli.launch --num_ps=1 --num_workers=1 bench/online.py -- --mode=quality \
       --out=bench/results/online/stream_quality.json
