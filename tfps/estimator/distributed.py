@@ -56,7 +56,7 @@ class DistributedModel:
   def _build(self, iterator) -> None:
     """Creates every variable (the model_fn's and its optimizer's) by tracing a training step that runs no step on a
     worker, then restores the newest checkpoint into them and builds the mode's runner."""
-    if self._config.tf_random_seed is not None:  # tf-keras initializers draw their seeds from it, not from TF's
+    if self._config.tf_random_seed is not None:  # tf-keras too: its initializers do not follow TensorFlow's seed
       tf_keras.utils.set_random_seed(int(self._config.tf_random_seed))
 
     element = []  # a training batch's spec (traced once per replica)
