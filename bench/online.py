@@ -19,7 +19,9 @@ files for each; then the chief's reading and parsing alone (records/s over the w
 u1.base rows in one shuffled order (`--quality_epochs` passes, each shuffled anew, `--max_rows` per pass), trained
 once from a file on the workers and once from a folder stream of the same lines by the chief, same model (Wide&Deep
 on user and movie ids), seed, batches and steps; then both evaluated on all of u1.test. Once per seed of `--seeds`,
-the variants' order alternating. The target: the median of the stream's AUCs within 0.005 of the files'.
+the variants' order alternating. The target: the median of the stream's AUCs within 0.005 of the files'. The mode
+flags apply (`--sync_mode=sync`: a step trains a batch per worker, so a pass has 1 / workers as many steps); with
+`tf_random_seed` each seed's runs repeat at 1 worker and in sync mode (docs/repeatability.md).
 
   .venv/bin/python -m tfps.cli.launch --num_ps=1 --num_workers=1 bench/online.py -- --mode=quality \
       --out=bench/results/online/stream_quality.json
@@ -39,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import tfps  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 tfps.define_flags()
+tfps.define_mode_flags()
 _OUT = flags.DEFINE_string("out", None, "Where to write the results (JSON).")
 _BATCH = flags.DEFINE_integer("batch_size", 256, "Examples per step.", lower_bound=1)
 _STEPS = flags.DEFINE_integer("steps", 200, "Timed steps per run.", lower_bound=1)
@@ -227,12 +230,13 @@ def _quality_run(cluster, work: str, seed: int, variants) -> dict:
   from tfps.models import model_fns  # pylint: disable=g-import-not-at-top
 
   path, rows = _replay_lines(work, seed)
-  steps = rows // _BATCH.value
+  mode = tfps.mode_from_flags()  # a sync step takes a batch per worker: the same rows in fewer steps
+  steps = rows // (_BATCH.value * (cluster.num_workers if mode.sync_mode == "sync" else 1))
   spec = movielens.ratings_spec()
   categorical, dense = spec.model_features()
   model_fn = model_fns.build_model_fn("wide_deep", categorical, dense, learning_rate=0.2)
   config = tfps.RunConfig(steps_per_execution=_SPE.value, save_checkpoints_steps=100_000,
-                          log_step_count_steps=_LOG_STEPS.value, tf_random_seed=seed)
+                          log_step_count_steps=_LOG_STEPS.value, tf_random_seed=seed, mode=mode)
   test_fn = delimited.delimited_dataset_fn(os.path.join(_DATA_DIR.value, "u1.test"), spec, batch_size=1024,
                                            repeat=False, scan=False, shuffle_buffer=0, drop_remainder=False)
   stream_dir = tempfile.mkdtemp(dir=work, prefix=f"slices-{seed}-")  # a seed may run more than once
@@ -279,7 +283,8 @@ def run_quality(cluster):
   return {"mode": "quality", "data": "MovieLens 100K: u1.base (shuffled per seed) -> u1.test",
           "model": "wide_deep (user_id, movie_id), adagrad 0.2", "passes": _EPOCHS.value, "rows": runs[0]["rows"],
           "batch_size": _BATCH.value, "steps": runs[0]["steps"],
-          "cluster": f"{cluster.num_ps} ps + {cluster.num_workers} worker", "runs": runs,
+          "cluster": f"{cluster.num_ps} ps + {cluster.num_workers} worker",
+          "sync_mode": tfps.mode_from_flags().sync_mode, "runs": runs,
           "median_auc": median, "stream_minus_files_auc": difference,
           "median_of_differences": statistics.median(run["stream"]["auc"] - run["files"]["auc"] for run in runs),
           "target": "within 0.005 (medians)", "met": abs(difference) <= 0.005}

@@ -75,7 +75,8 @@ def _estimator(cluster, mode):
   fv = flags.FLAGS
   config = tfps.RunConfig(save_checkpoints_steps=_CHECKPOINT_STEPS.value, log_step_count_steps=_LOG_STEPS.value,
                           steps_per_execution=_STEPS_PER_EXECUTION.value or 20,
-                          delta_export_secs=_DELTA_EXPORT_SECS.value, **dataclasses.asdict(mode))
+                          delta_export_secs=_DELTA_EXPORT_SECS.value, tf_random_seed=fv.seed,
+                          **dataclasses.asdict(mode))
   model_fn = model_fns.build_model_fn(fv.model, *_features(), optimizer=fv.optimizer, learning_rate=fv.learning_rate,
                                       **model_flags.model_options_from_flags(num_ps=cluster.num_ps if cluster else 1))
   return tfps.Estimator(model_fn, model_dir=_MODEL_DIR.value, config=config, cluster=cluster,
@@ -138,6 +139,7 @@ def _keras_model(cluster):
   options = model_flags.model_options_from_flags(num_ps=cluster.num_ps if cluster else 1)
 
   def build_model():
+    model_flags.seed_from_flags()
     model = models.build_model(fv.model, *_features(), **options)
     return models.compile_model(model, optimizer=fv.optimizer, learning_rate=fv.learning_rate)
 

@@ -1,6 +1,7 @@
 """The Estimator path on the in-process cluster: learning, step log, checkpoints, exact evaluation, predict, export."""
 
 import json
+import random
 import re
 import statistics
 import subprocess
@@ -215,23 +216,48 @@ def test_training_without_max_steps_ends_with_the_input(cluster, tmp_path):
   assert estimator.latest_checkpoint().endswith(f"ckpt-{step}")
 
 
+def _keras_model_fn(features, labels, mode):
+  """A model_fn building a tf_keras.Model (its initializers draw their seeds from tf-keras, not from TensorFlow)."""
+  inputs = tf.concat([tf.cast(tf.stack([features["user"], features["item"]], axis=1), tf.float32) / 1000.0,
+                      features["dense"]], axis=1)
+  model = tf_keras.Sequential([tf_keras.layers.Dense(8, activation="relu"), tf_keras.layers.Dense(1)])
+  logits = model(inputs)[:, 0]
+  if mode == tfps.ModeKeys.PREDICT:
+    return tfps.EstimatorSpec(mode, predictions={"logits": logits})
+  loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+  return tfps.EstimatorSpec(mode, loss=loss, optimizer=tf_keras.optimizers.legacy.SGD(0.1))
+
+
 def test_model_fn_building_a_keras_model(cluster, tmp_path):
   """A tf_keras.Model built inside model_fn (its step counters exist only outside functions) trains and restores."""
-  def model_fn(features, labels, mode):
-    inputs = tf.concat([tf.cast(tf.stack([features["user"], features["item"]], axis=1), tf.float32) / 1000.0,
-                        features["dense"]], axis=1)
-    model = tf_keras.Sequential([tf_keras.layers.Dense(8, activation="relu"), tf_keras.layers.Dense(1)])
-    logits = model(inputs)[:, 0]
-    if mode == tfps.ModeKeys.PREDICT:
-      return tfps.EstimatorSpec(mode, predictions={"logits": logits})
-    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
-    return tfps.EstimatorSpec(mode, loss=loss, optimizer=tf_keras.optimizers.legacy.SGD(0.1))
-
-  estimator = tfps.Estimator(model_fn, model_dir=str(tmp_path), cluster=cluster)
+  estimator = tfps.Estimator(_keras_model_fn, model_dir=str(tmp_path), cluster=cluster)
   estimator.train(synthetic.train_input_fn, max_steps=20)
   results = estimator.evaluate(synthetic.eval_input_fn, steps=3)
   assert results["global_step"] == 20 and results["examples"] == 3 * 64 and np.isfinite(results["loss"])
   assert np.isfinite(next(estimator.predict(synthetic.predict_input_fn))["logits"])
+
+
+def test_a_seed_gives_the_same_initial_values_whatever_python_random_holds(cluster, tmp_path):
+  """`tf_random_seed` fixes the initial values of tf-keras layers, whose initializers draw their seeds from Python's
+  `random` unless tf-keras is seeded (a forked task reseeds `random`: each launch drew other values)."""
+  def initial_values(seed, python_seed):
+    random.seed(python_seed)  # another launch: another state of Python's generator
+    config = tfps.RunConfig(tf_random_seed=seed)
+    estimator = tfps.Estimator(_keras_model_fn, model_dir=str(tmp_path / f"{seed}-{python_seed}"), config=config,
+                               cluster=cluster)
+    estimator.distributed_model().prepare(synthetic.train_input_fn)  # creates the variables, runs no step
+    return [np.concatenate([np.ravel(part.numpy()) for part in getattr(v, "variables", [v])])
+            for v in estimator.distributed_model().model.variables.created]
+
+  state = random.getstate()
+  try:
+    first, again, other = initial_values(5, 1), initial_values(5, 2), initial_values(6, 1)
+  finally:
+    random.setstate(state)
+  kernels = [index for index, values in enumerate(first) if values.any()]  # the biases start at zero
+  assert len(first) == 4 and len(kernels) == 2
+  assert all(np.array_equal(a, b) for a, b in zip(first, again))
+  assert not any(np.array_equal(first[index], other[index]) for index in kernels)
 
 
 def test_throttle_secs_spaces_inline_evaluations(cluster, tmp_path):

@@ -56,6 +56,7 @@ def test_spec_refuses_tf1_only_arguments_with_advice():
     ({"keep_checkpoint_max": -1}, r"`keep_checkpoint_max` \(-1\) must be a positive integer"),
     ({"log_step_count_steps": 2.5}, r"`log_step_count_steps` \(2.5\)"),
     ({"steps_per_execution": True}, r"`steps_per_execution` \(True\)"),
+    ({"tf_random_seed": "7"}, r"`tf_random_seed` \('7'\) must be a non-negative integer"),
 ])
 def test_run_config_errors_quote_the_value(kwargs, message):
   with pytest.raises(ValueError, match=message):

@@ -292,16 +292,11 @@ FIGURES = (
            lambda: tuple(_json(name)["stream_cpu_over_files"]["all"] for name in (_ONLINE_1X1, _ONLINE_2X2))),
     Figure("stream input against file input", "load average {:.0f}-{:.0f}", f"{_ONLINE_1X1}, {_ONLINE_2X2}",
            lambda: _online_loads()),
-    Figure("a stream replay of the bundled MovieLens", "{:+.4f} AUC at {} passes ({:.4f} against {:.4f}); {:+.4f} at "
-           "{} pass", "online/stream_quality.json",
-           lambda: (_json("online/stream_quality.json")["stream_minus_files_auc"],
-                    _json("online/stream_quality.json")["passes"],
-                    _json("online/stream_quality.json")["median_auc"]["stream"],
-                    _json("online/stream_quality.json")["median_auc"]["files"],
-                    _json("online/stream_quality_1pass.json")["stream_minus_files_auc"],
-                    _json("online/stream_quality_1pass.json")["passes"])),
-    Figure("a stream replay of the bundled MovieLens", "{:+.4f} over all {} runs of each 1-pass series",
-           "online/stream_quality_1pass*.json", lambda: (_pooled_1pass()[3], _pooled_1pass()[0])),
+    Figure("a stream replay of the bundled MovieLens", "{:+.4f} AUC at {} passes ({:.4f} against {:.4f}) and {:+.4f} "
+           "at {} pass (medians of {} seeds and of {} seeds)", "online/stream_quality.json",
+           lambda: (_json(_Q3)["stream_minus_files_auc"], _json(_Q3)["passes"], _json(_Q3)["median_auc"]["stream"],
+                    _json(_Q3)["median_auc"]["files"], _json(_Q1)["stream_minus_files_auc"], _json(_Q1)["passes"],
+                    len(_json(_Q3)["runs"]), len(_json(_Q1)["runs"]))),
     Figure("raw ids without hashing", "{:+.3f} AUC over hashed tables", "dynamic_embedding_measured_movielens.json",
            lambda: (_json("dynamic_embedding_measured_movielens.json")["experiments"]["movielens"]["summary"]
                     ["auc_dynamic_minus_hashed"],)),
@@ -403,19 +398,22 @@ def _online_cpu(task: str) -> tuple:
                for variant in ("files", "stream"))
 
 
-_Q3, _Q1, _Q1_EARLIER = ("online/stream_quality.json", "online/stream_quality_1pass.json",
-                         "online/stream_quality_1pass_earlier.json")
-_Q1_SAME = "online/stream_quality_1pass_seed0_thrice.json"
-_Q1_SERIES = (_Q1_EARLIER, "online/stream_quality_1pass_second.json", _Q1_SAME,
-              "online/stream_quality_1pass_third.json", _Q1)  # in the order they ran
+_Q3, _Q1 = "online/stream_quality.json", "online/stream_quality_1pass.json"
+_Q1_SAME, _Q1_SAME_UNSEEDED = ("online/stream_quality_1pass_seed0_thrice.json",
+                               "online/unseeded/stream_quality_1pass_seed0_thrice.json")
+_Q1_ASYNC = "online/stream_quality_1pass_1x2_async.json"
+_Q1_SYNC = ("online/stream_quality_1pass_1x2_sync_first.json", "online/stream_quality_1pass_1x2_sync_second.json")
 
 
-def _pooled_1pass() -> tuple:
-  """(runs of each variant, the stream's and the files' median AUC over all 1-pass series, their difference)."""
-  aucs = {variant: [run[variant]["auc"] for name in _Q1_SERIES for run in _json(name)["runs"]]
-          for variant in ("stream", "files")}
-  medians = {variant: statistics.median(values) for variant, values in aucs.items()}
-  return len(aucs["files"]), medians["stream"], medians["files"], medians["stream"] - medians["files"]
+def _same_seed_aucs(names, variant: str = None) -> str:
+  """The test AUCs of every run in the results `names` (of `variant`): "A in all N runs" where all are the same float,
+  else each, in the order they ran."""
+  aucs = [run[variant]["auc"] if variant else run["auc"] for name in names for run in _json(name)["runs"]]
+  if len(set(aucs)) == 1:
+    return f"{aucs[0]:.4f} in all {len(aucs)} runs"
+  return ", ".join(f"{auc:.4f}" for auc in aucs)
+
+
 _BEFORE, _AFTER = "online/stacked_parse_before.json", "online/stacked_parse_after.json"
 _BEFORE_LOWER = "online/stacked_parse_before_lower_load.json"
 # Figures in docs/online.md: (quoted text, results file, values).
@@ -466,15 +464,36 @@ ONLINE_PROSE = (
     ("after {} pass {:.4f} and {:.4f}, {:+.4f}", _Q1,
      lambda: (_online(_Q1, "passes"), _online(_Q1, "median_auc", "stream"), _online(_Q1, "median_auc", "files"),
               _online(_Q1, "stream_minus_files_auc"))),
-    ("three runs of seed 0 in one series gave {} from files and {} from the stream", _Q1_SAME,
-     lambda: tuple(", ".join(f"{run[variant]['auc']:.4f}" for run in _json(_Q1_SAME)["runs"])
-                   for variant in ("files", "stream"))),
+    ("three runs of seed 0 in one series gave {} from files and {} from the stream", _Q1_SAME_UNSEEDED,
+     lambda: tuple(_same_seed_aucs([_Q1_SAME_UNSEEDED], variant) for variant in ("files", "stream"))),
+    ("Three runs of seed 0 in one launch now give {} from files and {} from the stream", _Q1_SAME,
+     lambda: tuple(_same_seed_aucs([_Q1_SAME], variant) for variant in ("files", "stream"))),
     ("Stream minus files per seed: {} at 3 passes, {} at 1 pass", f"{_Q3}, {_Q1}",
      lambda: (_quality_diffs_per_run(_Q3), _quality_diffs_per_run(_Q1))),
-    ("the 1-pass series gave {} as differences of their medians", "online/stream_quality_1pass*.json",
-     lambda: (", ".join(f"{_json(name)['stream_minus_files_auc']:+.4f}" for name in _Q1_SERIES),)),
-    ("over all their {} runs of each the medians are {:.4f} from the stream and {:.4f} from files ({:+.4f})",
-     "online/stream_quality_1pass*.json", lambda: _pooled_1pass()),
+    ("{} runs of seed 0 on 1 ps + 2 workers in async mode gave {} from files and {} from the stream", _Q1_ASYNC,
+     lambda: (len(_json(_Q1_ASYNC)["runs"]),
+              *(_same_seed_aucs([_Q1_ASYNC], variant) for variant in ("files", "stream")))),
+    ("in sync mode (two launches of two runs) {} from files and {} from the stream", ", ".join(_Q1_SYNC),
+     lambda: tuple(_same_seed_aucs(_Q1_SYNC, variant) for variant in ("files", "stream"))),
+)
+
+
+_KERAS_SAME_SEED = {kind: tuple(f"repeatability/keras_{kind}_{launch}.json" for launch in ("first", "second"))
+                    for kind in ("1x1", "1x2_sync", "1x2_async")}
+# Figures in docs/repeatability.md: (quoted text, results files, values).
+REPEATABILITY_PROSE = (
+    ("| Keras, 1 ps + 1 worker, async | {} |", _KERAS_SAME_SEED["1x1"],
+     lambda: (_same_seed_aucs(_KERAS_SAME_SEED["1x1"]),)),
+    ("| Keras, 1 ps + 2 workers, sync | {} |", _KERAS_SAME_SEED["1x2_sync"],
+     lambda: (_same_seed_aucs(_KERAS_SAME_SEED["1x2_sync"]),)),
+    ("| Keras, 1 ps + 2 workers, async | {} |", _KERAS_SAME_SEED["1x2_async"],
+     lambda: (_same_seed_aucs(_KERAS_SAME_SEED["1x2_async"]),)),
+    ("| Estimator, 1 ps + 1 worker, async | files {}; stream {} |", _Q1_SAME,
+     lambda: tuple(_same_seed_aucs([_Q1_SAME], variant) for variant in ("files", "stream"))),
+    ("| Estimator, 1 ps + 2 workers, sync | files {}; stream {} |", _Q1_SYNC,
+     lambda: tuple(_same_seed_aucs(_Q1_SYNC, variant) for variant in ("files", "stream"))),
+    ("| Estimator, 1 ps + 2 workers, async | files {}; stream {} |", _Q1_ASYNC,
+     lambda: tuple(_same_seed_aucs([_Q1_ASYNC], variant) for variant in ("files", "stream"))),
 )
 
 
@@ -566,11 +585,14 @@ def test_each_figure_in_performance_md_prose_is_its_results_value(template, sour
   assert quoted in text, f"docs/performance.md quotes {source}; the results give {quoted!r}"
 
 
-@pytest.mark.parametrize("template,source,values", ONLINE_PROSE, ids=[p[0][:40] for p in ONLINE_PROSE])
-def test_each_figure_in_online_md_is_its_results_value(template, source, values):
-  text = " ".join((REPO / "docs" / "online.md").read_text(encoding="utf-8").split())
+_DOC_PROSE = [("online.md", *p) for p in ONLINE_PROSE] + [("repeatability.md", *p) for p in REPEATABILITY_PROSE]
+
+
+@pytest.mark.parametrize("doc,template,source,values", _DOC_PROSE, ids=[f"{p[0]}:{p[1][:40]}" for p in _DOC_PROSE])
+def test_each_figure_in_online_and_repeatability_md_is_its_results_value(doc, template, source, values):
+  text = " ".join((REPO / "docs" / doc).read_text(encoding="utf-8").split())
   quoted = " ".join(template.format(*values()).split())
-  assert quoted in text, f"docs/online.md quotes {source}; the results give {quoted!r}"
+  assert quoted in text, f"docs/{doc} quotes {source}; the results give {quoted!r}"
 
 
 def test_no_number_in_the_what_works_table_is_without_a_source():

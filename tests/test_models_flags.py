@@ -81,3 +81,27 @@ def test_synthetic_data_is_generated_by_the_first_dataset_call_once(tmp_path):
   again = model_flags.data_from_flags(flag_values)
   assert sum(int(labels.shape[0]) for _, labels in again.eval_dataset_fn(None)) == 100  # the held-out last file
   assert (tmp_path / "part-00000-of-00003.csv").stat().st_mtime_ns == stamp
+
+
+
+def test_seed_gives_the_same_initial_values_whatever_python_random_holds(tmp_path):
+  """`--seed` seeds tf-keras, whose initializers draw their seeds from Python's `random` (reseeded in each forked
+  task): the same initial model at every launch."""
+  import random  # pylint: disable=g-import-not-at-top
+
+  def initial_weights(seed, python_seed):
+    random.seed(python_seed)  # another launch: another state of Python's generator
+    flag_values = _parse([f"--data_dir={tmp_path}", "--num_buckets=100", "--deep_layers=4", f"--seed={seed}"])
+    data = model_flags.data_from_flags(flag_values)  # generates nothing until a dataset is asked for
+    model = model_flags.model_from_flags(data, flag_values)
+    model({**{name: tf.zeros([2], tf.int64) for name in data.categorical},
+           **{name: tf.zeros([2, width]) for name, width in data.dense.items()}})
+    return [w.numpy() for w in model.weights]
+
+  state = random.getstate()
+  try:
+    weights, again, other = initial_weights(3, 1), initial_weights(3, 2), initial_weights(4, 1)
+  finally:
+    random.setstate(state)
+  assert len(weights) == len(again) > 4 and all(np.array_equal(a, b) for a, b in zip(weights, again))
+  assert not all(np.array_equal(a, b) for a, b in zip(weights, other))

@@ -89,6 +89,9 @@ def _define_model_flags(flag_values: flags.FlagValues) -> None:
   flags.DEFINE_list("tower_layers", ["64", "32"], "Retrieval tower MLP widths; the last is the output width.", **fv)
   flags.DEFINE_enum("optimizer", "adagrad", ("adagrad", "adam", "sgd"), "Optimizer (tf-keras legacy).", **fv)
   flags.DEFINE_float("learning_rate", 0.05, "Learning rate.", lower_bound=0.0, **fv)
+  flags.DEFINE_integer("seed", None, "Seed of the model's initial values and of the training rows' order: the same "
+                       "run at every launch with 1 worker or in sync mode (docs/repeatability.md); unset: other ones "
+                       "at each launch.", lower_bound=0, **fv)
 
 
 def _check_data(values: dict) -> bool:
@@ -156,7 +159,7 @@ def data_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> Data:
   from tfps.data import criteo  # pylint: disable=g-import-not-at-top  (TensorFlow only once flags are parsed)
   from tfps.data import movielens  # pylint: disable=g-import-not-at-top
   fv = flag_values
-  common = {"batch_size": fv.batch_size}
+  common = {"batch_size": fv.batch_size, "seed": fv.seed}
   if fv.shuffle_buffer is not None:
     common["shuffle_buffer"] = fv.shuffle_buffer
   once = {"batch_size": fv.eval_batch_size, "repeat": False, "shuffle_buffer": 0, "drop_remainder": False}
@@ -232,10 +235,19 @@ def model_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS, num_ps
   return options
 
 
+def seed_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """With `--seed`, seeds what a model's initial values are drawn from (`tf_keras.utils.set_random_seed`: TensorFlow,
+  tf-keras's initializers, which do not follow TensorFlow's seed, Python and NumPy); call it before building one."""
+  if flag_values.seed is not None:
+    import tf_keras  # pylint: disable=g-import-not-at-top  (TensorFlow only once flags are parsed)
+    tf_keras.utils.set_random_seed(flag_values.seed)
+
+
 def model_from_flags(data: Data, flag_values: flags.FlagValues = flags.FLAGS, num_ps: int = 1):
   """The compiled `--model` over `data`'s features; call it under `strategy.scope()` to shard its tables. `num_ps`:
   the cluster's, for `--embedding=dynamic` (`model_options_from_flags`)."""
   from tfps import models  # pylint: disable=g-import-not-at-top
+  seed_from_flags(flag_values)
   model = models.build_model(flag_values.model, data.categorical, data.dense,
                              **model_options_from_flags(flag_values, num_ps))
   return models.compile_model(model, optimizer=flag_values.optimizer, learning_rate=flag_values.learning_rate)

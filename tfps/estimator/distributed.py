@@ -4,6 +4,7 @@ from typing import Callable, Dict, Optional
 
 from absl import logging
 import tensorflow as tf
+import tf_keras
 
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.training import dataset_fns
@@ -55,8 +56,8 @@ class DistributedModel:
   def _build(self, iterator) -> None:
     """Creates every variable (the model_fn's and its optimizer's) by tracing a training step that runs no step on a
     worker, then restores the newest checkpoint into them and builds the mode's runner."""
-    if self._config.tf_random_seed is not None:
-      tf.random.set_seed(self._config.tf_random_seed)
+    if self._config.tf_random_seed is not None:  # tf-keras too: its initializers do not follow TensorFlow's seed
+      tf_keras.utils.set_random_seed(int(self._config.tf_random_seed))
 
     element = []  # a training batch's spec (traced once per replica)
 

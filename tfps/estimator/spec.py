@@ -129,7 +129,9 @@ class RunConfig:
     eval_shards: shards an evaluation dataset is split into, each evaluated exactly once by one closure (tfps;
       default: 2 per worker).
     save_summary_steps: accepted for compatibility; summaries are written at each step-log line.
-    tf_random_seed: passed to `tf.random.set_seed` before variables are created.
+    tf_random_seed: passed to `tf_keras.utils.set_random_seed` before variables are created (TensorFlow's global
+      seed, the seeds tf-keras initializers draw, Python's `random` and NumPy's), so that a run's initial values are
+      the same from launch to launch (docs/repeatability.md).
     mode: the `tfps.TrainingMode` (tfps; default async; a script passes `tfps.mode_from_flags()`). Its fields
       (`sync_mode`, `geo_steps`, ...: see `tfps.TrainingMode`) may be given one by one instead, `RunConfig(
       sync_mode="geo")`, and read as attributes.
@@ -165,6 +167,8 @@ class RunConfig:
     checks.positive_int("log_step_count_steps", self.log_step_count_steps)
     checks.positive_int("steps_per_execution", self.steps_per_execution)
     checks.positive_int("eval_shards", self.eval_shards, allow_none=True)
+    if self.tf_random_seed is not None:
+      checks.non_negative_int("tf_random_seed", self.tf_random_seed)
     if self.delta_export_secs is not None:
       checks.non_negative_number("delta_export_secs", self.delta_export_secs, "number of seconds")
     if self.save_checkpoints_steps is None:
