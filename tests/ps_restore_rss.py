@@ -5,21 +5,18 @@ equal the saved ones (tests/test_resharding.py)."""
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import time
 
 import numpy as np
 import portpicker
+from ps_peak_rss import memory  # (this script's folder is on the path)
 
 SERVE = ("import sys; from tfps.cluster import config, server; server.run_server(config.from_hosts(ps_hosts=sys.argv[1], "
          "worker_hosts=sys.argv[2], task_type=sys.argv[3], task_index=int(sys.argv[4])))")
 ROWS, DIM = 2_500_000, 16  # 160 MB of float32: 80 MB of table and 80 MB of accumulator per ps
-
-
-def memory(pid, field):
-  with open(f"/proc/{pid}/status", encoding="ascii") as status:
-    return next(int(line.split()[1]) * 1024 for line in status if line.startswith(field + ":"))
 
 
 def _fill(tf, parts, scale):
@@ -75,13 +72,10 @@ def main(out):
     result = {"share_bytes": ROWS * DIM * 4, "shards": len(table), "rows_equal": bool(equal),
               "before_bytes": before, "after_bytes": [memory(server.pid, "VmRSS") for server in servers[:2]],
               "peak_bytes": [memory(server.pid, "VmHWM") for server in servers[:2]]}
-    with open(out, "w", encoding="utf-8") as f:
-      json.dump(result, f)
-    print(result)
+    pathlib.Path(out).write_text(json.dumps(result), encoding="utf-8")
   finally:
-    for server in servers:
+    for server in servers:  # SIGKILL: nothing of a server is kept
       server.kill()
-    for server in servers:
       server.wait()
 
 
