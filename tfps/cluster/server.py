@@ -35,7 +35,8 @@ def build_server(config: cluster_lib.ClusterConfig,
                  thread_spinning: bool = cluster_lib.DEFAULT_THREAD_SPINNING,
                  resolve_timeout_secs: float = cluster_lib.DEFAULT_CONNECT_TIMEOUT_SECS) -> tf.distribute.Server:
   """Starts the `tf.distribute.Server` of the ps or worker task `config` describes, with `server_config`, once its
-  own host name resolves (`ports.check_resolves`, waiting up to `resolve_timeout_secs`)."""
+  own host name resolves (`ports.check_resolves`, waiting up to `resolve_timeout_secs`); a ps takes its tensors from
+  the system allocator unless its environment says otherwise (`SYSTEM_ALLOCATOR_ENV`)."""
   if config.task_type not in SERVER_JOBS:
     raise ValueError(f"only ps and worker tasks run a server, not {config.task_type}:{config.task_index}")
   os.environ["GRPC_FAIL_FAST"] = "use_caller"  # else a dead worker is never reported to the coordinator
