@@ -16,6 +16,11 @@ from tfps.cluster import ports
 from tfps.errors import AddressInUseError
 
 SERVER_JOBS = ("ps", "worker")
+# TensorFlow's CPU allocator with oneDNN (on by default on x86) serves every tensor of 4 KiB or more from a BFC pool
+# that never gives memory back to the system: a ps whose table was replaced (a restore assigns every shard a new
+# tensor) kept the old one's memory for good, 2.1x its share of table and slots where 1.0x was live (measured,
+# bench/results/scale/restore_same_ps/NOTES.md). TensorFlow reads this once, at its first large tensor.
+SYSTEM_ALLOCATOR_ENV = "TF_ONEDNN_USE_SYSTEM_ALLOCATOR"
 _SIGNAL_POLL_SECONDS = 0.5
 
 
@@ -30,10 +35,13 @@ def build_server(config: cluster_lib.ClusterConfig,
                  thread_spinning: bool = cluster_lib.DEFAULT_THREAD_SPINNING,
                  resolve_timeout_secs: float = cluster_lib.DEFAULT_CONNECT_TIMEOUT_SECS) -> tf.distribute.Server:
   """Starts the `tf.distribute.Server` of the ps or worker task `config` describes, with `server_config`, once its
-  own host name resolves (`ports.check_resolves`, waiting up to `resolve_timeout_secs`)."""
+  own host name resolves (`ports.check_resolves`, waiting up to `resolve_timeout_secs`); a ps takes its tensors from
+  the system allocator unless its environment says otherwise (`SYSTEM_ALLOCATOR_ENV`)."""
   if config.task_type not in SERVER_JOBS:
     raise ValueError(f"only ps and worker tasks run a server, not {config.task_type}:{config.task_index}")
   os.environ["GRPC_FAIL_FAST"] = "use_caller"  # else a dead worker is never reported to the coordinator
+  if config.task_type == "ps":  # freed tables go back to the system (unless the user chose otherwise)
+    os.environ.setdefault(SYSTEM_ALLOCATOR_ENV, "1")
   ports.check_can_listen(config)
   ports.check_resolves(config, resolve_timeout_secs)
   try:

@@ -170,12 +170,27 @@ def _pieces(comparison: _Comparison) -> List[Tuple[str, object]]:
 
 
 @tf.function
-def _read_into(part, path, keys, specs) -> None:
-  """Restores one piece into variable `part` on its own ps; inside one function the restored tensor is the assign's
-  alone, and it is gone when the call ends."""
-  with tf.device(part.device):
-    part.assign(tf.raw_ops.RestoreV2(prefix=path, tensor_names=keys, shape_and_slices=specs, dtypes=[part.dtype])[0],
-                read_value=False)
+def _read_into(part, path, keys, specs, device: str):
+  """Restores one piece into variable `part`, read on `device` (its own ps); inside one function the restored tensor is
+  the assign's alone, and it is gone when the call ends. Returns once it is assigned.
+
+  `device` is a Python argument, not read from `part`: a trace serves every variable of the same shape and dtype, and
+  a device taken from `part` while tracing sent every shard's rows over from the first shard's ps (measured: the other
+  ps peaked at 2.0x its share instead of 1.5x).
+  """
+  with tf.device(device):
+    assigned = part.assign(tf.raw_ops.RestoreV2(prefix=path, tensor_names=keys, shape_and_slices=specs,
+                                                dtypes=[part.dtype])[0], read_value=False)
+    with tf.control_dependencies([assigned]):
+      return tf.constant(True)
+
+
+def _slice_spec(full: List[int], offset: int, rows: int) -> str:
+  """The checkpoint slice of rows `[offset, offset + rows)` of a variable of shape `full`, every other dimension whole,
+  written as TensorFlow writes the slices of a sharded variable it saves (`0,16`, not `-`): the reader copies a saved
+  slice straight into the restored tensor only when the slice asked for is the same, spelled the same; otherwise it
+  reads the saved slice whole into a tensor of its own first (measured: 2.0x the share instead of 1.5x)."""
+  return " ".join(str(d) for d in full) + f" {offset},{rows}" + "".join(f":0,{d}" for d in full[1:])
 
 
 def _restore_piecewise(path: str, key: str, variable) -> None:
@@ -187,8 +202,8 @@ def _restore_piecewise(path: str, key: str, variable) -> None:
   offset = 0
   for part in (variable.variables if sharded else [variable]):
     rows = int(part.shape[0]) if sharded else 0
-    spec = " ".join(str(d) for d in full) + f" {offset},{rows}" + ":-" * (len(full) - 1) if sharded else ""
-    _read_into(part, tf.constant(path), tf.constant([key]), tf.constant([spec]))
+    spec = _slice_spec(full, offset, rows) if sharded else ""
+    _read_into(part, tf.constant(path), tf.constant([key]), tf.constant([spec]), part.device).numpy()
     offset += rows
 
 
