@@ -36,7 +36,7 @@ def click(rng, users, score):                    # one click record: user, item,
   item = rng.integers(0, len(score))
   return f"{rng.integers(0, users)},{item},{int(rng.random() < 1 / (1 + np.exp(-score[item])))},{rng.integers(0, 24)}"
 
-def produce(bootstrap, per_phase, trained, done):  # clicks from a planted model that drifts every per_phase clicks
+def produce(bootstrap, per_phase, trained, flowing, done):  # clicks of a planted model drifting every per_phase
   from confluent_kafka import Producer
   producer, rng = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20}), np.random.default_rng(0)
   for number in range(PHASES):
@@ -48,7 +48,11 @@ def produce(bootstrap, per_phase, trained, done):  # clicks from a planted model
     for start in range(0, per_phase, 500):
       for n in range(min(500, per_phase - start)):
         producer.produce("clicks", value=click(rng, per_phase // 30, score).encode(), partition=n % 4)
-      producer.poll(0)
+      if flowing.is_set():
+        producer.poll(0)
+      else:                                      # the topic exists once its first clicks are written
+        producer.flush(30)
+        flowing.set()
       time.sleep(0.15)                           # ~3,000 clicks/s
   producer.flush(60)
   done.set()
@@ -59,8 +63,9 @@ def train(cluster):
   holder = Producer({"test.mock.num.brokers": 1, "log_level": 2})    # the broker lives as long as this producer
   bootstrap = ",".join(f"{b.host}:{b.port}" for b in holder.list_topics(timeout=10).brokers.values())
   trained, printed = [0], [0, 0]                # steps trained; evaluations and deltas printed
-  done, stop = threading.Event(), threading.Event()
-  threading.Thread(target=produce, args=(bootstrap, per_phase, trained, done), daemon=True).start()
+  flowing, done, stop = threading.Event(), threading.Event(), threading.Event()
+  threading.Thread(target=produce, args=(bootstrap, per_phase, trained, flowing, done), daemon=True).start()
+  flowing.wait(60)                               # the stream is read from its start, once the topic has clicks
   spec = click_spec(users=per_phase // 30, items=per_phase // 60)  # each seen ~30 and ~60 times a phase
   categorical, dense = spec.model_features()
   every = per_phase // 1500                      # steps between evaluations: about 5 a phase
