@@ -11,6 +11,7 @@ target of 1.10, and is shown as 1.098). Reads JSON only: no TensorFlow.
 import json
 import os
 import re
+import statistics
 import sys
 
 from absl import app
@@ -34,13 +35,18 @@ DEFAULTS = ("tutorial_peer/b256_1x1", "tutorial_peer/b256_more", "tutorial_peer/
 # Pipelined updates beside the default and the tutorial's peer at 1x1 and 2x2, batch 256: two series of 3
 # alternating repetitions, one after the other.
 OVERLAP = ("overlap/b256", "overlap/b256_again")
+# The Estimator path at 4x2, batch 4096, with 120-step windows (both workers train in every window, each warmed up).
+ESTIMATOR_4X2 = "estimator_4x2/b4096_4x2_120_step_windows"
+# 1x1, batch 256: the default and its levers beside one process, three series on a loaded machine.
+ONE_BOX = ("one_box/levers", "one_box/again", "one_box/third")
 _PATHS = {"fit": "tfps.fit", "estimator": "Estimator path", "keras_pss": "plain PSS `Model.fit`",
           "keras_pss_fixed": "plain PSS `Model.fit`, FixedShards", "ps_floor": "the ps's floor",
           "single": "one process"}
 _PEERS = {"min_size": "the tutorial's peer", "fixed": "the FixedShards peer"}
 _OPTIONS = {"unpacked": "`--nopacked_reads`", "packed": "`--packed_reads`", "pipelined": "`--pipelined_updates`",
             "spin": "`--thread_spinning`", "lockfree": "`--lockfree_row_updates`", "bf16": "`--bf16_rows`",
-            "per_feature": "a table per feature", "unroll1": "`--unrolled_steps=1`"}
+            "per_feature": "a table per feature", "unroll1": "`--unrolled_steps=1`",
+            "unroll4": "`--unrolled_steps=4`"}
 # (switch, results file, variant with it, variant without it): each pair ran side by side in one series.
 SWITCHES = (
     ("`--nopacked_reads`", "packed_default/b256_1x1", "fit_1x1+unpacked", "fit_1x1"),
@@ -55,6 +61,7 @@ SWITCHES = (
     ("`--pipelined_updates`", OVERLAP[1], "fit_2x2+pipelined", "fit_2x2"),
     ("`--unrolled_steps=4`", "unrolled_steps/ab", "fit_1x1", "fit_1x1+unroll1"),
     ("`--unrolled_steps=4`", "unrolled_steps/b4096_2x2", "fit_2x2", "fit_2x2+unroll1"),
+    ("`--unrolled_steps=4`", "one_box/b4096_2x2", "fit_2x2+unroll4", "fit_2x2"),
     ("`--bf16_rows`", "bf16_rows/b256", "fit_1x1+bf16", "fit_1x1"),
     ("`--bf16_rows`", "bf16_rows/b256", "estimator_1x1+bf16", "estimator_1x1"),
     ("`--bf16_rows`", "bf16_rows/b4096", "fit_1x1+bf16", "fit_1x1"),
@@ -192,6 +199,34 @@ def targets_table(names) -> str:
   return "\n".join(lines)
 
 
+def run_cpu_ms(name: str, variant: str, batch: int) -> list:
+  """All tasks' CPU milliseconds per step of each run of `variant` at `batch` in the results `name`, in run order."""
+  return [throughput.cpu_ms_per_step({"cores": {task: t["cores"] for task, t in run["tasks"].items()},
+                                       "step_secs": run["step_secs"]})["total"]
+          for run in load(name)["runs"]["results"] if run["variant"] == variant and run["batch_size"] == batch]
+
+
+def cpu_target_rows(names, variant: str, default: str = "fit_1x1", batch: int = 256) -> list:
+  """A row per series `names`: the 1x1 CPU aim for the default and `variant`, each the median of its runs' CPU per
+  step over one process's, each run's CPU its own (steadier under load than median cores x median step)."""
+  lines = []
+  for name in names:
+    median = {v: statistics.median(run_cpu_ms(name, v, batch)) for v in (variant, default, "single")}
+    values = [median[default] / median["single"], median[variant] / median["single"]]
+    loads = [run["load"] for run in load(name)["runs"]["results"]]
+    lines.append(f"| {label(default)} / {_OPTIONS[shape(variant)[2][0]]}, batch {batch}: CPU per example over all "
+                 f"tasks <= {aims.CPU_VS_SINGLE}x one process, `{name}`, load {min(loads):.0f}-{max(loads):.0f} | "
+                 f"{values[0]:.3f} / {values[1]:.3f} (x the default's CPU: {median[variant] / median[default]:.3f}) | "
+                 + " / ".join(_verdict(value, aims.CPU_VS_SINGLE, True) for value in values) + " |")
+  return lines
+
+
+def recent_targets() -> str:
+  """The aims the series since the defaults' measure: the Estimator path at 4x2 with windows that keep both workers
+  training, and the 1x1 CPU aim with the default and with unrolled steps."""
+  return "\n".join([targets_table((ESTIMATOR_4X2,))] + cpu_target_rows(ONE_BOX, "fit_1x1+unroll4"))
+
+
 def switches_table() -> str:
   """Each switch against the default, the two run side by side in one series (medians)."""
   lines = ["| switch | variant, batch | examples/s with / without | ratio | all tasks CPU ms/step with / without | "
@@ -276,6 +311,7 @@ BLOCKS = {
     "defaults_b256": lambda: series_table(DEFAULTS[:2], 256),
     "defaults_b4096": lambda: series_table(DEFAULTS[2:], 4096),
     "defaults_targets": lambda: targets_table(DEFAULTS),
+    "recent_targets": recent_targets,
     "tasks": lambda: tasks_table(DEFAULTS, [("fit_1x1", 256), ("estimator_1x1", 256), ("keras_pss_1x1", 256),
                                             ("ps_floor_1x1", 256), ("single", 256), ("fit_1x1", 4096),
                                             ("keras_pss_1x1", 4096), ("single", 4096)]),

@@ -653,6 +653,21 @@ def test_a_series_with_both_peers_is_judged_against_the_tutorials(monkeypatch):
   assert "| tfps.fit 2x2, batch 256 >= 1.15x the tutorial's peer | 1.149 | no |" in targets  # 1.149 shows as 1.15
 
 
+def test_the_1x1_cpu_aim_takes_each_runs_own_cpu(monkeypatch):
+  """Each run's CPU per step is its tasks' cores times its own step time; a series' figure is their median."""
+  def run(variant, step_ms, load, **cores):
+    return {"variant": variant, "batch_size": 256, "step_secs": step_ms / 1000, "load": load,
+            "tasks": {task: {"cores": value} for task, value in cores.items()}}
+  result = {"runs": {"results": [run("single", 4.0, 7.0, single=1.0), run("single", 5.0, 9.4, single=1.0),
+                                 run("single", 2.0, 8.0, single=1.5),  # 3 ms: the median of 4, 5 and 3 is 4
+                                 run("fit_1x1", 6.5, 8.0, ps=0.5, worker=0.5),
+                                 run("fit_1x1+unroll4", 6.3, 8.0, ps=0.5, worker=0.5)]}}
+  monkeypatch.setattr(tables, "load", lambda name: result)
+  assert tables.cpu_target_rows(["one_box/x"], "fit_1x1+unroll4") == [
+      "| tfps.fit 1x1 / `--unrolled_steps=4`, batch 256: CPU per example over all tasks <= 1.6x one process, "
+      "`one_box/x`, load 7-9 | 1.625 / 1.575 (x the default's CPU: 0.969) | no / yes |"]
+
+
 def main_job_prose() -> str:
   """The README's sentences on the main job's measured run, whitespace as single spaces."""
   text = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
