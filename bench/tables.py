@@ -289,7 +289,7 @@ def modes_table(name: str) -> str:
 
 PROFILE = "loop_index/profile/profile.json"
 SCALE = "scale/scale.json"
-RESTORE = {"before": "scale/restore_before/scale.json", "after": "scale/restore_after/scale.json"}  # piecewise restore
+RESTORE = {"before": "scale/restore_before/scale.json", "after": "scale/restore_same_ps/scale.json"}  # piecewise restore
 
 
 def scale_targets() -> str:
