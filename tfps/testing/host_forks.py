@@ -64,7 +64,7 @@ class HostForks:
       os.close(fd)
       self._log = pathlib.Path(name)
       try:
-        self._server = forkserver.ForkServer.start(environ, forkserver.preload_for(script), self._log)
+        self._server = forkserver.ForkServer.start(environ, forkserver.script_imports(script), self._log)
         _SERVERS[0] += 1
       except forkserver.ForkServerError as e:
         print(f"test hosts: {e}; starting each task as a fresh Python", file=sys.stderr, flush=True)
