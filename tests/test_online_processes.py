@@ -1,15 +1,20 @@
-"""Online training under real kills (tfps-launch, 2 workers, the mock Kafka cluster in this process): on the
-Estimator path in async mode (1 ps) a worker SIGKILLed while messages flow, then the ps (the launcher restarts ps,
-workers and chief, which resumes from its newest checkpoint and that checkpoint's offsets); on the Keras path in sync
-mode (2 ps) a worker, the chief, then a ps; then SIGTERM: every message is applied exactly once, counted
-per message in the final checkpoint (tests/online_stream.py: a row per message, on every ps), and the group's offsets
-are the topic's end. And the online script on a folder stream: on the Estimator path with held-out windows, its
-sidecar and deltas; on the Keras path with held-out windows and its sidecar, stopped by SIGTERM (the sidecar ends
-with it)."""
+"""Online training under real kills (tfps-launch, 2 workers, the mock Kafka cluster in this process), each kill in
+its own wave of messages, the chief's once a checkpoint holds part of its wave (the launcher restarts ps, workers and
+chief after a chief or ps kill; the chief resumes from its newest checkpoint and that checkpoint's offsets):
+
+- the Estimator path in async mode, 1 ps: a worker, the chief, then the ps SIGKILLed;
+- the Estimator path in geo mode, 2 ps: a worker, then ps:1;
+- the Keras path in sync mode, 2 ps: a worker, the chief, then ps:1;
+
+then SIGTERM: every message is applied exactly once, counted per message in the final checkpoint
+(tests/online_stream.py: a row per message, the table sharded over every ps), and the group's offsets are the topic's
+end. And the online script on a folder stream: on the Estimator path with held-out windows, its sidecar and deltas;
+on the Keras path with held-out windows and its sidecar, stopped by SIGTERM (the sidecar ends with it)."""
 
 import contextlib
 import json
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -123,29 +128,32 @@ def _wait_committed(bootstrap: str, what: str, alive) -> None:
                          what, 480, alive)
 
 
-def _kill_chief_in_a_checkpointed_wave(bootstrap: str, mark: str, model_dir, ids, alive) -> None:
+def _kill_chief_in_a_checkpointed_wave(bootstrap: str, mark: str, model_dir, ids, alive) -> int:
   """Writes the messages of `ids` slowly and SIGKILLs the chief once a checkpoint holds some of them (the restarted
-  chief resumes in the middle of the wave)."""
+  chief resumes in the middle of the wave); returns the step of the newest checkpoint before the wave."""
   before = _checkpoints(model_dir)[-1]
   flow = _produce_slowly(bootstrap, ids)
   online_stream.wait_for(lambda: _checkpoints(model_dir)[-1] > before, "a checkpoint in the chief's wave", 120, alive)
   online_stream.wait_for(lambda: _task(mark, "chief:0"), "chief:0", 60, alive).send_signal(signal.SIGKILL)
   flow.join()
+  return before
 
 
-def _applied_once_across_kills(tmp_path, subprocess_env, wave: int, kills, *args: str, num_ps: int) -> str:
+def _applied_once_across_kills(tmp_path, subprocess_env, wave: int, kills, *args: str, num_ps: int) -> None:
   """A first wave of `wave` messages, then one wave per task of `kills`, SIGKILLed while its wave flows (the chief
-  once a checkpoint holds part of its wave), each wave committed before the next; then SIGTERM: exit 0, each message
-  counted once in the last checkpoint (on every ps), none after them. Returns the launcher's output."""
+  once a checkpoint holds part of its wave: the chief started again resumes from a checkpoint of that wave), each wave
+  committed before the next; then SIGTERM: exit 0, each message counted once in the last checkpoint (on every ps),
+  none after them, and the group's offsets at the topic's end."""
   holder, bootstrap = online_stream.mock_cluster()
   online_stream.produce(bootstrap, range(wave))
+  chief_wave_from = None
   with _online_run(tmp_path, subprocess_env, bootstrap, *args, num_ps=num_ps) as (
       launcher, model_dir, out, mark, alive):
     online_stream.wait_for(lambda: _checkpoints(model_dir), "a first checkpoint", 480, alive)
     for index, task in enumerate(kills, 1):
       ids = range(index * wave, (index + 1) * wave)
       if task == "chief:0":
-        _kill_chief_in_a_checkpointed_wave(bootstrap, mark, model_dir, ids, alive)
+        chief_wave_from = _kill_chief_in_a_checkpointed_wave(bootstrap, mark, model_dir, ids, alive)
       else:
         _kill_while_flowing(bootstrap, mark, task, ids, alive)
       _wait_committed(bootstrap, f"the wave of the {task} kill committed", alive)
@@ -156,10 +164,15 @@ def _applied_once_across_kills(tmp_path, subprocess_env, wave: int, kills, *args
   assert not counts[messages:].any()
   text = out.read_text()
   assert "Stopping at step" in text, text[-3000:]
+  placements = {tuple(sorted(re.findall(r"/job:ps/replica:0/task:(\d+)/", line)))
+                for line in re.findall(r"counting table on (.*)", text)}
+  assert tuple(str(ps) for ps in range(num_ps)) in placements, placements  # a shard of the table on each ps
   for task in kills:
-    expected = "restarting worker:1 alone" if task.startswith("worker") else f"{task} failed; restarting the training"
+    expected = f"restarting {task} alone" if task.startswith("worker") else f"{task} failed; restarting the training"
     assert expected in text, text[-3000:]
-  return text
+  if chief_wave_from is not None:  # the chief started again resumed from a checkpoint of its wave
+    resumed = re.search(r"Training on .* from step (\d+)", text[text.index("chief:0 failed"):])
+    assert resumed and int(resumed.group(1)) > chief_wave_from, text[-3000:]
 
 
 def test_the_estimator_path_in_async_mode_applies_each_message_once_across_worker_chief_and_ps_kills(
