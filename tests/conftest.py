@@ -117,7 +117,7 @@ def pytest_unconfigure(config):
 # last keeps one process busy while the other has nothing left to run. The other files follow as collected.
 LONGEST_FIRST = (
     "test_chaos.py",  # 307 s CPU, 474 s wall: seven tfps-launch runs with kills
-    "test_online_processes.py",  # four tfps-launch runs on streams, two with kills
+    "test_online_processes.py",  # five tfps-launch runs on streams, three with kills
     "test_throughput_bench.py",  # 68, 464 (at load 30): one run of the bench, six variants
     "test_dynamic_embedding_chaos.py",  # 179, 409
     "test_many_hosts.py",  # 89, 335 (with the Keras run's worker cut at 30 s): network cuts of 15-20 s

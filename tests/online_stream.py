@@ -11,6 +11,7 @@ checkpoint's table is the number of times message `i` was applied. `model_fn` is
 import json
 import time
 
+from absl import logging
 import numpy as np
 import tensorflow as tf
 import tf_keras
@@ -26,11 +27,20 @@ SPEC = spec_lib.spec_from_dict({"name": "clicks", "columns": ["id", "label", "pr
 TABLE = "counts"
 
 
+def log_placement(table) -> None:
+  """Logs where the shards of `table` (a variable, sharded or not) live: `counting table on <device>, ...` (the
+  process tests check that the table is sharded over every ps)."""
+  shards = table.variables if isinstance(table, tf.__internal__.distribute.ShardedVariable) else [table]
+  logging.info("counting table on %s", ", ".join(getattr(shard, "device", "?") for shard in shards))
+
+
 def counting_model_fn(rate: float = 1.0):
   """The Estimator path's counting model_fn, its SGD at `rate`."""
   def model_fn(features, labels, mode):
     del labels
-    rows = tf_keras.layers.Embedding(MAX_MESSAGES, 1, embeddings_initializer="zeros", name=TABLE)(features["id"])
+    layer = tf_keras.layers.Embedding(MAX_MESSAGES, 1, embeddings_initializer="zeros", name=TABLE)
+    rows = layer(features["id"])
+    log_placement(layer.embeddings)
     return tfps.EstimatorSpec(mode, loss=-tf.reduce_sum(rows), optimizer=tf_keras.optimizers.legacy.SGD(rate))
   return model_fn
 
@@ -47,6 +57,7 @@ class CountingModel(tf_keras.Model):
 
   def call(self, features):
     rows = self.counts(features["id"])
+    log_placement(self.counts.embeddings)
     self.add_loss(-tf.reduce_sum(rows))
     return rows[:, 0]
 

@@ -302,9 +302,12 @@ FIGURES = (
                     ["auc_dynamic_minus_hashed"],)),
 )
 BOUNDS = (
-    Bound("online training on a Kafka stream", "each of 3 waves of 320 messages, and of 4 waves of 160, counted once",
-          "tests/test_online_processes.py", ("WAVE = 320", "np.ones(3 * WAVE)", "wave = WAVE // 2",
-                                             "np.ones(4 * wave)")),
+    Bound("online training on a Kafka stream",
+          "each of 2 x 3 waves of 320 messages and of 4 waves of 160 counted once",
+          "tests/test_online_processes.py", ("WAVE = 320", "messages = (len(kills) + 1) * wave",
+                                             'WAVE, ["worker:1", "chief:0"], num_ps=1',
+                                             'WAVE, ["worker:1", "ps:1"], "--sync_mode=geo"',
+                                             'WAVE // 2, ["worker:1", "chief:0", "ps:1"], "--path=keras"')),
     Bound("the main job", "validation AUC above 0.6 after 2 epochs of 60 steps", "tests/test_jobs.py",
           ("assert val_auc > 0.6", '"--epochs=2", "--steps_per_epoch=60"')),
     Bound("a model of your own", "held-out AUC of at least 0.80", "tests/test_docs.py",

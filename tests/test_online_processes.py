@@ -1,15 +1,20 @@
-"""Online training under real kills (tfps-launch, 2 workers, the mock Kafka cluster in this process): on the
-Estimator path in async mode (1 ps) a worker SIGKILLed while messages flow, then the ps (the launcher restarts ps,
-workers and chief, which resumes from its newest checkpoint and that checkpoint's offsets); on the Keras path in sync
-mode (2 ps) a worker, the chief, then a ps; then SIGTERM: every message is applied exactly once, counted
-per message in the final checkpoint (tests/online_stream.py: a row per message, on every ps), and the group's offsets
-are the topic's end. And the online script on a folder stream: on the Estimator path with held-out windows, its
-sidecar and deltas; on the Keras path with held-out windows and its sidecar, stopped by SIGTERM (the sidecar ends
-with it)."""
+"""Online training under real kills (tfps-launch, 2 workers, the mock Kafka cluster in this process), each kill in
+its own wave of messages, the chief's once a checkpoint holds part of its wave (the launcher restarts ps, workers and
+chief after a chief or ps kill; the chief resumes from its newest checkpoint and that checkpoint's offsets):
+
+- the Estimator path in async mode, 1 ps: a worker, then the chief SIGKILLed;
+- the Estimator path in geo mode, 2 ps: a worker, then ps:1;
+- the Keras path in sync mode, 2 ps: a worker, the chief, then ps:1;
+
+then SIGTERM: every message is applied exactly once, counted per message in the final checkpoint
+(tests/online_stream.py: a row per message, the table sharded over every ps), and the group's offsets are the topic's
+end. And the online script on a folder stream: on the Estimator path with held-out windows, its sidecar and deltas;
+on the Keras path with held-out windows and its sidecar, stopped by SIGTERM (the sidecar ends with it)."""
 
 import contextlib
 import json
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -119,56 +124,75 @@ def _wait_committed(bootstrap: str, what: str, alive) -> None:
                          what, 480, alive)
 
 
-def test_each_message_applied_once_across_worker_and_ps_kills(tmp_path, subprocess_env):
-  """The Estimator path, async: a worker SIGKILLed while the second wave flows (the launcher restarts it alone), the
-  ps while the third does (the launcher restarts the cluster), then SIGTERM: exit 0, each message counted once."""
+def _kill_chief_in_a_checkpointed_wave(bootstrap: str, mark: str, model_dir, ids, alive) -> int:
+  """Writes the messages of `ids` slowly and SIGKILLs the chief once a checkpoint holds some of them (the restarted
+  chief resumes in the middle of the wave); returns the step of the newest checkpoint before the wave."""
+  before = _checkpoints(model_dir)[-1]
+  flow = _produce_slowly(bootstrap, ids)
+  online_stream.wait_for(lambda: _checkpoints(model_dir)[-1] > before, "a checkpoint in the chief's wave", 120, alive)
+  online_stream.wait_for(lambda: _task(mark, "chief:0"), "chief:0", 60, alive).send_signal(signal.SIGKILL)
+  flow.join()
+  return before
+
+
+def _applied_once_across_kills(tmp_path, subprocess_env, wave: int, kills, *args: str, num_ps: int) -> None:
+  """A first wave of `wave` messages, then one wave per task of `kills`, SIGKILLed while its wave flows (the chief
+  once a checkpoint holds part of its wave: the chief started again resumes from a checkpoint of that wave), each wave
+  committed before the next; then SIGTERM: exit 0, each message counted once in the last checkpoint (on every ps),
+  none after them, and the group's offsets at the topic's end."""
   holder, bootstrap = online_stream.mock_cluster()
-  online_stream.produce(bootstrap, range(WAVE))
-  with _online_run(tmp_path, subprocess_env, bootstrap) as (launcher, model_dir, out, mark, alive):
+  online_stream.produce(bootstrap, range(wave))
+  chief_wave_from = None
+  with _online_run(tmp_path, subprocess_env, bootstrap, *args, num_ps=num_ps) as (
+      launcher, model_dir, out, mark, alive):
     online_stream.wait_for(lambda: _checkpoints(model_dir), "a first checkpoint", 480, alive)
-    _kill_while_flowing(bootstrap, mark, "worker:1", range(WAVE, 2 * WAVE), alive)
-    _wait_committed(bootstrap, "the second wave committed", alive)
-    _kill_while_flowing(bootstrap, mark, "ps:0", range(2 * WAVE, 3 * WAVE), alive)
+    for index, task in enumerate(kills, 1):
+      ids = range(index * wave, (index + 1) * wave)
+      if task == "chief:0":
+        chief_wave_from = _kill_chief_in_a_checkpointed_wave(bootstrap, mark, model_dir, ids, alive)
+      else:
+        _kill_while_flowing(bootstrap, mark, task, ids, alive)
+      _wait_committed(bootstrap, f"the wave of the {task} kill committed", alive)
     counts = _stop_and_count(launcher, bootstrap, mark, model_dir, out, alive)
   del holder
-  np.testing.assert_array_equal(counts[:3 * WAVE], np.ones(3 * WAVE))  # every message applied once, none twice
-  assert not counts[3 * WAVE:].any()
+  messages = (len(kills) + 1) * wave
+  np.testing.assert_array_equal(counts[:messages], np.ones(messages))  # every message applied once, none twice
+  assert not counts[messages:].any()
   text = out.read_text()
-  assert "restarting worker:1 alone" in text, text[-3000:]
-  assert "ps:0 failed; restarting the training cluster" in text, text[-3000:]
   assert "Stopping at step" in text, text[-3000:]
+  placements = {tuple(sorted(re.findall(r"/job:ps/replica:0/task:(\d+)/", line)))
+                for line in re.findall(r"counting table on (.*)", text)}
+  assert tuple(str(ps) for ps in range(num_ps)) in placements, placements  # a shard of the table on each ps
+  for task in kills:
+    expected = f"restarting {task} alone" if task.startswith("worker") else f"{task} failed; restarting the training"
+    assert expected in text, text[-3000:]
+  if chief_wave_from is not None:  # the chief started again resumed from a checkpoint of its wave
+    resumed = re.search(r"Training on .* from step (\d+)", text[text.index("chief:0 failed"):])
+    assert resumed and int(resumed.group(1)) > chief_wave_from, text[-3000:]
+
+
+def test_the_estimator_path_in_async_mode_applies_each_message_once_across_worker_and_chief_kills(tmp_path,
+                                                                                                 subprocess_env):
+  """The Estimator path, async, 1 ps: a worker SIGKILLed while the second wave flows (the launcher restarts it
+  alone), the chief while the third does once a checkpoint holds some of it (the launcher restarts the cluster; the
+  chief resumes from its newest checkpoint and that checkpoint's offsets). Its ps kill is the geo run's."""
+  _applied_once_across_kills(tmp_path, subprocess_env, WAVE, ["worker:1", "chief:0"], num_ps=1)
 
 
 def test_the_keras_path_in_sync_mode_applies_each_message_once_across_worker_chief_and_ps_kills(tmp_path,
                                                                                                subprocess_env):
-  """The Keras path (tfps.keras.online) in sync mode on 2 ps (each step one batch per worker slot): a worker
-  SIGKILLed while the second wave flows, the chief while the third does once a checkpoint holds some of it, ps:1
-  while the fourth does, then SIGTERM: exit 0, each message counted once (the fixture shards the table over both ps:
-  `min_shard_bytes=0`)."""
-  holder, bootstrap = online_stream.mock_cluster()
-  wave = WAVE // 2  # 10 sync steps of 2 batches of 8
-  online_stream.produce(bootstrap, range(wave))
-  with _online_run(tmp_path, subprocess_env, bootstrap, "--path=keras", "--sync_mode=sync", num_ps=2) as (
-      launcher, model_dir, out, mark, alive):
-    online_stream.wait_for(lambda: _checkpoints(model_dir), "a first checkpoint", 480, alive)
-    _kill_while_flowing(bootstrap, mark, "worker:1", range(wave, 2 * wave), alive)
-    _wait_committed(bootstrap, "the second wave committed", alive)
-    before = _checkpoints(model_dir)[-1]
-    flow = _produce_slowly(bootstrap, range(2 * wave, 3 * wave))
-    online_stream.wait_for(lambda: _checkpoints(model_dir)[-1] > before, "a checkpoint in the third wave", 120, alive)
-    online_stream.wait_for(lambda: _task(mark, "chief:0"), "chief:0", 60, alive).send_signal(signal.SIGKILL)
-    flow.join()
-    _wait_committed(bootstrap, "the third wave committed", alive)
-    _kill_while_flowing(bootstrap, mark, "ps:1", range(3 * wave, 4 * wave), alive)
-    counts = _stop_and_count(launcher, bootstrap, mark, model_dir, out, alive)
-  del holder
-  np.testing.assert_array_equal(counts[:4 * wave], np.ones(4 * wave))
-  assert not counts[4 * wave:].any()
-  text = out.read_text()
-  assert "restarting worker:1 alone" in text, text[-3000:]
-  assert "chief:0 failed; restarting the training cluster" in text, text[-3000:]
-  assert "ps:1 failed; restarting the training cluster" in text, text[-3000:]
-  assert "Stopping at step" in text, text[-3000:]
+  """The Keras path (tfps.keras.online) in sync mode on 2 ps (each step one batch per worker slot, the table sharded
+  over both): a worker SIGKILLed while the second wave flows, the chief while the third does once a checkpoint holds
+  some of it, ps:1 while the fourth does."""
+  _applied_once_across_kills(tmp_path, subprocess_env, WAVE // 2, ["worker:1", "chief:0", "ps:1"], "--path=keras",
+                             "--sync_mode=sync", num_ps=2)  # waves of 10 sync steps of 2 batches of 8
+
+
+def test_the_estimator_path_in_geo_mode_applies_each_message_once_across_worker_and_ps_kills(tmp_path,
+                                                                                              subprocess_env):
+  """The Estimator path in geo mode (rounds of 3 steps on a worker's copy, its difference pushed) on 2 ps, the table
+  sharded over both: a worker SIGKILLed while the second wave flows, ps:1 while the third does."""
+  _applied_once_across_kills(tmp_path, subprocess_env, WAVE, ["worker:1", "ps:1"], "--sync_mode=geo", num_ps=2)
 
 
 def _held_out_lines(slices) -> int:
