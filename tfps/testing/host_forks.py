@@ -5,8 +5,9 @@ A fresh `ip netns exec NS python script.py` imports TensorFlow again in every ta
 first Python script started on a group's hosts starts a fork server in this machine's own namespace, which imports
 once what tfps-launch's server would for that script (`forkserver.preload_for`); each task is a fork of it that
 enters its host's network namespace as `ip netns exec` would (`/etc/netns/<ns>` files over `/etc`, that namespace's
-`/sys`) before it runs the script. The task is re-parented to this process (a child subreaper while a server runs), so it is waited for, killed and found
-among the host's processes (`ip netns pids`) as a process started with `subprocess.Popen` is.
+`/sys`) before it runs the script. The task is re-parented to this process (a child subreaper while a server runs),
+so it is waited for, killed and found among the host's processes (`ip netns pids`) as a process started with
+`subprocess.Popen` is.
 
 Only `[sys.executable, SCRIPT.py, ARGS...]` with its output to a file, stdin from /dev/null and no other Popen
 argument is forked; anything else, a server that did not start, and `TFPS_TEST_FRESH_TASKS=1` (every task a fresh
