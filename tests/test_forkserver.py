@@ -88,11 +88,21 @@ def test_a_server_that_cannot_import_its_modules_is_refused(tmp_path):
 
 
 def test_the_server_imports_tensorflow_without_starting_its_runtime(tmp_path):
-  """Forking copies one thread: TensorFlow's thread pools, made at import, would be lost in every task."""
+  """Forking copies one thread: TensorFlow's thread pools, made at import, would be lost in every task. What a module
+  draws for its process at import is drawn again in each task: two chiefs forked one after the other that named their
+  geo rounds' worker-local variables alike took over each other's on a worker they shared."""
   server = forkserver.ForkServer.start(tasks_lib.shared_environ(), forkserver.TRAINING_PRELOAD,
                                        tmp_path / "forkserver.log")
   try:
     assert server.threads <= 2  # the main thread and OpenBLAS's (which re-creates its threads after a fork)
+    script = tmp_path / "names.py"
+    script.write_text("from tfps.training import geo\nprint(geo._LocalNames()._prefix)\n")
+    prefixes = []
+    for run in range(2):
+      with open(tmp_path / f"names{run}.log", "wb") as out:
+        assert server.spawn([sys.executable, str(script)], dict(os.environ), out.fileno(), out.fileno()).wait(60) == 0
+      prefixes.append((tmp_path / f"names{run}.log").read_text().split()[-1])
+    assert prefixes[0].startswith("tfps_geo_") and prefixes[0] != prefixes[1], prefixes
   finally:
     server.close()
     forkserver.become_subreaper(False)

@@ -3,10 +3,11 @@
 
 A fresh `ip netns exec NS python script.py` imports TensorFlow again in every task (2-3 s of CPU each). Instead the
 first Python script started on a group's hosts starts a fork server in this machine's own namespace, which imports
-that script's top-level imports once; each task is a fork of it that enters its host's network namespace as
-`ip netns exec` would (`/etc/netns/<ns>` files over `/etc`, that namespace's `/sys`) before it runs the script. The
-task is re-parented to this process (a child subreaper while a server runs), so it is waited for, killed and found
-among the host's processes (`ip netns pids`) as a process started with `subprocess.Popen` is.
+once what tfps-launch's server would for that script (`forkserver.preload_for`); each task is a fork of it that
+enters its host's network namespace as `ip netns exec` would (`/etc/netns/<ns>` files over `/etc`, that namespace's
+`/sys`) before it runs the script. The task is re-parented to this process (a child subreaper while a server runs),
+so it is waited for, killed and found among the host's processes (`ip netns pids`) as a process started with
+`subprocess.Popen` is.
 
 Only `[sys.executable, SCRIPT.py, ARGS...]` with its output to a file, stdin from /dev/null and no other Popen
 argument is forked; anything else, a server that did not start, and `TFPS_TEST_FRESH_TASKS=1` (every task a fresh
@@ -56,7 +57,7 @@ class HostForks:
     return self._server.spawn(argv, environ, stdout, stderr)
 
   def _start(self, script: str, env: Optional[Dict[str, str]]) -> bool:
-    """Starts the server (once) with `env` (no TF_CONFIG), importing `script`'s imports; False if it could not."""
+    """Starts the server (once) with `env` (no TF_CONFIG), importing `script`'s preload; False if it could not."""
     if self._server is None:
       environ = dict(os.environ if env is None else env)
       environ.pop("TF_CONFIG", None)
@@ -64,7 +65,7 @@ class HostForks:
       os.close(fd)
       self._log = pathlib.Path(name)
       try:
-        self._server = forkserver.ForkServer.start(environ, forkserver.script_imports(script), self._log)
+        self._server = forkserver.ForkServer.start(environ, forkserver.preload_for(script), self._log)
         _SERVERS[0] += 1
       except forkserver.ForkServerError as e:
         print(f"test hosts: {e}; starting each task as a fresh Python", file=sys.stderr, flush=True)

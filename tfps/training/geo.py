@@ -28,6 +28,7 @@ run again, pushes only to the ps that did not take it.
 
 import contextlib
 import itertools
+import os
 import uuid
 from typing import Callable, Dict, List, Optional
 
@@ -51,11 +52,18 @@ class _LocalNames:
   of other shapes (seen: "var and accum do not have the same shape")."""
 
   _instances = itertools.count()
-  _chief = uuid.uuid4().hex[:12]  # this process
+  _chief = ("", -1)  # (this process's id, its pid): drawn anew in a process forked from one that imported this module
 
   def __init__(self):
-    self._prefix = f"tfps_geo_{self._chief}_{next(self._instances)}"
+    self._prefix = f"tfps_geo_{self._chief_id()}_{next(self._instances)}"
     self._names: Dict[tuple, str] = {}
+
+  @classmethod
+  def _chief_id(cls) -> str:
+    """This process's id: a task forked from tfps-launch's fork server (which imports this module) gets its own."""
+    if cls._chief[1] != os.getpid():
+      cls._chief = (uuid.uuid4().hex[:12], os.getpid())
+    return cls._chief[0]
 
   def handle(self, variable, kind: str, shape, dtype) -> tf.Tensor:
     """A variable in the memory of the worker running the function (each worker has its own)."""
