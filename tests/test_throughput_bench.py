@@ -6,6 +6,7 @@ before is its own variant, `keras_pss_fixed_*`, with its own ratio."""
 
 import contextlib
 import json
+import logging as py_logging
 import pathlib
 import subprocess
 import sys
@@ -139,11 +140,15 @@ def test_a_ps_floor_on_more_than_one_ps_is_refused_before_any_run(subprocess_env
 def test_thread_options_set_the_runs_environment_and_leave_the_flags(monkeypatch):
   """`+intra<N>` / `+inter<N>` reach every process of the run as TensorFlow's thread-count variables, not as flags;
   the other options still give their flags, and a row with them is compared with the peer without them."""
-  calls = []
-  if not throughput.flags.FLAGS.is_parsed():
-    throughput.flags.FLAGS.mark_as_parsed()  # the defaults
+  calls, parsed, absl_level = [], throughput.flags.FLAGS.is_parsed(), py_logging.getLogger("absl").level
   monkeypatch.setattr(throughput.runner, "run", lambda args, **kwargs: calls.append((args, kwargs)) or {})
-  throughput._run("fit_1x1+intra1+unroll4+inter2", 256, 0)
+  try:
+    throughput.flags.FLAGS.mark_as_parsed()  # the defaults
+    throughput._run("fit_1x1+intra1+unroll4+inter2", 256, 0)
+  finally:  # as before for this process's later tests: a parsed command line or absl's level would hide INFO lines
+    if not parsed:
+      throughput.flags.FLAGS.unparse_flags()
+    py_logging.getLogger("absl").setLevel(absl_level)
   args, kwargs = calls[0]
   assert kwargs["env"] == {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "2"}
   assert "--unrolled_steps=4" in args and not any("intra" in arg or "inter" in arg for arg in args)
