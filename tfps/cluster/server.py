@@ -69,13 +69,13 @@ def run_server(config: cluster_lib.ClusterConfig,
   server = build_server(config, thread_spinning, resolve_timeout_secs)
   signal.signal(signal.SIGTERM, _exit_on_signal)
   signal.signal(signal.SIGINT, _exit_on_signal)
+  if model_dir:  # before the line below: a FINAL marker written after it is one this task saw appear
+    job_end.watch_job_end(config, model_dir, lost_chief_timeout_secs)
   logging.info("Serving %s at %s (idle threads %s)", config.describe(), config.address,
                "spin" if thread_spinning else "sleep")
   warning = isolation.exposure_warning(f"{config.task_type}:{config.task_index}", config.address)
   if warning:  # not inside tfps-launch's private namespace: other hosts may reach this port
     logging.warning(warning)
-  if model_dir:
-    job_end.watch_job_end(config, model_dir, lost_chief_timeout_secs)
   sys.stdout.flush()
   # Not `server.join()`: it blocks inside TensorFlow, where Python never runs a signal handler, so SIGTERM waited for
   # the launcher's SIGKILL. Not `signal.pause()` either: the kernel may deliver the signal to one of TensorFlow's
