@@ -158,7 +158,8 @@ def test_nothing_outlives_the_launcher(tmp_path, marked_env, ending):
                               text=True, start_new_session=True)
   expected = 3 + 1 + 4 + 4  # launcher, unshare, launcher inside, its fork server; ps, 2 workers, chief; a grandchild
   # of each task
-  wait_for(lambda: len(marked(tmp_path)) >= expected, f"{expected} processes", launcher, timeout_secs=60)
+  wait_for(lambda: len(marked(tmp_path)) >= expected and len(tasks_lib.task_pids(tmp_path / "logs")) == 4,
+           f"{expected} processes, 4 of them in tasks.json", launcher, timeout_secs=60)  # (it names each once started)
   tasks = [tasks_lib.find_task(tmp_path / "logs", label, marked(tmp_path))
            for label in tasks_lib.task_pids(tmp_path / "logs")]
   assert len(tasks) == 4 and all(tasks), tasks
