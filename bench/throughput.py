@@ -40,8 +40,8 @@ from bench import runner  # pylint: disable=g-import-not-at-top,wrong-import-pos
 _BATCHES = flags.DEFINE_list("batch_sizes", ["256", "4096"], "Batch sizes (per worker).")
 _REPEATS = flags.DEFINE_integer("repeats", 2, "Repetitions of every variant, alternating.", lower_bound=1)
 _MEASURE = flags.DEFINE_integer("measure", 2, "Measured windows per run.", lower_bound=1)
-_WINDOW = flags.DEFINE_integer("window_examples", 80_000, "Examples per measured window (steps are rounded to a "
-                               "multiple of 20).", lower_bound=1)
+_WINDOW = flags.DEFINE_integer("window_examples", 80_000, "Examples per measured window (steps are rounded to "
+                               "whole scheduled functions per worker: a multiple of 20 x workers).", lower_bound=1)
 _VOCAB = flags.DEFINE_integer("vocab_size", 100_000, "Rows of each feature's table.", lower_bound=1)
 _STACK = flags.DEFINE_boolean("stack_tables", True, "One deep and one wide table for all features.")
 _VARIANTS = flags.DEFINE_list(
@@ -97,8 +97,14 @@ def _option_env(options) -> tuple:
   return env, tuple(rest)
 
 
-def _steps(batch_size: int) -> int:
-  return max(20, round(_WINDOW.value / batch_size / 20) * 20)
+def window_steps(variant: str, batch_size: int) -> int:
+  """Steps per window (and of the warm-up): about `--window_examples`, a whole number of scheduled functions for
+  each worker (20 steps each, or `+spe<N>`'s), so that every window keeps every worker busy and the warm-up runs
+  each worker's first function (a window of one function at batch 4096 measured one of two workers at a time)."""
+  _, _, num_workers, options = variant_shape(variant)
+  per_function = next((int(option[3:]) for option in options if re.fullmatch(r"spe[1-9][0-9]*", option)), 20)
+  unit = per_function * max(1, num_workers)
+  return max(unit, round(_WINDOW.value / batch_size / unit) * unit)
 
 
 def variant_shape(variant: str) -> tuple:
@@ -155,7 +161,7 @@ def _run(variant: str, batch_size: int, repeat: int) -> dict:
   path, num_ps, num_workers, options = variant_shape(variant)
   plain = path in _PLAIN_PATHS  # plain_pss_train.py: no tfps code
   args = _path_args(path) + [
-      f"--batch_size={batch_size}", f"--steps={_steps(batch_size)}",
+      f"--batch_size={batch_size}", f"--steps={window_steps(variant, batch_size)}",
       f"--measure={1 if _QUICK.value else _MEASURE.value}", f"--vocab_size={_VOCAB.value}",
       f"--stack_tables={_STACK.value and 'per_feature' not in options}"]
   args.extend(_option_args(variant))

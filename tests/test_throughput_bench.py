@@ -137,23 +137,43 @@ def test_a_ps_floor_on_more_than_one_ps_is_refused_before_any_run(subprocess_env
       "--variants: 'ps_floor_2x2': the ps floor runs with 1 ps (ps_floor_1x<workers>), its one option is packed")
 
 
+@contextlib.contextmanager
+def _bench_flags(*argv):
+  """bench/throughput.py's flags parsed from `argv` (its defaults otherwise), as they were afterwards: a parsed command
+  line or absl's level left behind would hide INFO lines from this process's later tests."""
+  flags, absl_level = throughput.flags.FLAGS, py_logging.getLogger("absl").level
+  parsed = flags.is_parsed()
+  try:
+    flags(["throughput.py", *argv], known_only=True)
+    yield
+  finally:
+    if not parsed:
+      flags.unparse_flags()
+    py_logging.getLogger("absl").setLevel(absl_level)
+
+
 def test_thread_options_set_the_runs_environment_and_leave_the_flags(monkeypatch):
   """`+intra<N>` / `+inter<N>` reach every process of the run as TensorFlow's thread-count variables, not as flags;
   the other options still give their flags, and a row with them is compared with the peer without them."""
-  calls, parsed, absl_level = [], throughput.flags.FLAGS.is_parsed(), py_logging.getLogger("absl").level
+  calls = []
   monkeypatch.setattr(throughput.runner, "run", lambda args, **kwargs: calls.append((args, kwargs)) or {})
-  try:
-    throughput.flags.FLAGS.mark_as_parsed()  # the defaults
+  with _bench_flags():
     throughput._run("fit_1x1+intra1+unroll4+inter2", 256, 0)
-  finally:  # as before for this process's later tests: a parsed command line or absl's level would hide INFO lines
-    if not parsed:
-      throughput.flags.FLAGS.unparse_flags()
-    py_logging.getLogger("absl").setLevel(absl_level)
   args, kwargs = calls[0]
   assert kwargs["env"] == {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "2"}
   assert "--unrolled_steps=4" in args and not any("intra" in arg or "inter" in arg for arg in args)
   assert throughput._option_args("single+intra1") == []
   assert not throughput._peer_has("intra1") and throughput._peer_has("per_feature")
+
+
+def test_a_window_keeps_every_worker_busy_and_the_warm_up_runs_each_workers_first_function():
+  """Windows are whole scheduled functions per worker: at batch 4096 a window of ~120,000 examples is one function of
+  20 steps for one worker but two (40 steps) for two, and `+spe<N>` functions count as N steps."""
+  with _bench_flags("--window_examples=120000"):
+    assert [throughput.window_steps(variant, 4096) for variant in ("single", "fit_1x1", "keras_pss_2x2",
+                                                                   "estimator_4x2", "fit_2x2+spe30")] == [
+                                                                       20, 20, 40, 40, 60]
+    assert throughput.window_steps("fit_2x2", 256) == 480 and throughput.window_steps("fit_1x1", 256) == 460
 
 
 def test_the_tutorial_peer_and_the_fixed_shards_peer_are_run_and_compared_apart():
