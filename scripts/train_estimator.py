@@ -37,6 +37,8 @@ _EVAL_STEPS = flags.DEFINE_integer("eval_steps", None, "Batches to evaluate (def
 _THROTTLE_SECS = flags.DEFINE_float("throttle_secs", 0, "Minimum seconds between evaluations.", lower_bound=0)
 _INLINE_EVAL = flags.DEFINE_boolean("inline_eval", True, "The chief evaluates on the workers after checkpoints; "
                                     "turn off when a sidecar evaluator runs.")
+_SEED = flags.DEFINE_integer("seed", None, "Seed of the model's initial values (RunConfig's tf_random_seed): the same "
+                             "at every launch (docs/repeatability.md); unset: other ones at each launch.", lower_bound=0)
 _COUNT = flags.DEFINE_boolean("count_applied_steps", False, "Count on every ps the steps applied there (a counter per "
                               "ps, in the checkpoints: tfps.testing.applied_steps), to check a run under failures.")
 
@@ -45,7 +47,8 @@ def build_estimator(cluster=None) -> tfps.Estimator:
   params = {"batch_size": _BATCH.value, "learning_rate": _LEARNING_RATE.value, "eval_examples": _EVAL_EXAMPLES.value}
   mode = tfps.mode_from_flags()
   config = tfps.RunConfig(save_checkpoints_steps=_CHECKPOINT_STEPS.value, log_step_count_steps=_LOG_STEPS.value,
-                          steps_per_execution=_STEPS_PER_EXECUTION.value, mode=mode)
+                          steps_per_execution=_STEPS_PER_EXECUTION.value, mode=mode,
+                          tf_random_seed=_SEED.value)
   return tfps.Estimator(counted_model_fn if _COUNT.value else synthetic.model_fn, model_dir=_MODEL_DIR.value,
                         params=params, config=config, cluster=cluster,
                         strategy_options=tfps.strategy_options_from_flags())

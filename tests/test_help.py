@@ -23,7 +23,7 @@ PROGRAMS = {
     ("scripts/train_keras.py",): {"model_dir": "Checkpoints", "job_name": "This task's job",
                                   "geo_steps": "local steps"},
     ("scripts/train_estimator.py",): {"max_steps": "global step", "worker_hosts": "host:port",
-                                      "replicas_to_aggregate": "worker batches"},
+                                      "replicas_to_aggregate": "worker batches", "seed": "tf_random_seed"},
     ("scripts/sidecar_eval.py",): {"model_dir": "training run", "best_metric": "best checkpoint",
                                    "data": "Data source"},
 }
