@@ -297,25 +297,15 @@ def modes_table(name: str) -> str:
 
 
 PROFILE = "loop_index/profile/profile.json"
-# Each table's series: the hashed one measured again in a quiet hour (2026-11-28), with the 1e8 checkpoint's resumes.
-SCALE = {"hashed": "scale/quiet/scale.json", "dynamic": "scale/scale.json"}
+SCALE = "scale/quiet/scale.json"  # a quiet hour, 2026-11-28 (the series before it: scale/scale.json)
 RESTORE = {"before": "scale/restore_before/scale.json", "after": "scale/restore_same_ps/scale.json"}  # piecewise restore
-
-
-def scale_summary_of_tables() -> dict:
-  """The scale series' summary with each table's rows, aims and checkpoints taken from that table's series (SCALE)."""
-  parts = {table: load(path)["summary"] for table, path in SCALE.items()}
-  return {"rows": [row for table, part in parts.items() for row in part["rows"] if row["table"] == table],
-          "targets": {aim: verdict for table, part in parts.items() for aim, verdict in part["targets"].items()
-                      if aim.startswith(f"{table}:")},
-          "checkpoints": [row for table, part in parts.items() for row in part["checkpoints"] if row["table"] == table]}
 
 
 def scale_targets() -> str:
   """The aims of the scale series over every size measured, each verdict as bench/scale_summary.py computed it from
   the unrounded value."""
   lines = ["| aimed at, over every size of one table | measured | holds |", "| --- | --- | --- |"]
-  for aim, (value, holds) in scale_summary_of_tables()["targets"].items():
+  for aim, (value, holds) in load(SCALE)["summary"]["targets"].items():
     lines.append(f"| {aim} | {value:.3f} | {'yes' if holds else 'no'} |")
   return "\n".join(lines)
 
@@ -323,7 +313,7 @@ def scale_targets() -> str:
 def scale_advice() -> str:
   """What 10^9 rows need: bytes per row from the scale series, resume peaks from the piecewise restore's series."""
   factors = scale_summary.largest_restore_factors(load(RESTORE["after"])["summary"]["checkpoints"])
-  return report.advice_table({"advice": scale_summary.advice(scale_summary_of_tables()["rows"], factors)})
+  return report.advice_table({"advice": scale_summary.advice(load(SCALE)["summary"]["rows"], factors)})
 
 
 BLOCKS = {
@@ -337,9 +327,9 @@ BLOCKS = {
     "profile": lambda: profile_table(PROFILE),
     "switches": switches_table,
     "modes": lambda: modes_table("modes.json"),
-    "scale": lambda: report.scale_table(scale_summary_of_tables()),
+    "scale": lambda: report.scale_table(load(SCALE)["summary"]),
     "scale_targets": scale_targets,
-    "scale_checkpoint": lambda: report.checkpoint_table(scale_summary_of_tables()),
+    "scale_checkpoint": lambda: report.checkpoint_table(load(SCALE)["summary"]),
     "scale_advice": scale_advice,
     "scale_restore_after": lambda: report.checkpoint_table(load(RESTORE["after"])["summary"]),
 }
