@@ -63,8 +63,8 @@ _VARIANTS = flags.DEFINE_list(
     "core). `ps_floor_<ps>x<workers>`: the workload trained by a loop written "
     "directly in TensorFlow, nothing on the ps but the work it must do, its variables laid out over the ps as "
     "tfps's (`bench/ps_floor_train.py`; `+packed`, 1 ps only: its dense variables in one variable); each tfps row "
-    "gets its ps CPU per step per ps (the mean over its ps) over the floor's (`ps_vs_floor`). The tutorial loop runs at the "
-    "smallest batch size only (its target is there).")
+    "gets its ps CPU per step per ps (the mean over its ps) over the floor's (`ps_vs_floor`). The tutorial loop "
+    "runs at the smallest batch size only (its target is there).")
 _START_SECS = flags.DEFINE_float("start_timeout_secs", 300.0, "Seconds every variant's processes may take to "
                                   "start and answer (a loaded machine starts TensorFlow slowly).", lower_bound=1)
 _QUICK = flags.DEFINE_boolean("quick", False, "Batch 256 only, 1 repetition, 1 window.")
