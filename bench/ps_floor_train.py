@@ -15,12 +15,18 @@ ParameterServerStrategy training of it must do on the ps:
 Nothing else runs on the ps: no loss metric, no step counter, no step records, no exactly-once gates, no locks. With
 `packed_dense` (`--packed_dense`) the 10 dense variables are one variable (one read and one update per step). What
 the ps spends per step here is what TensorFlow's runtime costs for this work on this machine.
+
+With more than one ps the variables are laid out as tfps lays them out (`bench/ps_floor_layout.py`): each table's
+rows split over the ps, each step's distinct ids routed to the piece holding them (on the worker), the rows gathered
+and updated on that piece's ps; the large first deep kernel split too and the other dense variables whole, spread over
+the ps. `packed_dense` is for 1 ps only.
 """
 
 import os
 import sys
 
 from bench import epoch_timer
+from bench import ps_floor_layout as layout
 from bench import workload as workload_lib
 
 
@@ -32,10 +38,11 @@ def train(batch_size: int, vocab_size: int, steps: int, measure: int, steps_per_
   from tfps.data import schema  # pylint: disable=g-import-not-at-top  (column names only)
   workload = workload_lib.Workload(batch_size=batch_size, vocab_size=vocab_size)
   resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-  if resolver.cluster_spec().num_tasks("ps") != 1:
-    raise SystemExit("ps_floor_train: the floor is measured with 1 ps (got "
-                     f"{resolver.cluster_spec().num_tasks('ps')})")
-  strategy = tf.distribute.ParameterServerStrategy(resolver)
+  num_ps = resolver.cluster_spec().num_tasks("ps")
+  if packed_dense and num_ps != 1:
+    raise SystemExit(f"ps_floor_train: packed_dense is measured with 1 ps (got {num_ps})")
+  strategy = tf.distribute.ParameterServerStrategy(
+      resolver, variable_partitioner=layout.partitioner(num_ps) if num_ps > 1 else None)
   coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
   categorical = workload.categorical()
   offsets = np.cumsum([0] + list(categorical.values()))[:-1]
@@ -43,12 +50,13 @@ def train(batch_size: int, vocab_size: int, steps: int, measure: int, steps_per_
   shapes = workload.dense_shapes()
   sizes = [int(np.prod(shape)) for shape in shapes]
   variable_shapes = [[sum(sizes)]] if packed_dense else shapes
-  with strategy.scope():
-    deep, deep_accumulator = (tf.Variable(tf.random.uniform([rows, workload_lib.EMBEDDING_DIM], -0.05, 0.05)),
-                              tf.Variable(tf.fill([rows, workload_lib.EMBEDDING_DIM], 0.1)))
-    wide, wide_accumulator = tf.Variable(tf.zeros([rows, 1])), tf.Variable(tf.fill([rows, 1], 0.1))
-    dense = [tf.Variable(tf.random.uniform(shape, -0.05, 0.05)) for shape in variable_shapes]
-    dense_accumulators = [tf.Variable(tf.fill(shape, 0.1)) for shape in variable_shapes]
+  uniform = lambda shape: tf.random.uniform(shape, -0.05, 0.05)
+  made = layout.create(strategy, dict(enumerate(variable_shapes), deep=[rows, workload_lib.EMBEDDING_DIM],
+                                      wide=[rows, 1]),
+                       dict({index: (uniform, 0.1) for index in range(len(variable_shapes))},
+                            deep=(uniform, 0.1), wide=(tf.zeros, 0.1)), num_ps)
+  dense = [made[index] for index in range(len(variable_shapes))]  # each variable's [(piece, accumulator)]
+  table_rows = {name: [int(piece.shape[0]) for piece, _ in made[name]] for name in ("deep", "wide")}
   rate = workload_lib.LEARNING_RATE
 
   def update_rows(table, accumulator, ids, gradient):
@@ -59,6 +67,12 @@ def train(batch_size: int, vocab_size: int, steps: int, measure: int, steps_per_
       updated = tf.gather(table, ids) - rate * gradient / (tf.sqrt(accumulated) + 1e-7)
       return tf.group(accumulator.scatter_update(tf.IndexedSlices(accumulated, ids)),
                       table.scatter_update(tf.IndexedSlices(updated, ids)))
+
+  def lookup(name, distinct):
+    """`(ids, positions, rows)` per piece of table `name`: the distinct ids routed to the piece holding them (their
+    places in `distinct`), its rows gathered there."""
+    parts, places = layout.route(distinct, table_rows[name])
+    return parts, places, [tf.gather(piece, part) for (piece, _), part in zip(made[name], parts)]
 
   def model(dense_features, deep_rows, wide_rows, positions, values):
     """The workload's Wide&Deep on the gathered rows: `(logits)`; `values` are the dense variables' values."""
@@ -79,21 +93,31 @@ def train(batch_size: int, vocab_size: int, steps: int, measure: int, steps_per_
     ids = tf.stack([tf.cast(features[name], tf.int64) + int(offset)
                     for name, offset in zip(schema.CATEGORICAL_COLUMNS, offsets)], axis=1)
     distinct, positions = tf.unique(tf.reshape(ids, [-1]))
-    deep_rows, wide_rows = tf.gather(deep, distinct), tf.gather(wide, distinct)
-    values = [tf.convert_to_tensor(variable) for variable in dense]
+    (deep_ids, deep_places, deep_parts), (wide_ids, wide_places, wide_parts) = (lookup("deep", distinct),
+                                                                                lookup("wide", distinct))
+    pieces = [[tf.convert_to_tensor(piece) for piece, _ in variable] for variable in dense]
     with tf.GradientTape() as tape:
-      tape.watch([deep_rows, wide_rows] + values)
+      tape.watch([deep_parts, wide_parts, pieces])
+      deep_rows, wide_rows = whole(deep_places, deep_parts), whole(wide_places, wide_parts)
+      values = [part[0] if len(part) == 1 else tf.concat(part, axis=0) for part in pieces]
       logits = model(features[schema.DENSE], deep_rows, wide_rows, positions, values)
       loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels[:, None], logits))
-    gradients = [tf.convert_to_tensor(gradient) for gradient in tape.gradient(loss, [deep_rows, wide_rows] + values)]
-    updates = [update_rows(deep, deep_accumulator, distinct, gradients[0]),
-               update_rows(wide, wide_accumulator, distinct, gradients[1])]
-    for variable, accumulator, gradient in zip(dense, dense_accumulators, gradients[2:]):
-      with tf.device(variable.device):
-        updates.append(tf.raw_ops.ResourceApplyAdagradV2(var=variable.handle, accum=accumulator.handle, lr=rate,
-                                                         epsilon=1e-7, grad=gradient))
+    gradients = [[tf.convert_to_tensor(gradient) for gradient in part]
+                 for part in tape.gradient(loss, [deep_parts, wide_parts] + pieces)]
+    updates = [update_rows(piece, accumulator, part_ids, gradient) for name, part_ids, part_gradients in
+               (("deep", deep_ids, gradients[0]), ("wide", wide_ids, gradients[1]))
+               for (piece, accumulator), part_ids, gradient in zip(made[name], part_ids, part_gradients)]
+    for variable, part_gradients in zip(dense, gradients[2:]):
+      for (piece, accumulator), gradient in zip(variable, part_gradients):
+        with tf.device(piece.device):
+          updates.append(tf.raw_ops.ResourceApplyAdagradV2(var=piece.handle, accum=accumulator.handle, lr=rate,
+                                                           epsilon=1e-7, grad=gradient))
     with tf.control_dependencies(updates):
       return tf.identity(loss)
+
+  def whole(places, parts):
+    """A table's rows of the step's distinct ids, from its pieces' `parts` (one piece: its rows as they are)."""
+    return parts[0] if len(parts) == 1 else tf.dynamic_stitch(places, parts)
 
   @tf.function
   def scheduled(iterator):
@@ -115,9 +139,16 @@ def train(batch_size: int, vocab_size: int, steps: int, measure: int, steps_per_
   wall = sum(timer.seconds)
   return dict(epoch_timer.rates(timer.seconds, functions * steps_per_execution * batch_size,
                                 functions * steps_per_execution),
-              steps_per_execution=steps_per_execution, num_ps=1, chief_cpu_share=sum(timer.cpu) / wall,
+              steps_per_execution=steps_per_execution, num_ps=num_ps,
+              piece_ps=piece_ps(made), chief_cpu_share=sum(timer.cpu) / wall,
               measured_span=timer.span, packed_dense=packed_dense, losses=losses,
               tfps_modules=sorted(name for name in sys.modules if name.split(".")[0] == "tfps"))
+
+
+def piece_ps(made: dict) -> dict:
+  """`name -> [ps index of each piece]` of the floor's variables (`str` names: the dense variables' indices)."""
+  return {str(name): [int(piece.device.split("task:")[1].split("/")[0]) for piece, _ in pieces]
+          for name, pieces in made.items()}
 
 
 if __name__ == "__main__":

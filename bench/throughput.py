@@ -60,11 +60,11 @@ _VARIANTS = flags.DEFINE_list(
     "--pipelined_updates (a step's updates applied while the next step computes), `+bf16` for --bf16_rows (table "
     "rows and their gradients cross as bfloat16), `+intra<N>` / `+inter<N>` for N intra-op / inter-op threads in "
     "every process of the run (TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS; TensorFlow's default: one per "
-    "core). `ps_floor_1x1`: the workload trained by a loop written directly "
-    "in TensorFlow, nothing on the ps but the work it must do (`bench/ps_floor_train.py`; `+packed`: its dense "
-    "variables in one variable); each tfps row gets "
-    "its ps CPU per step over the floor's (`ps_vs_floor`). The tutorial loop runs at the "
-    "smallest batch size only (its target is there).")
+    "core). `ps_floor_<ps>x<workers>`: the workload trained by a loop written "
+    "directly in TensorFlow, nothing on the ps but the work it must do, its variables laid out over the ps as "
+    "tfps's (`bench/ps_floor_train.py`; `+packed`, 1 ps only: its dense variables in one variable); each tfps row "
+    "gets its ps CPU per step per ps (the mean over its ps) over the floor's (`ps_vs_floor`). The tutorial loop "
+    "runs at the smallest batch size only (its target is there).")
 _START_SECS = flags.DEFINE_float("start_timeout_secs", 300.0, "Seconds every variant's processes may take to "
                                   "start and answer (a loaded machine starts TensorFlow slowly).", lower_bound=1)
 _QUICK = flags.DEFINE_boolean("quick", False, "Batch 256 only, 1 repetition, 1 window.")
@@ -120,9 +120,9 @@ def _option_args(variant: str) -> list:
   `app.UsageError` on an unknown option."""
   path, num_ps, _, options = variant_shape(variant)
   options = _option_env(options)[1]
-  if path == "ps_floor" and (num_ps != 1 or set(options) - {"packed"}):
-    raise app.UsageError(f"--variants: {variant!r}: the ps floor runs with 1 ps (ps_floor_1x<workers>), its one "
-                         "option is packed")
+  if path == "ps_floor" and (set(options) - {"packed"} or (options and num_ps != 1)):
+    raise app.UsageError(f"--variants: {variant!r}: the ps floor's one option is packed, with 1 ps only "
+                         "(ps_floor_1x<workers>+packed)")
   if path == "ps_floor":
     return ["--packed_dense"] if options else []
   if path in PEERS and set(options) - {"per_feature"}:
@@ -251,14 +251,24 @@ def _add_peer_ratios(rows) -> None:
 
 
 def _add_floor_ratios(rows) -> None:
-  """`ps_vs_floor` of every fit/estimator row: its ps CPU per step over the ps floor's (`ps_floor`, same shape and
-  batch: the workload trained by a loop written directly in TensorFlow, nothing else on the ps)."""
+  """`ps_vs_floor` of every fit/estimator row: its ps CPU per step, per ps (the mean over its ps: their sum over the
+  number of ps, as `cpu_ms_per_step` sums them), over the ps floor's (`ps_floor`, same shape and batch: the workload
+  trained by a loop written directly in TensorFlow, nothing else on the ps); `ps_vs_floor_largest`: its busiest ps's
+  over the floor's busiest ps's."""
   measured = [(row, variant_shape(row["variant"])) for row in rows if "cpu_ms_per_step" in row]
-  floor = {(num_ps, num_workers, row["batch_size"]): row["cpu_ms_per_step"]["ps"]
+  floor = {(num_ps, num_workers, row["batch_size"]): row
            for row, (path, num_ps, num_workers, options) in measured if path == "ps_floor" and not options}
   for row, (path, num_ps, num_workers, _) in measured:
-    if path in ("fit", "estimator") and (num_ps, num_workers, row["batch_size"]) in floor:
-      row["ps_vs_floor"] = row["cpu_ms_per_step"]["ps"] / floor[(num_ps, num_workers, row["batch_size"])]
+    base = floor.get((num_ps, num_workers, row["batch_size"]))
+    if path in ("fit", "estimator") and base is not None:
+      row["ps_vs_floor"] = row["cpu_ms_per_step"]["ps"] / base["cpu_ms_per_step"]["ps"]
+      row["ps_vs_floor_of"] = "the mean over the ps"
+      row["ps_vs_floor_largest"] = _largest_ps(row) / _largest_ps(base)
+
+
+def _largest_ps(row) -> float:
+  """The CPU per step of the busiest ps of `row` (its cores over the measured windows times the step time)."""
+  return max(cores for task, cores in row["cores"].items() if task.startswith("ps:")) * row["step_secs"] * 1000
 
 
 def cpu_ms_per_step(row) -> dict:

@@ -17,6 +17,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench import aims  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bench import ps_floor_layout  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bench import workload as workload_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bench_modules import bench_module  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 throughput = bench_module("throughput")
@@ -131,10 +133,43 @@ def test_an_unknown_variant_option_is_refused_before_any_run(subprocess_env):
       "inter<N>, packed, unpacked, spin, nospin, lockfree, pipelined, bf16")
 
 
-@pytest.mark.slow
-def test_a_ps_floor_on_more_than_one_ps_is_refused_before_any_run(subprocess_env):
-  assert _refused(subprocess_env, "fit_2x2,ps_floor_2x2") == (
-      "--variants: 'ps_floor_2x2': the ps floor runs with 1 ps (ps_floor_1x<workers>), its one option is packed")
+def test_the_ps_floor_on_two_ps_is_laid_out_as_tfps_lays_out_the_workload():
+  """At 2 ps the floor's pieces are tfps's 15 (read from the model built under tfps's strategy): both tables and the
+  first deep kernel split (first piece a row longer), the other dense variables whole, alternating; at 1 ps all whole
+  on the one ps. ps_floor_2x2 runs; +packed is refused beyond 1 ps with its one-line error."""
+  workload = workload_lib.Workload(batch_size=256)
+  rows = sum(workload.categorical().values())
+  shapes = dict(enumerate(workload.dense_shapes()), deep=[rows, 16], wide=[rows, 1])
+  placed = ps_floor_layout.placement(shapes, 2)
+  assert sum(len(pieces) for pieces in placed.values()) == 15
+  half = rows // 2
+  assert placed["wide"] == [(half, 0), (half, 1)] and placed["deep"] == [(half, 1), (half, 0)]
+  assert placed[2] == [(215, 1), (214, 0)]  # the 429 x 256 kernel: 439 KB, over the 256 KiB tfps shards from
+  assert [placed[index] for index in (0, 1, 3, 4, 5, 6, 7, 8, 9)] == [
+      [(13, 0)], [(1, 1)], [(256, 1)], [(256, 0)], [(128, 1)], [(128, 0)], [(64, 1)], [(64, 0)], [(1, 1)]]
+  assert all(pieces == [(shapes[name][0], 0)] for name, pieces in ps_floor_layout.placement(shapes, 1).items())
+  assert throughput._option_args("ps_floor_2x2") == [] and throughput._option_args("ps_floor_1x1+packed") == [
+      "--packed_dense"]
+  with pytest.raises(throughput.app.UsageError) as refused:
+    throughput._option_args("ps_floor_2x2+packed")
+  assert str(refused.value) == ("--variants: 'ps_floor_2x2+packed': the ps floor's one option is packed, with 1 ps "
+                                "only (ps_floor_1x<workers>+packed)")
+
+
+def test_the_ps_against_the_floor_at_two_ps_is_per_ps():
+  """fit_2x2's ps CPU per step against ps_floor_2x2's: the mean over the 2 ps (the sums' ratio), and the busiest ps's
+  against the floor's busiest."""
+  cores = {"fit_2x2": {"ps:0": 0.5, "ps:1": 0.3}, "ps_floor_2x2": {"ps:0": 0.3, "ps:1": 0.2}}
+  runs = {"results": [{"variant": variant, "batch_size": 256, "examples_per_sec": 100.0, "step_secs": 0.01,
+                       "chief_schedule_share": 0.01, "chief_cpu_share": 0.02,
+                       "tasks": {task: {"cores": value} for task, value in tasks.items()}}
+                      for variant, tasks in cores.items()]}
+  summary = throughput.summarize(runs)
+  fit = next(row for row in summary["rows"] if row["variant"] == "fit_2x2")
+  assert fit["ps_vs_floor"] == pytest.approx(8.0 / 5.0) and fit["ps_vs_floor_of"] == "the mean over the ps"
+  assert fit["ps_vs_floor_largest"] == pytest.approx(5.0 / 3.0)
+  assert summary["targets"][f"fit_2x2 ps CPU per step <= {aims.PS_VS_FLOOR} x the ps's floor at batch 256"] == (
+      1.6, False)
 
 
 @contextlib.contextmanager
