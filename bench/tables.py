@@ -39,6 +39,8 @@ OVERLAP = ("overlap/b256", "overlap/b256_again")
 ESTIMATOR_4X2 = "estimator_4x2/quiet_120_step_windows"
 # 1x1, batch 256: the default and its levers beside one process, three series on a loaded machine.
 ONE_BOX = ("one_box/levers", "one_box/again", "one_box/third", "one_box/quiet")  # the last in a quiet hour
+# The ps's floor at 2 ps + 2 workers (its variables laid out as tfps's) beside both paths: two series, loaded machine.
+FLOOR_2X2 = ("ps_floor/two_ps", "ps_floor/two_ps/again")
 _PATHS = {"fit": "tfps.fit", "estimator": "Estimator path", "keras_pss": "plain PSS `Model.fit`",
           "keras_pss_fixed": "plain PSS `Model.fit`, FixedShards", "ps_floor": "the ps's floor",
           "single": "one process"}
@@ -229,11 +231,27 @@ def speed_target_rows(name: str, variants, batch: int = 256) -> list:
           for variant in variants]
 
 
+def floor_target_rows(names, size: str = "2x2", batch: int = 256) -> list:
+  """A row per series `names` and path: the ps's CPU per step at `size` over the floor's, per ps (the mean over the
+  ps), with the series' load."""
+  lines = []
+  for name in names:
+    loads = [run["load"] for run in load(name)["runs"]["results"]]
+    for row in rows((name,)):
+      if row["batch_size"] == batch and row.get("ps_vs_floor") and row["variant"] in (f"fit_{size}",
+                                                                                      f"estimator_{size}"):
+        lines.append(f"| {label(row['variant'])}, batch {batch}: ps CPU per step, per ps, <= {aims.PS_VS_FLOOR}x "
+                     f"the ps's floor, `{name}`, load {min(loads):.0f}-{max(loads):.0f} | {row['ps_vs_floor']:.3f} | "
+                     f"{_verdict(row['ps_vs_floor'], aims.PS_VS_FLOOR, True)} |")
+  return lines
+
+
 def recent_targets() -> str:
   """The aims the series since the defaults' measure: the Estimator path at 4x2 with windows that keep both workers
-  training, and the 1x1 CPU aim with the default and with unrolled steps."""
-  return "\n".join([targets_table((ESTIMATOR_4X2,))] + cpu_target_rows(ONE_BOX, "fit_1x1+unroll4")
-                   + speed_target_rows(ONE_BOX[-1], ("fit_1x1", "fit_1x1+unroll4")))
+  training, the 1x1 CPU aim with the default and with unrolled steps in a quiet hour (the loaded series: ONE_BOX, in
+  their NOTES.md), and the ps's floor at 2x2."""
+  return "\n".join([targets_table((ESTIMATOR_4X2,))] + cpu_target_rows(ONE_BOX[-1:], "fit_1x1+unroll4")
+                   + speed_target_rows(ONE_BOX[-1], ("fit_1x1", "fit_1x1+unroll4")) + floor_target_rows(FLOOR_2X2))
 
 
 def switches_table() -> str:
