@@ -32,7 +32,9 @@ def dataset_fn(input_context=None):
 
 @pytest.mark.slow
 def test_sync_mode_learns_each_raw_ids_label(cluster):
-  history = tfps.fit(build_model, dataset_fn, epochs=2, steps_per_epoch=60, sync_mode="sync", cluster=cluster)
+  # 2 x 30 steps of 2 worker batches: as many batches as the geo and bf16 runs' 2 x 60 (a sync step cost ~30 ms of
+  # CPU; 2 x 20 steps measured occupancy 300 and accuracy 0.99).
+  history = tfps.fit(build_model, dataset_fn, epochs=2, steps_per_epoch=30, sync_mode="sync", cluster=cluster)
   model = history.model
   assert history.history["ids_table/occupancy"][-1] == NUM_IDS, history.history  # every id seen twice: admitted
   assert history.history["ids_table/fallbacks"][-1] == 0
@@ -41,7 +43,7 @@ def test_sync_mode_learns_each_raw_ids_label(cluster):
   # Each step's two worker batches (and any batch computed for a slot another worker was late for) went through
   # the bookkeeping: a shard's clock is the number of gradient batches computed, at least two per step.
   clocks = [int(shard.clock.numpy()) for shard in model.get_layer("ids_table").shards]
-  assert min(clocks) >= 2 * 120, clocks
+  assert min(clocks) >= 2 * 60, clocks
 
 
 def test_geo_mode_learns_each_raw_ids_label_with_one_row_per_id(cluster):
