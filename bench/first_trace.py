@@ -5,6 +5,7 @@ function).
 
   .venv/bin/python bench/first_trace.py                           # 1 and 4 steps per loop iteration, 2 rounds
   .venv/bin/python bench/first_trace.py --unrolled_steps=1,2,4,8 --rounds=3
+  .venv/bin/python bench/first_trace.py --pipelined_updates     # the same with updates pipelined
 """
 
 import json
@@ -20,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 _UNROLLED = flags.DEFINE_list("unrolled_steps", ["1", "4"], "Steps per loop iteration to time.")
 _ROUNDS = flags.DEFINE_integer("rounds", 2, "Times each value is timed, alternating.", lower_bound=1)
+_PIPELINED = flags.DEFINE_boolean("pipelined_updates", False, "Every run with --pipelined_updates.")
 _JSON = flags.DEFINE_string("json_out", None, "Also write the timings here.")
 
 
@@ -34,9 +36,10 @@ def main(argv):
   seconds = {value: [] for value in values}
   for _ in range(_ROUNDS.value):
     for value in values:
+      mode = tfps.TrainingMode(unrolled_steps=value, pipelined_updates=_PIPELINED.value)
       start = time.monotonic()
       tfps.fit(lambda: workload_lib.build_model(workload), workload_lib.dataset_fn(workload), epochs=1,
-               steps_per_epoch=20, cluster=cluster, sync_mode=tfps.TrainingMode(unrolled_steps=value))
+               steps_per_epoch=20, cluster=cluster, sync_mode=mode)
       seconds[value].append(time.monotonic() - start)
   print("| steps per loop iteration | tfps.fit of 20 steps, s (median; runs) |\n| --- | --- |")
   for value in values:

@@ -184,10 +184,7 @@ def test_geo_estimator_round_matches_single_process_on_one_worker_batch(cluster,
     (dict(lockfree_row_updates=1), "`lockfree_row_updates` (1) must be True or False"),
     (dict(sync_mode="geo", pipelined_updates=True), "`pipelined_updates` (True) applies only to sync_mode=async"),
     (dict(sync_mode="sync", unrolled_steps=4),
-     "`unrolled_steps` (4) applies only to sync_mode=async without pipelined_updates, not sync_mode=sync"),
-    (dict(pipelined_updates=True, unrolled_steps=2),
-     "`unrolled_steps` (2) applies only to sync_mode=async without pipelined_updates, not sync_mode=async with "
-     "pipelined_updates"),
+     "`unrolled_steps` (4) applies only to sync_mode=async, not sync_mode=sync"),
     (dict(unrolled_steps=0), "`unrolled_steps` (0) must be a positive integer or None"),
     (dict(unrolled_steps="4"), "`unrolled_steps` ('4') must be a positive integer or None"),
     (dict(sync_mode="geo", bf16_rows=True), "`bf16_rows` (True) applies only to sync_mode=async, not geo"),
@@ -224,7 +221,10 @@ def test_async_reads_dense_variables_packed_by_default_and_only_there():
 def test_async_steps_run_one_per_loop_iteration_by_default_and_unroll_only_there():
   assert tfps.TrainingMode().unrolled_steps == 1 and tfps.RunConfig().training_mode.unrolled_steps == 1
   assert tfps.TrainingMode(unrolled_steps=4).unrolled_steps == 4
-  for mode in (tfps.TrainingMode(pipelined_updates=True), tfps.TrainingMode("sync"), tfps.TrainingMode("geo")):
+  assert tfps.TrainingMode(pipelined_updates=True).unrolled_steps == 1
+  assert tfps.TrainingMode(pipelined_updates=True, unrolled_steps=4).describe(1) == (
+      "async, updates pipelined, 4 steps per loop iteration")
+  for mode in (tfps.TrainingMode("sync"), tfps.TrainingMode("geo")):
     assert mode.unrolled_steps is None, mode
 
 

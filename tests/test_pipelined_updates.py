@@ -64,14 +64,18 @@ def whole_weights(model):
               [layer.embeddings] if isinstance(layer, tf_keras.layers.Embedding) else layer.weights)]
 
 
-def test_each_step_is_applied_once_one_step_late_on_sharded_variables(cluster):
+@pytest.mark.parametrize("unrolled_steps", [1, 3])
+def test_each_step_is_applied_once_one_step_late_on_sharded_variables(cluster, unrolled_steps):
   """Embedding rows (sparse gradients, the table sharded) and dense layers, on 2 ps: the weights after 12 steps (two
-  functions of 5 steps and one of 2) are those of the same delayed steps in one process."""
+  functions of 5 steps and one of 2) are those of the same delayed steps in one process; also with 3 steps traced
+  per loop iteration (`unrolled_steps`: a function of 5 steps computes its first, runs one iteration of 3 and one
+  left over)."""
   data = batches(12)
   strategy, coordinator = tfps.build_strategy(cluster, min_shard_bytes=8_000)
   with strategy.scope():
     model = build(vocabulary=1_000)
-    runner = async_runner(model, coordinator, mode=PIPELINED)
+    runner = async_runner(model, coordinator, mode=tfps.TrainingMode(pipelined_updates=True,
+                                                                     unrolled_steps=unrolled_steps))
   assert type(model.layers[1].embeddings).__name__ == "ShardedVariable"
   local = build(vocabulary=1_000)
   for mine, theirs in zip(local.trainable_variables, whole_weights(model)):
@@ -91,6 +95,9 @@ def test_each_step_is_applied_once_one_step_late_on_sharded_variables(cluster):
     assert trained.shape == expected.shape
     assert abs(trained - expected).max() < 1e-5, (trained, expected)
     assert abs(trained - start).max() > 1e-3  # every variable moved
+  loops = [op for op in runner.function.get_concrete_function(iterator, tf.constant(5, tf.int64), tf.constant(
+      0, tf.int64)).graph.get_operations() if op.type in ("While", "StatelessWhile")]
+  assert len(loops) == (2 if unrolled_steps > 1 else 1), loops
 
 
 def test_a_rerun_function_applies_only_the_steps_it_had_not_applied(cluster):

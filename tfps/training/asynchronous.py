@@ -66,21 +66,18 @@ class AsyncRunner(steps_lib.Runner):
       self._record(slot, mark, ps_applied() + counted)
       return index + 1, self._loss_sum(loss_sum, loss), examples + tf.cast(count, tf.int64)
 
-    def steps(*state):
-      for _ in range(unrolled):
-        state = step(*state)
-      return state
-
     state = (first, tf.constant(0.0, tf.float32), tf.constant(0, tf.int64))
     if unrolled > 1:
-      state = tf.while_loop(lambda index, *_: index + unrolled <= num_steps, steps, state, parallel_iterations=1)
+      state = tf.while_loop(lambda index, *_: index + unrolled <= num_steps, _repeated(step, unrolled), state,
+                            parallel_iterations=1)
     _, loss_sum, examples = tf.while_loop(lambda index, *_: index < num_steps, step, state, parallel_iterations=1)
     return self.step.outputs(loss_sum, examples)
 
   def _pipelined_steps(self, iterator, num_steps, seq):
     """Step i's gradients are applied while step i + 1 computes its own, from parameters without step i's updates:
     each ps applies one step's updates while the worker computes the next step (one step of delay, as a second
-    worker would add). The first step computed only computes; the last applies after the loop.
+    worker would add). The first step computed only computes; the last applies after the loop. The loop runs
+    `unrolled_steps` such steps per iteration, then the steps left one per iteration, as `_steps` does.
 
     A function run again that finds all its steps applied computes its last step again, for nothing: each ps skips
     that step's updates (recorded there), and its loss and examples are not counted."""
@@ -106,9 +103,13 @@ class AsyncRunner(steps_lib.Runner):
       flat, _ = _flat_gradients(computed[0])
       return (index + 1, self._loss_sum(loss_sum, loss), examples + tf.cast(count, tf.int64), *flat)
 
+    unrolled = self.mode.steps_per_iteration(self.steps_per_execution)
     loop = (start + 1, self._loss_sum(tf.constant(0.0, tf.float32), tf.where(ran, tf.cast(loss, tf.float32), 0.0)),
             tf.where(ran, tf.cast(count, tf.int64), tf.constant(0, tf.int64)), *pending)
     shapes = (tf.TensorShape([]),) * 3 + tuple(invariants)
+    if unrolled > 1:
+      loop = tf.while_loop(lambda index, *_: index + unrolled <= num_steps, _repeated(body, unrolled), loop,
+                           shape_invariants=shapes, parallel_iterations=1)
     _, loss_sum, examples, *pending = tf.while_loop(lambda index, *_: index < num_steps, body, loop,
                                                     shape_invariants=shapes, parallel_iterations=1)
     self._apply(held, pending, slot, self._mark(seq, num_steps - 1))
@@ -218,6 +219,15 @@ class AsyncRunner(steps_lib.Runner):
 
   def settle(self) -> int:
     return self.progress.settle(self.step.counter, *self._start)
+
+
+def _repeated(step, times):
+  """A loop body running `step` `times` times, traced one after another."""
+  def steps(*state):
+    for _ in range(times):
+      state = step(*state)
+    return state
+  return steps
 
 
 def _flat_gradients(grads_and_vars):

@@ -63,11 +63,12 @@ class TrainingMode:
       rows of every lookup of a tf-keras `Embedding` layer or a stacked table, and every sparse gradient of a float32
       variable; half their bytes, rounded to 8 significant bits (tables, optimizer slots and updates stay float32).
       False (the default): they cross as float32.
-    unrolled_steps: async, updates not pipelined: steps traced one after another in each iteration of a scheduled
-      function's loop (default 1, `DEFAULT_UNROLLED_STEPS`: one step per iteration, as tf-keras runs them). More: fewer
-      loop transfers and waits per step (measured faster with small batches, slower with large batches on several
-      workers: bench/results/unrolled_steps/NOTES.md), and a trace about `unrolled_steps + 1` times one step's (the
-      steps left over run one per iteration). Each step still reads the parameters after the previous step's updates.
+    unrolled_steps: async: steps traced one after another in each iteration of a scheduled function's loop (default
+      1, `DEFAULT_UNROLLED_STEPS`: one step per iteration, as tf-keras runs them). More: fewer loop transfers and waits
+      per step (measured faster with small batches, slower with large batches on several workers:
+      bench/results/unrolled_steps/NOTES.md), and a trace about `unrolled_steps + 1` times one step's (the steps left
+      over run one per iteration). Each step still reads the parameters after the previous step's updates (with
+      `pipelined_updates`, after the updates of the step before that, as without unrolling).
   """
 
   sync_mode: str = "async"
@@ -96,13 +97,12 @@ class TrainingMode:
         raise UsageError(f"`{name}` ({getattr(self, name)!r}) must be True or False")
       if getattr(self, name) and self.sync_mode != "async":
         raise UsageError(f"`{name}` (True) applies only to sync_mode=async, not {self.sync_mode}")
-    if self.unrolled_steps is not None and (self.sync_mode != "async" or self.pipelined_updates):
-      given = f"sync_mode={self.sync_mode}" + (" with pipelined_updates" if self.pipelined_updates else "")
-      raise UsageError(f"`unrolled_steps` ({self.unrolled_steps}) applies only to sync_mode=async without "
-                       f"pipelined_updates, not {given}")
+    if self.unrolled_steps is not None and self.sync_mode != "async":
+      raise UsageError(f"`unrolled_steps` ({self.unrolled_steps}) applies only to sync_mode=async, not "
+                       f"sync_mode={self.sync_mode}")
     if self.sync_mode == "geo" and self.geo_steps is None:
       object.__setattr__(self, "geo_steps", DEFAULT_GEO_STEPS)
-    if self.sync_mode == "async" and not self.pipelined_updates and self.unrolled_steps is None:
+    if self.sync_mode == "async" and self.unrolled_steps is None:
       object.__setattr__(self, "unrolled_steps", DEFAULT_UNROLLED_STEPS)
 
   def steps_per_iteration(self, steps_per_execution: int) -> int:
