@@ -363,6 +363,15 @@ PERFORMANCE_PROSE = (
      "from {:.2f}x to {:.2f}x on as many", "scale/restore_{before,after,same_ps}/scale.json",
      lambda: (_restore_factor("before", 3), _restore_factor("same_ps", 3), _restore_factor("after", 2),
               _restore_factor("same_ps", 2))),
+    ("at 1x1 with `--unrolled_steps=4` {:.2f}x and {:.2f}x the default where a core was free, {:.2f}x where the load "
+     "took", "one_box/overlap/{a,c,b}", lambda: tuple(_ratio(f"one_box/overlap/{name}", "fit_1x1+unroll4+pipelined",
+                                                              "fit_1x1") for name in "acb")),
+    ("(with 4 unrolled steps: {:.4f}, {:.4f}, 2 seeds)", "one_box/overlap/quality_unroll4_pipelined.json",
+     lambda: _quality_diffs("one_box/overlap/quality_unroll4_pipelined.json")),
+    ("2x2 and 4x2: {:.2f}x and {:.2f}x, `one_box/overlap/shapes`", "one_box/overlap/shapes",
+     lambda: tuple(statistics.median(tables.run_cpu_ms("one_box/overlap/shapes", f"fit_{size}+unroll4", 256))
+                   / statistics.median(tables.run_cpu_ms("one_box/overlap/shapes", f"fit_{size}", 256))
+                   for size in ("2x2", "4x2"))),
     ("`geo_steps` ({} here)", "modes.json", lambda: (_json("modes.json")["geo_steps"],)),
     ("load average {:.1f} before and {:.1f} after", "modes.json",
      lambda: (_json("modes.json")["load_before"][0], _json("modes.json")["load_after"][0])),
