@@ -467,24 +467,3 @@ def test_dynamic_table_deltas_delete_evicted_ids_and_equal_the_full_export(clust
   assert answers[-2] == answers[-1]  # the evicted id answers as the unseen one
   assert len(set(np.round(answers[:-2, 0], 6))) > 4  # live ids answer from their rows
 
-
-@pytest.mark.slow  # a run of its own
-def test_geo_dynamic_table_deltas_equal_the_full_export(cluster, tmp_path):
-  """Geo training (workers' local copies pushed every 3 steps) of a dynamic table evicting ids, beside a hashed one:
-  base + the deltas written between executions and at the end answers as the full export at the last step."""
-  model_dir = str(tmp_path / "run")
-  history = tfps.fit(build_dynamic, phased_fn, epochs=1, steps_per_epoch=3 * PHASE_BATCHES, model_dir=model_dir,
-                     cluster=cluster, min_shard_bytes=0, delta_export_secs=0, steps_per_execution=PHASE_BATCHES,
-                     sync_mode=tfps.TrainingMode("geo", geo_steps=PHASE_BATCHES))
-  full = tfps.export_saved_model(build_dynamic, str(tmp_path / "full"), model=history.model)
-  base, delta_paths = chain(os.path.join(model_dir, "deltas"))
-  assert [deltas.read_manifest(path)["step"] for path in delta_paths] == [PHASE_BATCHES * n for n in (1, 2, 3)]
-  deleted = []
-  for path in delta_paths:
-    with np.load(os.path.join(path, deltas.TENSORS)) as tensors:
-      deleted += [int(key) for shard in (0, 1) for key in tensors[f"table0/{shard}/deleted"]]
-  assert deleted  # ids evicted between deltas
-  served, expected = served_dynamic(base, delta_paths, full, tmp_path)
-  features = {"ids": np.concatenate([phase_ids(phase, np.random.default_rng(9), 4) for phase in (1, 2)])}
-  np.testing.assert_allclose(served.predict(features, verbose=0), expected.predict(features, verbose=0), atol=1e-6,
-                             rtol=0)
