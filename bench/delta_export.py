@@ -1,9 +1,10 @@
 """Bytes and time of delta exports against the full export when about 1% of a table's rows changed, the time to apply
 each delta, and what marking the rows costs training.
 
-  .venv/bin/python bench/delta_export.py                  # ~20 min; 10^6 rows, then the training cost
+  .venv/bin/python bench/delta_export.py                  # ~35 min; 10^6 rows, then the training cost
   .venv/bin/python bench/delta_export.py --big_rows=10000000 --parts=sizes   # the 10^7-row table too (~5 min more)
-  .venv/bin/python bench/delta_export.py --parts=training  # the training cost only (~14 min), into the existing results
+  .venv/bin/python bench/delta_export.py --parts=training  # the training cost only (~14 min a path), into the results
+  .venv/bin/python bench/delta_export.py --parts=training --paths=estimator   # the Estimator path's only (~16 min)
 
 Sizes (`--parts` all or sizes): for `--rows` (and `--big_rows`), trains on an in-process cluster (1 ps, 1 worker) a
 model with one rows x `--dim` table and a small dense layer, with `tfps.fit(..., delta_export_secs=0)`: the base
@@ -23,7 +24,14 @@ to the end of training (each epoch's checkpoint and backup in every variant; exa
 seconds), the seconds of each delta's write, of each pause within an epoch (from the moment the delta is found due to
 its end: the steps in flight finishing, the write) and of each epoch's checkpoint, and the load average before and
 after; the medians and their ratios to the runs without.
-Writes to `--out` (default bench/results/delta_export.json); `--parts=training` replaces the training part there.
+For each of `--paths`: `fit` (`tfps.fit`, into `training`) and `estimator` (`tfps.Estimator` with the same model as
+a model_fn, `RunConfig(delta_export_secs=secs, save_checkpoints_steps=steps)`, into `training_estimator`): there the
+first `train` call (to the end of the first "epoch": the tracing, the base, a checkpoint) is not measured, the
+second (to `epochs` x `steps`) is, from its loop's start to the delta at its end (not measured, as on `tfps.fit`);
+a delta's pause is the seconds the loop waits at a step-log line or checkpoint while it is written (no step is in
+flight there in any variant), a checkpoint's the seconds its save takes.
+Writes to `--out` (default bench/results/delta_export.json); `--parts=training` replaces the training part of each
+path measured there.
 """
 
 import json
@@ -46,6 +54,7 @@ import tfps  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tfps.keras import callbacks as callbacks_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tfps.keras import deltas as keras_deltas  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tfps.training import deltas  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tfps.training import loop  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _ROWS = flags.DEFINE_integer("rows", 1_000_000, "Rows of the table.", lower_bound=1)
 _BIG_ROWS = flags.DEFINE_integer("big_rows", 0, "Rows of a second, larger table measured the same way (0: none).",
@@ -62,9 +71,17 @@ _SERIES = flags.DEFINE_list("series", ["30:4:3000", "3:3:1000:tracking"], "The t
                             "`secs:epochs:steps[:tracking]`: a delta every `secs` seconds, runs of `epochs` epochs of "
                             "`steps` steps (the first epoch not measured), and with `tracking` a third variant that "
                             "marks the rows but writes no delta while measured.")
+_ESTIMATOR_SERIES = flags.DEFINE_list("estimator_series", ["30:4:10000", "3:3:3000:tracking"], "The series on the "
+                                      "Estimator path, as --series (longer runs: it trains about twice as fast, and "
+                                      "a delta every 30 s must come while measured).")
+_PATHS = flags.DEFINE_list("paths", ["fit", "estimator"], "The training paths whose training cost is measured: fit, "
+                           "estimator or both.")
+flags.register_validator("paths", lambda paths: bool(paths) and set(paths) <= {"fit", "estimator"},
+                         "--paths takes fit, estimator or both (fit,estimator)")
 _OUT = flags.DEFINE_string("out", os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                "delta_export.json"), "Where to write the results.")
 IDS, BATCH = 8, 256
+RESULTS_KEY = {"fit": "training", "estimator": "training_estimator"}  # where each path's training cost goes
 NEVER = 1e9  # `delta_export_secs` of the tracking variant: the base, then a delta only at the end of training
 _rows = [1_000_000]  # the table's rows in the run being measured
 
@@ -76,6 +93,16 @@ def build_model():
       tf_keras.layers.Dense(32, activation="relu")(embedded)))
   model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "binary_crossentropy")
   return model
+
+
+def model_fn(features, labels, mode):
+  """`build_model`'s model on the Estimator path."""
+  embedded = tf_keras.layers.Flatten()(tf_keras.layers.Embedding(_rows[0], _DIM.value, name="table")(features["ids"]))
+  logits = tf_keras.layers.Dense(1)(tf_keras.layers.Dense(32, activation="relu")(embedded))[:, 0]
+  if mode == tfps.ModeKeys.PREDICT:
+    return tfps.EstimatorSpec(mode, predictions={"probability": tf.sigmoid(logits)})
+  loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+  return tfps.EstimatorSpec(mode, loss=loss, optimizer=tf_keras.optimizers.legacy.Adagrad(0.1))
 
 
 def train_fn(input_context):
@@ -130,6 +157,18 @@ def _cpu() -> float:
 
 
 WRITES = {"write_base": [], "write_delta": [], "checkpoint": [], "apply_rows": [], "pause": []}
+MARKS = []  # (wall, CPU seconds, writes so far) at each start of an Estimator training loop and of its last delta
+
+
+def mark(owner, name: str) -> None:
+  """Replaces `owner.name` by a wrapper appending to `MARKS` the moment of each call's start."""
+  original = getattr(owner, name)
+
+  def wrapper(*args, **kwargs):
+    MARKS.append((time.perf_counter(), _cpu(), {key: len(seconds) for key, seconds in WRITES.items()}))
+    return original(*args, **kwargs)
+
+  setattr(owner, name, wrapper)
 
 
 def apply_times(base: str, delta_paths, scratch: str) -> list:
@@ -179,28 +218,49 @@ def size_results(cluster, rows: int, scratch: str) -> dict:
   return results
 
 
-def examples_per_sec(cluster, scratch: str, series: dict, variant: str, repeat: int) -> dict:
-  """One run of `variant` ("with_deltas", "tracking" or "without") in `series`: examples/s and examples per CPU-second
-  over epochs 2 on, and the seconds of each delta's write, pause and checkpoint in that window."""
-  window, load_before = RunWindow(), os.getloadavg()[0]
-  model_dir = os.path.join(scratch, f"{series['delta_every_secs']:g}_{variant}_{repeat}")
-  secs = {"with_deltas": series["delta_every_secs"], "tracking": NEVER, "without": None}[variant]
+def fit_window(cluster, model_dir: str, series: dict, secs):
+  """A `tfps.fit` run of `series`: wall and CPU seconds from the first epoch's end to the end of training, and the
+  seconds of each write in that window."""
+  window = RunWindow()
   tfps.fit(build_model, train_fn, epochs=series["epochs"], steps_per_epoch=series["steps"], cluster=cluster,
            num_shards=1, model_dir=model_dir, callbacks=[window], delta_export_secs=secs)
-  since = window.writes
+  return window.wall, window.cpu, window.writes
+
+
+def estimator_window(cluster, model_dir: str, series: dict, secs):
+  """A `tfps.Estimator` run of `series`: the first `steps` not measured, then wall and CPU seconds from the second
+  `train` call's loop start to its last delta's (at the end of training), and the seconds of each write between."""
+  config = tfps.RunConfig(save_checkpoints_steps=series["steps"], delta_export_secs=secs)
+  estimator = tfps.Estimator(model_fn, model_dir=model_dir, config=config, cluster=cluster)
+  estimator.train(train_fn, max_steps=series["steps"])
+  first = len(MARKS)
+  estimator.train(train_fn, max_steps=series["steps"] * series["epochs"])
+  (start, start_cpu, since), (end, end_cpu, until) = MARKS[first:first + 2]
+  return end - start, end_cpu - start_cpu, {name: [round(secs, 3) for secs in WRITES[name][since[name]:until[name]]]
+                                            for name in WRITES}
+
+
+def examples_per_sec(cluster, scratch: str, series: dict, variant: str, repeat: int) -> dict:
+  """One run of `variant` ("with_deltas", "tracking" or "without") in `series` on its path: examples/s and examples
+  per CPU-second over epochs 2 on, and the seconds of each delta's write, pause and checkpoint in that window."""
+  load_before = os.getloadavg()[0]
+  model_dir = os.path.join(scratch, f"{series['path']}_{series['delta_every_secs']:g}_{variant}_{repeat}")
+  secs = {"with_deltas": series["delta_every_secs"], "tracking": NEVER, "without": None}[variant]
+  run = {"fit": fit_window, "estimator": estimator_window}[series["path"]]
+  wall, cpu, since = run(cluster, model_dir, series, secs)
   examples = series["steps"] * BATCH * (series["epochs"] - 1)
   checkpoints = sum(since["checkpoint"])  # the same work in every variant, and the most uneven under load
-  return {"examples_per_sec": round(examples / window.wall, 1), "examples_per_cpu_sec": round(examples / window.cpu, 1),
-          "examples_per_sec_besides_checkpoints": round(examples / (window.wall - checkpoints), 1),
-          "wall_secs": round(window.wall, 1), "deltas_written": len(since["write_delta"]),
+  return {"examples_per_sec": round(examples / wall, 1), "examples_per_cpu_sec": round(examples / cpu, 1),
+          "examples_per_sec_besides_checkpoints": round(examples / (wall - checkpoints), 1),
+          "wall_secs": round(wall, 1), "deltas_written": len(since["write_delta"]),
           "delta_write_secs": since["write_delta"], "delta_pause_secs": since["pause"],
           "checkpoint_secs": since["checkpoint"],
           "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
 
 
-def parse_series(text: str) -> dict:
+def parse_series(text: str, path: str) -> dict:
   secs, epochs, steps, *tracking = text.split(":")
-  return {"delta_every_secs": float(secs), "epochs": int(epochs), "steps": int(steps),
+  return {"path": path, "delta_every_secs": float(secs), "epochs": int(epochs), "steps": int(steps),
           "variants": ["without", "with_deltas"] + (["tracking"] if tracking == ["tracking"] else [])}
 
 
@@ -213,7 +273,7 @@ def training_cost(cluster, scratch: str, series: dict) -> dict:
   for repeat in range(_REPEATS.value):
     for variant in variants[repeat % len(variants):] + variants[:repeat % len(variants)]:
       runs[variant].append(examples_per_sec(cluster, scratch, series, variant, repeat))
-      print(f"{series['delta_every_secs']:g} s, {variant} run {repeat + 1}: {runs[variant][-1]}", flush=True)
+      print(f"{series['path']}, {series['delta_every_secs']:g} s, {variant} run {repeat + 1}: {runs[variant][-1]}", flush=True)
   medians = {key: {variant: float(np.median([run[key] for run in done])) for variant, done in runs.items()}
              for key in ("examples_per_sec", "examples_per_cpu_sec", "examples_per_sec_besides_checkpoints")}
   ratios = {key: {variant: round(value / medians[key]["without"], 3) for variant, value in by_variant.items()
@@ -224,7 +284,19 @@ def training_cost(cluster, scratch: str, series: dict) -> dict:
 
 def time_pauses() -> None:
   """Adds to `WRITES["pause"]` each delta's pause within an epoch: from the moment `drive_fit` finds it due (it then
-  waits for the steps scheduled so far and settles the counter) until the delta is written."""
+  waits for the steps scheduled so far and settles the counter) until the delta is written; on the Estimator path
+  the seconds its loop spends writing a delta at a step-log line or checkpoint (where it waits for its steps anyway).
+  """
+  estimator_due = loop.TrainLoop._wrote_delta_due  # pylint: disable=protected-access
+
+  def timed_estimator_due(self):
+    start = time.perf_counter()
+    wrote = estimator_due(self)
+    if wrote:
+      WRITES["pause"].append(time.perf_counter() - start)
+    return wrote
+
+  loop.TrainLoop._wrote_delta_due = timed_estimator_due  # pylint: disable=protected-access
   found = []
   due, run = keras_deltas.DeltaExport.due, keras_deltas.DeltaExport.run
 
@@ -248,6 +320,9 @@ def main(argv):
     timed(deltas.DeltaWriter, name, WRITES[name])
   timed(callbacks_lib.EpochCheckpoint, "on_epoch_end", WRITES["checkpoint"])
   timed(deltas, "apply_delta", WRITES["apply_rows"])
+  timed(loop.TrainLoop, "_save", WRITES["checkpoint"])  # the Estimator path's checkpoints (tfps.fit's are the above)
+  for name in ("run", "_finish_deltas"):
+    mark(loop.TrainLoop, name)
   results = {}
   if _PARTS.value == "training":
     with open(_OUT.value, encoding="utf-8") as f:
@@ -259,10 +334,12 @@ def main(argv):
     results = dict(measured[0], sizes=measured)  # the first size's figures at the top, as before
   if _PARTS.value != "sizes":
     time_pauses()
-    with tempfile.TemporaryDirectory() as scratch:
-      results["training"] = [training_cost(cluster, scratch, parse_series(text)) for text in _SERIES.value]
-    for series in results["training"]:
-      print(f"a delta every {series['delta_every_secs']:g} s, against without (medians): examples/s "
+    for path in _PATHS.value:
+      with tempfile.TemporaryDirectory() as scratch:
+        results[RESULTS_KEY[path]] = [training_cost(cluster, scratch, parse_series(text, path))
+                                      for text in {"fit": _SERIES, "estimator": _ESTIMATOR_SERIES}[path].value]
+    for series in (one for path in _PATHS.value for one in results[RESULTS_KEY[path]]):
+      print(f"{series['path']}: a delta every {series['delta_every_secs']:g} s, against without (medians): examples/s "
             f"{series['ratios_to_without']['examples_per_sec']}, examples per CPU-second "
             f"{series['ratios_to_without']['examples_per_cpu_sec']}")
   os.makedirs(os.path.dirname(_OUT.value), exist_ok=True)

@@ -417,6 +417,20 @@ def id_map(row_shard):
   return dict(zip(keys.numpy().tolist(), rows.numpy().tolist()))
 
 
+def served_dynamic(base, delta_paths, full, tmp_path):
+  """`base` with `delta_paths` applied and the `full` export of `build_dynamic`, loaded, after checking that they hold
+  the same weights (to 1e-6) and each dynamic row shard the same id map (more than 10 ids) and row keys."""
+  served = tf_keras.models.load_model(tfps.delta.apply(base, delta_paths, str(tmp_path / "served")), compile=False)
+  expected = tf_keras.models.load_model(full, compile=False)
+  assert len(served.weights) == len(expected.weights) == 4  # the dynamic rows, the hashed table, the dense layer
+  for got, want in zip(served.weights, expected.weights):
+    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-6, rtol=0)
+  for got, want in zip(*(model.get_layer("dynamic").shards for model in (served, expected))):
+    assert id_map(got) == id_map(want) and len(id_map(got)) > 10  # each raw id's row; no evicted id
+    np.testing.assert_array_equal(got.row_keys.numpy(), want.row_keys.numpy())
+  return served, expected
+
+
 def test_dynamic_table_deltas_delete_evicted_ids_and_equal_the_full_export(cluster, tmp_path):
   """A dynamic table evicting ids between deltas, beside a hashed table, with deltas written while an epoch's steps
   run (an epoch of 3 executions, longer than the interval) and at its end: base + deltas answers as the full export
@@ -439,14 +453,7 @@ def test_dynamic_table_deltas_delete_evicted_ids_and_equal_the_full_export(clust
   layer = history.model.get_layer("dynamic")
   gone = [key for key in set(deleted) if layer.rows_of(tf.constant([key], tf.int64)).numpy()[0] == -1]
   assert gone, deleted  # evicted between deltas, and not given a row again since
-  served = tf_keras.models.load_model(tfps.delta.apply(base, delta_paths, str(tmp_path / "served")), compile=False)
-  expected = tf_keras.models.load_model(full, compile=False)
-  assert len(served.weights) == len(expected.weights) == 4  # the dynamic rows, the hashed table, the dense layer
-  for got, want in zip(served.weights, expected.weights):
-    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-6, rtol=0)
-  for got, want in zip(*(model.get_layer("dynamic").shards for model in (served, expected))):
-    assert id_map(got) == id_map(want) and len(id_map(got)) > 10  # each raw id's row; no evicted id
-    np.testing.assert_array_equal(got.row_keys.numpy(), want.row_keys.numpy())
+  served, expected = served_dynamic(base, delta_paths, full, tmp_path)
   live = phase_ids(2, np.random.default_rng(9), 8)  # the last phases' ids, seen lately
   # An id never seen in the hashed table's bucket of the evicted one: both read the same hashed row.
   candidates = np.arange(1, 5_000)  # below every phase's ids but 11
@@ -459,3 +466,4 @@ def test_dynamic_table_deltas_delete_evicted_ids_and_equal_the_full_export(clust
   np.testing.assert_allclose(answers, expected.predict(features, verbose=0), atol=1e-6, rtol=0)
   assert answers[-2] == answers[-1]  # the evicted id answers as the unseen one
   assert len(set(np.round(answers[:-2, 0], 6))) > 4  # live ids answer from their rows
+

@@ -709,12 +709,20 @@ def _spread(values) -> str:
   return f"{statistics.median(values):.3f} / {max(values):.3f}" if values else "-"
 
 
-def delta_training_table(series: list) -> str:
-  """docs/delta_export.md's table of the training cost of delta exports, from bench/results/delta_export.json's
-  `training` (bench/delta_export.py --parts=training): a row per series and variant."""
+# Per training path: its results' key in bench/results/delta_export.json, and how its table names a delta's pause.
+_DELTA_PATHS = {"fit": ("training", "pauses within epochs, s", "a pause within an epoch"),
+                "estimator": ("training_estimator", "pauses at step-log lines and checkpoints, s",
+                              "a pause at a step-log line or checkpoint")}
+
+
+def delta_training_table(series: list, path: str = "fit") -> str:
+  """docs/delta_export.md's table of the training cost of delta exports on `path` (fit or estimator), from
+  bench/results/delta_export.json's `training` or `training_estimator` (bench/delta_export.py --parts=training):
+  a row per series and variant."""
+  _, pauses_column, a_pause = _DELTA_PATHS[path]
   lines = ["| a delta every | variant | examples/s of each run (load average before-after) | median, x without | "
            "besides the checkpoints, x without | examples per CPU-second, median, x without | deltas written while "
-           "measured | delta writes, s (median / max) | pauses within epochs, s | checkpoints, s |",
+           f"measured | delta writes, s (median / max) | {pauses_column} | checkpoints, s |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
   for one in series:
     for variant, runs in one["runs"].items():
@@ -742,19 +750,20 @@ def delta_training_table(series: list) -> str:
         + ("" if one["delta_every_secs"] != 30 else
            f" (the target, 0.95x at 30 s: {'met' if ratios['examples_per_cpu_sec']['with_deltas'] >= 0.95 else 'not met'}"
            f" by CPU, {'met' if ratios['examples_per_sec']['with_deltas'] >= 0.95 else 'not met'} by wall time)")
-        + f"; a pause within an epoch took {_spread(pauses)} s (median / max) against {_spread(checkpoints)} s for a "
+        + f"; {a_pause} took {_spread(pauses)} s (median / max) against {_spread(checkpoints)} s for a "
         "checkpoint.")
   return "\n".join(lines)
 
 
-def test_the_training_cost_table_of_delta_export_md_is_its_results():
-  series = _json("delta_export.json")["training"]
+@pytest.mark.parametrize("path", ["fit", "estimator"])
+def test_the_training_cost_table_of_delta_export_md_is_its_results(path):
+  series = _json("delta_export.json")[_DELTA_PATHS[path][0]]
   assert [one["delta_every_secs"] for one in series] == [30.0, 3.0]  # the issue's interval, and a short one
   for one in series:  # deltas were written while measured: every run at least once, the short interval's often
     written = [run["deltas_written"] for run in one["runs"]["with_deltas"]]
     assert min(written) >= 1 and (one["delta_every_secs"] > 3 or min(written) >= 2), written
   text = (REPO / "docs" / "delta_export.md").read_text(encoding="utf-8")
-  assert delta_training_table(series) in text, "regenerate it: tests/test_figures.py's delta_training_table"
+  assert delta_training_table(series, path) in text, "regenerate it: tests/test_figures.py's delta_training_table"
 
 
 def freshness_sentence(results: dict) -> str:
