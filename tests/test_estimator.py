@@ -21,7 +21,7 @@ from tfps.estimator.spec import ModelFnError
 MAX_STEPS = 300
 EVAL_EXAMPLES = 1000
 BATCH = 64
-LOG_LINE = re.compile(r"^step (\d+) \| loss ([0-9.]+) \| ([0-9.]+) steps/s \| ([0-9,]+) ex/s \| eta \S+$")
+LOG_LINE = re.compile(r"^step (\d+) \| loss ([0-9.]+) \| ([0-9.,]+) steps/s \| ([0-9,]+) ex/s \| eta \S+$")
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_step_log_and_checkpoints(trained):
   assert [int(m.group(1)) for m in lines] == list(range(50, MAX_STEPS + 1, 50))
   losses = [float(m.group(2)) for m in lines]
   assert losses[-1] < losses[0]
-  assert all(float(m.group(3)) > 0 and int(m.group(4).replace(",", "")) > 0 for m in lines)
+  assert all(float(m.group(3).replace(",", "")) > 0 and int(m.group(4).replace(",", "")) > 0 for m in lines)
   paths = checkpoints_lib.list_checkpoints(estimator.model_dir)
   assert [checkpoints_lib.checkpoint_number(p) for p in paths] == [200, 300]  # keep_checkpoint_max=2
   marker = checkpoints_lib.read_final_marker(estimator.model_dir)
