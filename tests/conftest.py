@@ -32,6 +32,15 @@ def kafka_broker():
 
 
 @pytest.fixture
+def info_log(caplog):
+  """`caplog` holding tfps's INFO lines (absl's logger), whatever level an earlier test of the process left absl's
+  logger at (absl sets it to WARNING when a parsed command line is unparsed)."""
+  caplog.set_level("INFO")
+  caplog.set_level("INFO", logger="absl")
+  return caplog
+
+
+@pytest.fixture
 def shared_data():
   """`../shared/data` (MovieLens 100K, the Criteo sample); a skip where the checkout has none beside it, a failure
   under CI=true (`needs.require`)."""

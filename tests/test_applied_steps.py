@@ -26,13 +26,12 @@ def dataset_fn(input_context):
   return tf.data.Dataset.from_tensors((np.array([[1, 2]], np.int64), np.array([1.0], np.float32))).repeat()
 
 
-def test_each_ps_counts_its_applied_steps_and_one_more_update_shows_there_alone(cluster, tmp_path, caplog):
-  caplog.set_level("INFO")
+def test_each_ps_counts_its_applied_steps_and_one_more_update_shows_there_alone(cluster, tmp_path, info_log):
   model_dir = str(tmp_path / "run")
   model = tfps.fit(build_model, dataset_fn, epochs=1, steps_per_epoch=STEPS, model_dir=model_dir,
                    cluster=cluster).model
   final = checkpoints_lib.read_final_marker(model_dir)
-  log = caplog.text
+  log = info_log.text
   assert applied_steps.applied_per_ps(final["last_checkpoint"], log) == {"ps:0": STEPS, "ps:1": STEPS}
 
   # A step applied twice on ps:1 alone: its counter's accumulator grows once more, as the optimizer's update does.

@@ -261,7 +261,7 @@ def test_a_step_run_again_skips_the_updates_a_ps_applied_already(cluster):
 
 
 @pytest.mark.parametrize("reached_holds_the_counter", [True, False])
-def test_a_sync_update_run_again_applies_the_step_only_where_it_is_missing(cluster, caplog, reached_holds_the_counter):
+def test_a_sync_update_run_again_applies_the_step_only_where_it_is_missing(cluster, info_log, reached_holds_the_counter):
   """Sync: a worker that dies during a step's update can leave it applied on one ps and not the other, the step
   counter with it or not. The update run again applies the step on the other ps alone, and the counter ends at the
   steps applied."""
@@ -285,7 +285,6 @@ def test_a_sync_update_run_again_applies_the_step_only_where_it_is_missing(clust
   runner.ps_records.vectors[reached].scatter_update(tf.IndexedSlices(tf.constant([2], tf.int64), tf.constant([1])))
   if reached_holds_the_counter:
     model.optimizer.iterations.assign_add(1)
-  caplog.set_level("INFO")
   coordinator.schedule(runner.update_function,
                        args=(tf.constant(1, tf.int64), tf.constant(0.0), tf.constant(0, tf.int64)))
   coordinator.join()
@@ -294,7 +293,7 @@ def test_a_sync_update_run_again_applies_the_step_only_where_it_is_missing(clust
     unchanged = (variable.numpy() == before[variable.name]).all()
     assert unchanged == (variable.device == reached), variable.name
   assert int(model.optimizer.iterations.numpy()) == 2
-  assert ("Step counter settled at 2" in caplog.text) == reached_holds_the_counter
+  assert ("Step counter settled at 2" in info_log.text) == reached_holds_the_counter
   assert {device: int(vector[1].numpy()) for device, vector in runner.ps_records.vectors.items()} == {
       device: 2 for device in devices}
 

@@ -116,12 +116,11 @@ def test_fit_writes_checkpoints_tensorboard_and_final_marker(trained):
   assert final["last_checkpoint"].endswith("ckpt-3")
 
 
-def test_fit_again_in_a_finished_model_dir_restores_instead_of_training(trained, cluster, caplog):
+def test_fit_again_in_a_finished_model_dir_restores_instead_of_training(trained, cluster, info_log):
   """What a chief restarted after its run ended finds (a ps died while it exited): the run is not repeated."""
   history, model_dir = trained
-  caplog.set_level("INFO")
   again = tfps.fit(build_model, train_fn, epochs=EPOCHS, steps_per_epoch=STEPS, model_dir=model_dir, cluster=cluster)
-  assert f"Training already finished in {model_dir} ({EPOCHS * STEPS} steps" in caplog.text
+  assert f"Training already finished in {model_dir} ({EPOCHS * STEPS} steps" in info_log.text
   assert again.history == {}
   assert int(again.model.optimizer.iterations.numpy()) == EPOCHS * STEPS
   features, _ = examples(50, seed=9)
@@ -305,21 +304,20 @@ def test_tfps_evaluate_exact_counts_a_dataset_read_from_files(trained, tmp_path)
   assert tfps.evaluate(trained[0].model, file_fn, exact=True)["count"] == 1_003
 
 
-def test_progress_is_measured_while_steps_run_and_plotted_record_by_record(cluster, caplog, tmp_path):
+def test_progress_is_measured_while_steps_run_and_plotted_record_by_record(cluster, info_log, tmp_path):
   """fit schedules an epoch's functions long before they run: progress comes from the step on the ps, every interval,
   and tfps-report plots each record."""
-  caplog.set_level("INFO")
   steps = 400
   tfps.fit(build_model, train_fn, epochs=1, steps_per_epoch=steps, steps_per_execution=10, log_every_secs=0.25,
            cluster=cluster, model_dir=str(tmp_path))
-  lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch 1/1 | step")]
+  lines = [r.getMessage() for r in info_log.records if r.getMessage().startswith("epoch 1/1 | step")]
   assert len(lines) >= 3, lines  # one every 0.25 s while the steps run
   assert all(" ex/s | eta " in line for line in lines)  # 64 examples a step: the dataset's static batch size
   shown = [int(line.split(" | step ")[1].split("/")[0]) for line in lines]
   losses = [line.split(" | loss ")[1].split(" ")[0] for line, step in zip(lines, shown) if step >= 10]
   assert len(losses) >= 2 and all(loss.startswith("0.") for loss in losses), lines  # a function that ran: its loss
   assert shown == sorted(set(shown)) and 0 < shown[0] and shown[-1] <= steps
-  assert any(r.getMessage().startswith("epoch 1/1 done | loss ") for r in caplog.records)
+  assert any(r.getMessage().startswith("epoch 1/1 done | loss ") for r in info_log.records)
   run = run_records.read_run(str(tmp_path))
   train = [r for r in run["progress"] if r["kind"] == "train"]
   recorded = [r["step"] for r in train]  # every 0.25 s too (at least the lines' steps), and the epoch's end

@@ -93,12 +93,11 @@ def model_fn(features, labels, mode):
   return tfps.EstimatorSpec(mode, loss=loss, optimizer=tf_keras.optimizers.legacy.Adagrad(0.5))
 
 
-def test_sync_estimator_matches_single_process_on_the_combined_batch(cluster, tmp_path, caplog):
-  caplog.set_level("INFO")
+def test_sync_estimator_matches_single_process_on_the_combined_batch(cluster, tmp_path, info_log):
   estimator = tfps.Estimator(model_fn, model_dir=str(tmp_path), cluster=cluster,
                              config=tfps.RunConfig(sync_mode="sync", log_step_count_steps=10))
   estimator.train(per_worker_batches, max_steps=STEPS)
-  assert f"Training from step 0 to {STEPS} (sync, 2 worker batches per step)" in caplog.text
+  assert f"Training from step 0 to {STEPS} (sync, 2 worker batches per step)" in info_log.text
   features, labels = combined()
   results = estimator.evaluate(lambda: tf.data.Dataset.from_tensors((features, labels)), steps=None)
   expected = loss_of(trained_alone(features, labels), features, labels)
@@ -139,14 +138,13 @@ def test_geo_fit_learns_with_rounds_on_both_workers_and_records_progress_within_
   assert within and all(step % 10 == 0 for step in within), [r["step"] for r in train]
 
 
-def test_pipelined_fit_and_estimator_learn_on_both_workers_each_step_counted_once(cluster, tmp_path, caplog):
+def test_pipelined_fit_and_estimator_learn_on_both_workers_each_step_counted_once(cluster, tmp_path, info_log):
   """Updates applied one step late (`pipelined_updates`) still train, on both paths, and count every step once."""
-  caplog.set_level("INFO")
   features, labels = combined()
   untrained = loss_of(trained_alone(features, labels, steps=0), features, labels)
   history = tfps.fit(build_model, per_worker_batches, epochs=2, steps_per_epoch=45, cluster=cluster,
                      sync_mode=tfps.TrainingMode(pipelined_updates=True), steps_per_execution=10)
-  assert "(async, updates pipelined)" in caplog.text
+  assert "(async, updates pipelined)" in info_log.text
   assert int(history.model.optimizer.iterations.numpy()) == 90
   assert loss_of(history.model, features, labels) < 0.5 * untrained
   estimator = tfps.Estimator(model_fn, model_dir=str(tmp_path), cluster=cluster,
