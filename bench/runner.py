@@ -12,6 +12,7 @@ the whole span, interpolated between the samples around its ends). One process r
 Imports no TensorFlow.
 """
 
+import functools
 import json
 import os
 import re
@@ -30,12 +31,27 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "bench", "train_bench.py")
 PLAIN_SCRIPT = os.path.join(ROOT, "bench", "plain_pss_train.py")  # starts its own cluster, no tfps
 LAUNCHER = os.path.join(os.path.dirname(sys.executable), "tfps-launch")
-LOG_ROOT = os.environ.get("TFPS_BENCH_LOGS", os.path.join(tempfile.gettempdir(), "tfps_bench_logs"))
+LOGS_ENV = "TFPS_BENCH_LOGS"  # where set, the folder of this bench's logs
+
+
+def log_root() -> str:
+  """The folder of this bench's logs: `$TFPS_BENCH_LOGS` where set, else one of its own (`_own_log_root`), so that
+  two benches running at once (or a bench and a test) never write into each other's logs."""
+  return os.environ.get(LOGS_ENV) or _own_log_root()
+
+
+@functools.lru_cache(maxsize=None)
+def _own_log_root() -> str:
+  """A new folder `<tmp>/tfps_bench_logs_<script>_<random>`, made at the first call of the process; printed then."""
+  script = os.path.splitext(os.path.basename(sys.argv[0]))[0] or "bench"
+  root = tempfile.mkdtemp(prefix=f"tfps_bench_logs_{script}_")
+  print(f"task logs: {root}", flush=True)
+  return root
 
 
 def log_dir(name: str) -> str:
-  """The folder of one run's logs: `$TFPS_BENCH_LOGS/<name>` (default /tmp/tfps_bench_logs)."""
-  return os.path.join(LOG_ROOT, name)
+  """The folder of one measurement's logs: `<log_root()>/<name>`."""
+  return os.path.join(log_root(), name)
 
 
 class BenchError(RuntimeError):

@@ -57,8 +57,8 @@ _WAIT = flags.DEFINE_integer("wait_for_memory_secs", 0, "How long a run waits fo
                              "skipped.", lower_bound=0)
 _SUMMARIZE = flags.DEFINE_boolean("summarize_only", False, "Run nothing: summarize the runs of --out/scale.json "
                                   "again (after a change to bench/scale_summary.py).")
-_OUT = flags.DEFINE_string("out", "bench/results/scale", "Folder for scale.json and scale.png (logs: "
-                           "$TFPS_BENCH_LOGS).")
+_OUT = flags.DEFINE_string("out", "bench/results/scale", "Folder for scale.json and scale.png (task logs: "
+                           "$TFPS_BENCH_LOGS, else a new folder per run, printed at its first task).")
 NUM_PS, NUM_WORKERS, BASELINE_ROWS = 2, 2, 1000
 
 

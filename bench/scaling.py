@@ -40,7 +40,8 @@ _REPEATS = flags.DEFINE_integer("repeats", 2, "Repetitions of the grid, each in 
                                 "their median, the peak RSS their maximum.", lower_bound=1)
 _QUICK = flags.DEFINE_boolean("quick", False, "1e5 and 1e6 rows, 1 and 2 ps, 1 repetition.")
 _OUT = flags.DEFINE_string("out", "bench/results",
-                          "Folder for scaling.json and scaling.png (logs: $TFPS_BENCH_LOGS).")
+                          "Folder for scaling.json and scaling.png (task logs: $TFPS_BENCH_LOGS, else a new "
+                          "folder per run, printed at its first task).")
 
 
 def _grid():

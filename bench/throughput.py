@@ -71,7 +71,8 @@ _QUICK = flags.DEFINE_boolean("quick", False, "Batch 256 only, 1 repetition, 1 w
 _TRIVIAL = flags.DEFINE_boolean("trivial", True, "Also measure the trivial scheduled function (1 ps + 1 worker) in "
                                 "each repetition.")
 _OUT = flags.DEFINE_string("out", "bench/results",
-                          "Folder for throughput.json and throughput.png (logs: $TFPS_BENCH_LOGS).")
+                          "Folder for throughput.json and throughput.png (task logs: $TFPS_BENCH_LOGS, else a new "
+                          "folder per run, printed at its first task).")
 
 
 # `+option` -> the flag of train_bench.py it sets; the plain peer has none of these, so a variant with one is compared

@@ -26,6 +26,8 @@ _VOCAB = flags.DEFINE_integer("vocab_size", 100_000, "Rows of the embedding tabl
 _EXACT = flags.DEFINE_boolean("exact_evaluation", True, "Evaluate the finite eval set exactly once per epoch.")
 _EVERY = flags.DEFINE_boolean("evaluate_every_checkpoint", False, "On the evaluator task: evaluate every checkpoint "
                               "in order, not only the newest.")
+_SEED = flags.DEFINE_integer("seed", None, "Seed of the model's initial values (tfps.fit's seed): the same at every "
+                             "launch (docs/repeatability.md); unset: other ones at each launch.", lower_bound=0)
 _COUNT = flags.DEFINE_boolean("count_applied_steps", False, "Count on every ps the steps applied there (a counter per "
                               "ps, in the checkpoints: tfps.testing.applied_steps), to check a run under failures.")
 
@@ -76,7 +78,7 @@ def main(argv):
     return tfps.fit(build_model, train_dataset_fn, epochs=_EPOCHS.value, steps_per_epoch=_STEPS.value,
                     validation_dataset_fn=eval_dataset_fn, validation_steps=None if _EXACT.value else 4,
                     exact_evaluation=_EXACT.value, model_dir=_MODEL_DIR.value, cluster=cluster, sync_mode=mode,
-                    strategy_options=strategy_options)
+                    strategy_options=strategy_options, seed=_SEED.value)
 
   def evaluate(cluster):
     del cluster  # the sidecar reads checkpoints; it never connects to the cluster

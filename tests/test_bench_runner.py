@@ -1,8 +1,10 @@
-"""bench/runner.py: a process run alone whose measured windows are shorter than the sampling period still gets its
+"""bench/runner.py: each bench run has its own folder of task logs; a process run alone whose measured windows are shorter than the sampling period still gets its
 CPU (its own count); a task whose span holds fewer than two samples gets its CPU at the span's ends, interpolated."""
 
 import json
+import os
 import pathlib
+import subprocess
 import sys
 import textwrap
 
@@ -63,3 +65,20 @@ def test_a_tasks_rss_is_that_of_its_last_sample_that_has_one():
   series = [(10.0, 2.0, 300, 0, 200), (10.5, 2.25, 500, 0, 450), (11.0, 2.5, 500, 0, 0)]
   summary = runner._task_summary(series, None)
   assert summary["peak_rss_bytes"] == 500 and summary["rss_bytes"] == 450
+
+
+def test_each_bench_run_has_its_own_log_folder(tmp_path):
+  """Two benches at once (or a bench and a test) once wrote their task logs into one /tmp/tfps_bench_logs."""
+  env = {name: value for name, value in os.environ.items() if name != "TFPS_BENCH_LOGS"}
+  env["TMPDIR"] = str(tmp_path)  # the folders made go there
+  code = "from bench import runner; print(runner.log_dir('scale_a'))"
+  given = str(tmp_path / "given")
+  runs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=run_env, stdout=subprocess.PIPE, text=True)
+          for run_env in (env, env, dict(env, TFPS_BENCH_LOGS=given))]
+  (printed_a, folder_a), (printed_b, folder_b), outputs = [run.communicate(timeout=60)[0].splitlines() for run in runs]
+  assert folder_a != folder_b
+  for printed, folder in ((printed_a, folder_a), (printed_b, folder_b)):
+    root = os.path.dirname(folder)
+    assert printed == f"task logs: {root}" and os.path.isdir(root)
+    assert os.path.basename(folder) == "scale_a" and os.path.dirname(root) == str(tmp_path)
+  assert outputs == [os.path.join(given, "scale_a")]  # as the bench tests choose it, nothing printed

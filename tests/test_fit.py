@@ -271,6 +271,7 @@ def keras3_model():
     (dict(steps_per_execution=-2), ValueError, "`steps_per_execution` (-2) must be a positive integer"),
     (dict(num_shards=0), ValueError, "`num_shards` (0) must be a positive integer or None"),
     (dict(min_shard_bytes=-1), ValueError, "`min_shard_bytes` (-1) must be a non-negative integer"),
+    (dict(seed=-1), ValueError, "`seed` (-1) must be a non-negative integer"),
 ])
 def test_bad_fit_arguments_get_clear_errors(cluster, kwargs, error, message):
   args = dict(build_model=build_model, train_dataset_fn=train_fn, epochs=1, steps_per_epoch=2, cluster=cluster)
@@ -284,6 +285,25 @@ def test_a_finite_training_dataset_with_a_batch_for_every_step_trains(cluster):
   """Each worker reads its own copy: a copy that holds every step's batch can never run out."""
   history = tfps.fit(build_model, lambda ctx: train_fn(ctx).take(8), epochs=2, steps_per_epoch=4, cluster=cluster)
   assert int(history.model.optimizer.iterations.numpy()) == 8
+
+
+class InitialWeights(tf_keras.callbacks.Callback):
+  """Holds the model's weights when training begins (read from the ps)."""
+
+  def on_train_begin(self, logs=None):
+    self.weights = self.model.get_weights()
+
+
+def test_seed_gives_the_same_initial_weights(cluster):
+  def initial_weights(seed):
+    held = InitialWeights()
+    tfps.fit(build_model, train_fn, epochs=1, steps_per_epoch=1, seed=seed, callbacks=[held], cluster=cluster)
+    return held.weights
+
+  first, again, other = initial_weights(7), initial_weights(7), initial_weights(8)
+  assert len(first) == len(again) == len(other) == 6
+  assert all(np.array_equal(a, b) for a, b in zip(first, again))
+  assert not any(np.array_equal(a, b) for a, b in zip(first, other) if a.any())  # the biases start at 0 in both
 
 
 def test_tfps_evaluate_exact_counts_a_dataset_read_from_files(trained, tmp_path):

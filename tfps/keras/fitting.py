@@ -50,9 +50,12 @@ class FitOptions:
   keep_checkpoint_max: Optional[int] = 5
   verbose: int = 0
   delta_export_secs: Optional[float] = None
+  seed: Optional[int] = None
 
   def __post_init__(self):
     checks.positive_int("steps_per_execution", self.steps_per_execution, allow_none=True)
+    if self.seed is not None:
+      checks.non_negative_int("seed", self.seed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +110,7 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
       verbose: tf-keras's verbosity (0: only tfps's progress lines).
       delta_export_secs: seconds between exports of the changed rows to `model_dir/deltas`, within epochs too
         (None: none; docs/delta_export.md).
+      seed: the same seed, the same initial weights (`_build`; None: unseeded), as the Estimator's `tf_random_seed`.
   """
   fit_options = _fit_options(options)  # what remains in `options`: strategy fields given one by one
   exports = deltas.delta_callbacks(build_model, train_dataset_fn, model_dir, fit_options.delta_export_secs)
@@ -117,9 +121,13 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
   strategy_options = options_lib.as_strategy_options(strategy_options, **options)
   config = chief_cluster(cluster)
   runners.check_settings(mode, run.options.steps_per_execution)
+  _show_progress_lines()
+  return _train(chief_lib.connect(config, mode, strategy_options), run)
+
+
+def _show_progress_lines() -> None:
   if not _env.command_line_parsed() and logging.get_verbosity() < logging.INFO:
     logging.set_verbosity(logging.INFO)  # outside absl.app (a notebook), absl would hide the progress lines
-  return _train(chief_lib.connect(config, mode, strategy_options), run)
 
 
 _FIT_OPTIONS = tuple(field.name for field in dataclasses.fields(FitOptions))
@@ -194,7 +202,11 @@ def _default_callbacks(run: _Run, batch_size: Optional[int]) -> List[tf_keras.ca
 
 def _build(chief: chief_lib.Chief, run: _Run):
   """The model with every variable made (its optimizer's too, so a checkpoint restores whole) and its tables bound;
-  and the chief's sample of the training input (its spec, maybe a batch)."""
+  and the chief's sample of the training input (its spec, maybe a batch). A `seed` goes to
+  `tf_keras.utils.set_random_seed` first: TensorFlow's global seed, the seeds tf-keras initializers draw, Python's
+  `random` and NumPy's."""
+  if run.options.seed is not None:  # tf-keras too: its initializers do not follow TensorFlow's seed
+    tf_keras.utils.set_random_seed(run.options.seed)
   model = build_model_in_scope(run.build_model, chief.strategy)
   sample = dataset_fns.make_dataset(run.train_dataset_fn, "train_dataset_fn")
   create_variables(chief, model, sample)
