@@ -126,13 +126,13 @@ class AsyncRunner(steps_lib.Runner):
   @contextlib.contextmanager
   def _applying(self, slot, mark, after=None):
     """While a step's updates are traced: every update waits for all its gradients (and the op of `after` on its
-    ps) and is skipped where its ps applied step `mark` already (yields `ps_applied()`, the records of each ps:
-    `exactly_once`); gradients of ids a table looked up as distinct are not summed per row again."""
+    ps) and is skipped where its ps applied step `mark` already (yields `ps_applied()`, the records of each ps and
+    the ops after the step's other updates: what the step's record waits for, `exactly_once`); gradients of ids a table looked up as distinct are not summed per row again."""
     optimizer = self.step.optimizer()
     rows = _tf_private.adagrad_rows_at_once(optimizer, locked=not self.mode.lockfree_row_updates)
     bf16_rows = self.mode.bf16_rows
     once = exactly_once.applying_once_per_ps(optimizer, self.progress.ps_records, self.strategy, slot, mark, after,
-                                             bf16_rows)
+                                             bf16_rows, covering=self.step.variables() + [self.step.counter])
     with rows, distinct_rows.applying(optimizer, bf16_rows), once as ps_applied:
       yield ps_applied
 
@@ -161,9 +161,9 @@ class AsyncRunner(steps_lib.Runner):
     return found
 
   def _record(self, slot, mark, after):
-    """Records step `mark` applied once its updates, and the ops in `after`, have run."""
-    step = self.step
-    return self.progress.record(slot, mark, exactly_once.after_updates(step.variables() + [step.counter]) + after)
+    """Records step `mark` applied once the ops in `after` have run (`ps_applied()`: every ps's record, made after
+    its updates, and the ops after the other updates of the step's variables; and the step's count)."""
+    return self.progress.record(slot, mark, after)
 
   def _computed(self, iterator, slot, mark):
     """A step's computation alone: `(loss, count, held)`, `held` its `apply_gradients` call held back, as

@@ -185,6 +185,11 @@ def counted_after_updates(step) -> List[tf.Operation]:
     return [step.count(1)]
 
 
+def _key(variable) -> int:
+  """One identity per variable, whether handed out wrapped by the strategy or not."""
+  return id(_tf_private.unwrapped(variable))
+
+
 def _grouped(by_device: Dict[str, list]) -> List[tf.Operation]:
   """One op on each device that runs after that device's ops."""
   groups = []
@@ -258,13 +263,20 @@ def updates_after_every_gradient(optimizer, once: "OncePerPs", bf16_rows: bool =
 
 
 @contextlib.contextmanager
-def applying_once_per_ps(optimizer, records: "PsRecords", strategy, slot, mark, after=None, bf16_rows=False):
+def applying_once_per_ps(optimizer, records: "PsRecords", strategy, slot, mark, after=None, bf16_rows=False,
+                         covering=None):
   """While a step's updates are traced: rules 1 and 3, each ps starts them once all its gradients are there (and
   the op of `after`, `{device: op}`, on it), and skips them where it applied step `mark` already. Yields `records()`
-  (`OncePerPs.records`). With `bf16_rows` the rows of sparse gradients travel to the ps as bfloat16."""
+  (`OncePerPs.records`); with `covering` (variables), `records()` also gives `OncePerPs.after_other_updates` of them:
+  ops a record of the whole step then waits for with the records (rule 2). With `bf16_rows` the rows of sparse
+  gradients travel to the ps as bfloat16.
+
+  A tf-keras legacy optimizer's step count (`iterations`) follows its own ps's updates only, not every ps's
+  (`OncePerPs.skipping_applied`)."""
   once = records.once_per_ps(slot, mark, after)
-  with updates_after_every_gradient(optimizer, once, bf16_rows), once.skipping_applied(strategy):
-    yield once.records
+  counter = getattr(optimizer, "iterations", None) if _tf_private.writes_through_the_strategy(optimizer) else None
+  with updates_after_every_gradient(optimizer, once, bf16_rows), once.skipping_applied(strategy, counter):
+    yield once.records if covering is None else lambda: once.records() + once.after_other_updates(covering)
 
 
 class PsRecords:
@@ -314,6 +326,7 @@ class OncePerPs:
     self._after: Dict[str, list] = {device: [op] for device, op in (after or {}).items()}
     self._already: Dict[str, tf.Tensor] = {}
     self._applied: Dict[str, list] = {}
+    self._updated = set()  # the variables `run` updated (`_key`)
 
   def decide_after(self, ops: Dict[str, tf.Operation]) -> None:
     """Each ps decides only after its op in `ops` (`{device: op}`) too; call before its first `run`."""
@@ -323,14 +336,24 @@ class OncePerPs:
       self._after.setdefault(device, []).append(op)
 
   @contextlib.contextmanager
-  def skipping_applied(self, strategy):
+  def skipping_applied(self, strategy, counter=None):
     """While a step is traced: each variable update through `strategy.extended.update` (how tf-keras optimizers apply a
-    gradient) runs only if its ps has not applied the mark yet (`run`)."""
+    gradient) runs only if its ps has not applied the mark yet (`run`).
+
+    With `counter` (a tf-keras legacy optimizer's `iterations`, which it increments once every update it returns has
+    run): the updates on another ps return an op that waits for nothing in their place, so the increment follows its own
+    ps's updates only. Waiting for the others cost three control transfers in every step (each ps to the worker, and
+    back to the counter's ps); the counter is settled from the records anyway (rule 4), which wait for every ps."""
 
     def conditional(update, var, fn, args, kwargs, group):
       gradient = args[0] if args else None
       done = self.run(var, lambda: update(var, fn, args=args, kwargs=kwargs, group=group), gradient)
-      return done if group else (done,)  # as ParameterServerStrategy returns them
+      if group:
+        return done
+      if counter is not None and var.device != counter.device:
+        with tf.device(counter.device):
+          done = tf.no_op()
+      return (done,)  # as ParameterServerStrategy returns them
 
     with _tf_private.intercepting_updates(strategy, conditional):
       yield
@@ -339,6 +362,7 @@ class OncePerPs:
     """`update()` (the ops updating `variable`, made on its ps) unless its ps applied the mark; True where it ran.
     Where the update applies a sparse `gradient`, its rows are marked touched with it (`touched_rows`)."""
     device, vector = variable.device, self._records.vector_for(variable)
+    self._updated.add(_key(variable))
 
     def apply():
       result = update()
@@ -354,6 +378,12 @@ class OncePerPs:
       done = tf.cond(self._already[device], lambda: tf.constant(False), apply)
     self._applied.setdefault(device, []).append(done)
     return done
+
+  def after_other_updates(self, variables: Iterable[tf.Variable]) -> List[tf.Operation]:
+    """`after_updates` of the shards of `variables` that no `run` updated (each update `run` made is one its ps's
+    record waits for already)."""
+    return after_updates(part for variable in variables for part in strategy_lib.shards_of(variable)
+                         if _key(part) not in self._updated)
 
   def run_all(self, updates) -> List[tf.Tensor]:
     """`run` for each `(variable, inputs, update)` of `updates`: `update(*inputs)`, reading copies of `inputs` made on
