@@ -279,6 +279,28 @@ def applying_once_per_ps(optimizer, records: "PsRecords", strategy, slot, mark, 
     yield once.records if covering is None else lambda: once.records() + once.after_other_updates(covering)
 
 
+class SlotOfMark:
+  """The slot of a scheduled function (`StepProgress.begin`) made from one of its steps' `mark` on each ps that reads
+  it: a mark is `seq * stride + index + 1` with `index < stride`, so its slot is `seq % SLOTS`. Each ps receives the
+  mark in every step anyway; the slot made once on the progress vector's ps is a loop variable there, which each
+  step's loop plumbing signals, and every other ps receives it from there in every step.
+
+  Args:
+    mark: the step's mark (int64).
+    stride: `StepProgress.stride`.
+  """
+
+  def __init__(self, mark, stride: int):
+    self._mark, self._stride, self._slots = mark, stride, {}
+
+  def on(self, device: str) -> tf.Tensor:
+    """The slot (shape [1]), made on `device` at its first use there."""
+    if device not in self._slots:
+      with tf.device(device):
+        self._slots[device] = tf.reshape((self._mark - 1) // self._stride % SLOTS, [1])
+    return self._slots[device]
+
+
 class PsRecords:
   """On every ps that holds variables, the steps of each scheduled function that this ps has applied (absolute marks, as
   in the progress vector). A step run again skips, on each ps, the updates that ps applied already: a dead worker's
@@ -307,7 +329,8 @@ class PsRecords:
 
   def once_per_ps(self, slot, mark, after=None) -> "OncePerPs":
     """Updates (`OncePerPs.run`) that each ps applies once for `mark` (`seq * stride + step index + 1`), however many
-    times the scheduled function runs; a ps decides after its op in `after` (`{device: op}`), if any."""
+    times the scheduled function runs; a ps decides after its op in `after` (`{device: op}`), if any. `slot`: the
+    function's slot, or its `SlotOfMark`."""
     return OncePerPs(self, slot, mark, after)
 
 
@@ -322,7 +345,7 @@ class OncePerPs:
   applied in part."""
 
   def __init__(self, records: PsRecords, slot, mark, after=None):
-    self._records, self._slot, self._mark = records, slot, mark
+    self._records, self._slot, self._mark = records, slot, mark  # slot: a tensor or a `SlotOfMark`
     self._after: Dict[str, list] = {device: [op] for device, op in (after or {}).items()}
     self._already: Dict[str, tf.Tensor] = {}
     self._applied: Dict[str, list] = {}
@@ -374,7 +397,7 @@ class OncePerPs:
     with tf.device(device):
       if device not in self._already:
         with tf.control_dependencies(self._after.get(device, [])):
-          self._already[device] = vector.sparse_read(self._slot)[0] >= self._mark
+          self._already[device] = vector.sparse_read(self._slot_on(device))[0] >= self._mark
       done = tf.cond(self._already[device], lambda: tf.constant(False), apply)
     self._applied.setdefault(device, []).append(done)
     return done
@@ -402,11 +425,14 @@ class OncePerPs:
         done.append(self.run(variable, lambda update=update, copies=copies: update(*copies), rows))
     return done
 
+  def _slot_on(self, device: str):
+    return self._slot.on(device) if isinstance(self._slot, SlotOfMark) else self._slot
+
   def records(self) -> List[tf.Operation]:
     """Each ps's record of the mark, made after that ps's updates."""
     made = []
     for device, done in sorted(self._applied.items()):
       with tf.device(device), tf.control_dependencies(done):
         made.append(self._records.vectors[device].scatter_max(tf.IndexedSlices(tf.reshape(self._mark, [1]),
-                                                                                self._slot)))
+                                                                                self._slot_on(device))))
     return made
