@@ -61,10 +61,10 @@ class AsyncRunner(steps_lib.Runner):
     def step(index, loss_sum, examples):
       mark, batch = self._mark(seq, index), steps_lib.next_batch(iterator, index)
       slots = exactly_once.SlotOfMark(mark, progress.stride)
-      with self._applying(slots, mark) as ps_applied, self._reading(batch):
+      with self._applying(slots, mark) as once, self._reading(batch):
         loss, count = self._run(self.step.run, batch, slots, mark)
-        counted = exactly_once.counted_after_updates(self.step)
-      self._record(slots, mark, ps_applied() + counted)
+        counted = exactly_once.counted_after_updates(self.step, once)
+      self._record(slots, mark, once, counted)
       return index + 1, self._loss_sum(loss_sum, loss), examples + tf.cast(count, tf.int64)
 
     state = (first, tf.constant(0.0, tf.float32), tf.constant(0, tf.int64))
@@ -128,16 +128,15 @@ class AsyncRunner(steps_lib.Runner):
   @contextlib.contextmanager
   def _applying(self, slots, mark, after=None):
     """While a step's updates are traced: every update waits for all its gradients (and the op of `after` on its
-    ps) and is skipped where its ps applied step `mark` already (yields `ps_applied()`, the records of each ps and
-    the ops after the step's other updates: what the step's record waits for, `exactly_once`; `slots` the mark's
-    `SlotOfMark`); gradients of ids a table looked up as distinct are not summed per row again."""
+    ps) and is skipped where its ps applied step `mark` already (yields the `exactly_once.OncePerPs`; `slots` the
+    mark's `SlotOfMark`); gradients of ids a table looked up as distinct are not summed per row again."""
     optimizer = self.step.optimizer()
     rows = _tf_private.adagrad_rows_at_once(optimizer, locked=not self.mode.lockfree_row_updates)
     bf16_rows = self.mode.bf16_rows
     once = exactly_once.applying_once_per_ps(optimizer, self.progress.ps_records, self.strategy, slots, mark, after,
-                                             bf16_rows, covering=self.step.variables() + [self.step.counter])
-    with rows, distinct_rows.applying(optimizer, bf16_rows), once as ps_applied:
-      yield ps_applied
+                                             bf16_rows)
+    with rows, distinct_rows.applying(optimizer, bf16_rows), once as applying:
+      yield applying
 
   def _reading(self, batch):
     """While a step on `batch` reads its parameters: with `packed_reads`, those of each ps in one transfer, but its
@@ -163,10 +162,11 @@ class AsyncRunner(steps_lib.Runner):
     tf.function(step, autograph=False).get_concrete_function(tf.nest.map_structure(tf.type_spec_from_value, batch))
     return found
 
-  def _record(self, slots, mark, after):
-    """Records step `mark` (its slot from `slots`, a `SlotOfMark`) applied once the ops in `after` have run
-    (`ps_applied()`: every ps's record, made after its updates, and the ops after the other updates of the step's
-    variables; and the step's count)."""
+  def _record(self, slots, mark, once, counted):
+    """Records step `mark` (its slot from `slots`, a `SlotOfMark`) applied once its updates (those `once` made, and
+    the others of the step's variables) and its count `counted` have run."""
+    step = self.step
+    after = once.step_applied(step.variables() + [step.counter]) + counted
     return self.progress.record(slots.on(self.progress.variable.device), mark, after)
 
   def _computed(self, iterator, mark):
@@ -192,10 +192,10 @@ class AsyncRunner(steps_lib.Runner):
     (grads_and_vars, args, kwargs), optimizer = held, self.step.optimizer()
     pairs = _packed_gradients(grads_and_vars, gradients)
     slots = exactly_once.SlotOfMark(mark, self.progress.stride)
-    with self._applying(slots, mark, after) as ps_applied:
+    with self._applying(slots, mark, after) as once:
       self.strategy.run(lambda: optimizer.apply_gradients(pairs, *args, **kwargs))
-      counted = exactly_once.counted_after_updates(self.step)
-    return self._record(slots, mark, ps_applied() + counted)
+      counted = exactly_once.counted_after_updates(self.step, once)
+    return self._record(slots, mark, once, counted)
 
   def _loss_sum(self, loss_sum, loss):
     # Where the loss is not an output (tf-keras, whose loss is a metric on a ps), it is not read back every step.

@@ -168,9 +168,11 @@ def _captured(graph, tensor):
   return None
 
 
-def counted_after_updates(step) -> List[tf.Operation]:
+def counted_after_updates(step, once: "OncePerPs" = None) -> List[tf.Operation]:
   """Inside `applying_once_per_ps`, after a step's updates: the step's count where `step` (a
-  `tfps.training.steps.Step`) does not count itself (a list, empty where it does).
+  `tfps.training.steps.Step`) does not count itself (a list, empty where it does). With `once` (the `OncePerPs` the
+  context yields) the count waits for the updates it made on the counter's ps, and for an op per variable there only
+  where no update went through it.
 
   Counted after the step's updates on the counter's ps, through the strategy's update too: skipped where that ps
   applied this step already, as a tf-keras optimizer's `iterations` is. It waits for no other ps (each would send it a
@@ -181,7 +183,8 @@ def counted_after_updates(step) -> List[tf.Operation]:
     return []
   device = step.counter.device
   local = [part for variable in step.variables() for part in strategy_lib.shards_of(variable) if part.device == device]
-  with tf.device(device), tf.control_dependencies(after_updates(local)):
+  after = after_updates(local) if once is None else once.after_updates_on(device, local)
+  with tf.device(device), tf.control_dependencies(after):
     return [step.count(1)]
 
 
@@ -263,20 +266,18 @@ def updates_after_every_gradient(optimizer, once: "OncePerPs", bf16_rows: bool =
 
 
 @contextlib.contextmanager
-def applying_once_per_ps(optimizer, records: "PsRecords", strategy, slot, mark, after=None, bf16_rows=False,
-                         covering=None):
+def applying_once_per_ps(optimizer, records: "PsRecords", strategy, slot, mark, after=None, bf16_rows=False):
   """While a step's updates are traced: rules 1 and 3, each ps starts them once all its gradients are there (and
-  the op of `after`, `{device: op}`, on it), and skips them where it applied step `mark` already. Yields `records()`
-  (`OncePerPs.records`); with `covering` (variables), `records()` also gives `OncePerPs.after_other_updates` of them:
-  ops a record of the whole step then waits for with the records (rule 2). With `bf16_rows` the rows of sparse
-  gradients travel to the ps as bfloat16.
+  the op of `after`, `{device: op}`, on it), and skips them where it applied step `mark` already. Yields the
+  `OncePerPs` (`records()`, each ps's record; `step_applied()`, what a record of the whole step waits for, rule 2).
+  With `bf16_rows` the rows of sparse gradients travel to the ps as bfloat16.
 
   A tf-keras legacy optimizer's step count (`iterations`) follows its own ps's updates only, not every ps's
   (`OncePerPs.skipping_applied`)."""
   once = records.once_per_ps(slot, mark, after)
   counter = getattr(optimizer, "iterations", None) if _tf_private.writes_through_the_strategy(optimizer) else None
   with updates_after_every_gradient(optimizer, once, bf16_rows), once.skipping_applied(strategy, counter):
-    yield once.records if covering is None else lambda: once.records() + once.after_other_updates(covering)
+    yield once
 
 
 class SlotOfMark:
@@ -402,11 +403,19 @@ class OncePerPs:
     self._applied.setdefault(device, []).append(done)
     return done
 
-  def after_other_updates(self, variables: Iterable[tf.Variable]) -> List[tf.Operation]:
-    """`after_updates` of the shards of `variables` that no `run` updated (each update `run` made is one its ps's
-    record waits for already)."""
-    return after_updates(part for variable in variables for part in strategy_lib.shards_of(variable)
-                         if _key(part) not in self._updated)
+  def step_applied(self, variables: Iterable[tf.Variable]) -> List[tf.Operation]:
+    """What a record of the whole step waits for (rule 2): each ps's record (`records`), made after the updates `run`
+    made there, and `after_updates` of the shards of `variables` that no `run` updated."""
+    return self.records() + self._after_other_updates(
+        part for variable in variables for part in strategy_lib.shards_of(variable))
+
+  def after_updates_on(self, device: str, parts: Iterable[tf.Variable]) -> list:
+    """What runs after the updates so far of `parts` (shards on `device`): those `run` made on `device`, and
+    `after_updates` of the parts it did not update."""
+    return self._applied.get(device, []) + self._after_other_updates(parts)
+
+  def _after_other_updates(self, parts) -> List[tf.Operation]:
+    return after_updates(part for part in parts if _key(part) not in self._updated)
 
   def run_all(self, updates) -> List[tf.Tensor]:
     """`run` for each `(variable, inputs, update)` of `updates`: `update(*inputs)`, reading copies of `inputs` made on
