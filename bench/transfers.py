@@ -52,6 +52,10 @@ _VARIANTS = flags.DEFINE_list("variants", None, "Configurations to count in one 
                                "of --path, --unrolled_steps, --packed_reads, --bf16_rows and --per_feature_tables.")
 _CHILD_DIR = flags.DEFINE_string("child_dump_dir", None, "(internal) train and dump into this folder.")
 _JSON = flags.DEFINE_string("json_out", None, "Also write the counts here.")
+_LIST_OPS = flags.DEFINE_boolean("list_ops", False, "Also print each ps partition's ops by type and by name prefix "
+                                 "(`op_types`, `op_prefixes` in the output).")
+_DUMP_DIR = flags.DEFINE_string("dump_dir", None, "Dump the graphs into this folder and keep them (default: a "
+                                "temporary one).")
 
 _NODE = re.compile(r'^node \{\n  name: "([^"]*)"\n  op: "([^"]*)"', re.M)
 # The dtype of a `_Send` (attr T) or `_Recv` (attr tensor_type) within its node's text.
@@ -166,6 +170,18 @@ def _nodes(text: str) -> list:
 _LOOP = re.compile(r"^(?:Func/|GroupCrossDeviceControlEdges_\d+/)*(while(?:_\d+)?)/")
 
 
+# The frames a partitioned function's op names carry: function inputs, grouped control edges, loops, their bodies.
+_FRAMES = re.compile(r"^(?:(?:Func|ConstantFoldingCtrl|_cloop\w*|GroupCrossDeviceControlEdges_\d+|while(?:_\d+)?|body|"
+                     r"_\d+|input|output)/)*")
+
+
+def op_prefix(name: str, depth: int = 2) -> str:
+  """The first `depth` parts of an op's name past its frames (`while/body/_1/while/...`), their numbers dropped:
+  what made the op, as "Adagrad/Adagrad", "wide_deep/deep_mlp", "VariableShape", "enter" (a loop's input)."""
+  parts = [re.sub(r"_\d+$", "", part) for part in _FRAMES.sub("", name).split("/")]
+  return "/".join([part for part in parts if part][:depth]) or "(input)"
+
+
 def _counted(path: str, nodes: list, unrolled_steps: Optional[int]) -> dict:
   counts = {"per_step": collections.Counter(), "per_leftover_step": collections.Counter(),
             "per_function": collections.Counter()}
@@ -184,6 +200,8 @@ def _counted(path: str, nodes: list, unrolled_steps: Optional[int]) -> dict:
   unrolled = modes.TrainingMode(unrolled_steps=unrolled_steps).steps_per_iteration(
       _SPE.value or modes.DEFAULT_STEPS_PER_EXECUTION)
   return {"file": os.path.basename(path), "ops": len(nodes), "unrolled_steps": unrolled,
+          "op_types": dict(collections.Counter(op for _, op, _ in nodes).most_common()),
+          "op_prefixes": dict(collections.Counter(op_prefix(name) for name, _, _ in nodes).most_common()),
           "per_step": {kind: n / unrolled for kind, n in counts["per_step"].items()},
           "per_leftover_step": dict(counts["per_leftover_step"]), "per_function": dict(counts["per_function"]),
           "per_step_names": sorted(names)}
@@ -193,7 +211,10 @@ def _print(result: dict) -> None:
   for ps, counted in enumerate(result.get("ps", [result])):
     for name in counted["per_step_names"]:
       print(f"ps {ps}: {name}")
-  shown = [{k: v for k, v in counted.items() if k != "per_step_names"} for counted in result.get("ps", [result])]
+    for kind in ("op_types", "op_prefixes") if _LIST_OPS.value else ():
+      print(f"ps {ps}: {kind}: " + ", ".join(f"{key} {n}" for key, n in counted[kind].items()))
+  hidden = ("per_step_names", "op_types", "op_prefixes")
+  shown = [{k: v for k, v in counted.items() if k not in hidden} for counted in result.get("ps", [result])]
   print(json.dumps(dict(result, ps=shown) if "ps" in result else shown[0], indent=1))
 
 
@@ -204,7 +225,9 @@ def main(argv):
     _train_all(_CHILD_DIR.value)
     sys.stdout.flush()
     os._exit(0)  # the graphs are dumped: no remote-function clean-up at exit (seconds under PSS)
-  with tempfile.TemporaryDirectory(prefix="tfps_dump_") as dump_dir:
+  with tempfile.TemporaryDirectory(prefix="tfps_dump_") as temporary:
+    dump_dir = _DUMP_DIR.value or temporary
+    os.makedirs(dump_dir, exist_ok=True)
     env = dict(os.environ, TF_DUMP_GRAPH_PREFIX=dump_dir, TF_DUMP_GRAPH_NAME_FILTER="*", TF_DUMP_GRAPH_GROUPS="main",
                TF_CPP_MIN_LOG_LEVEL="2")
     args = [sys.executable, os.path.abspath(__file__), f"--path={_PATH.value}", f"--batch_size={_BATCH.value}",

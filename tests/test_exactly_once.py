@@ -121,10 +121,12 @@ def test_no_update_of_a_step_lands_and_it_is_not_recorded_before_all_its_gradien
 def test_a_ps_waits_for_its_own_gradients_only_where_the_optimizer_writes_through_the_strategy(cluster,
                                                                                                 make_optimizer):
   """Two layers without biases, one kernel on each ps; the first layer's gradient is held on the worker. A legacy
-  optimizer's ps that has its gradient applies it meanwhile (its counter, and the step's record, wait for both);
-  a current optimizer, which increments its counter directly, has every ps wait for every gradient."""
+  optimizer's ps that has its gradient applies it meanwhile (the step's record waits for both; its counter for the
+  updates of its own ps only, as the Estimator path's step count: both are settled from the records); a current
+  optimizer, which increments its counter directly, has every ps wait for every gradient."""
   strategy, coordinator = tfps.build_strategy(cluster)
   entered, release = threading.Event(), threading.Event()
+  legacy = make_optimizer is tf_keras.optimizers.legacy.Adagrad
 
   def wait(gradient):
     entered.set()
@@ -135,23 +137,29 @@ def test_a_ps_waits_for_its_own_gradients_only_where_the_optimizer_writes_throug
     model = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(4, use_bias=False),
                                  tf_keras.layers.Lambda(held_gradients.gate(wait)),
                                  tf_keras.layers.Dense(1, use_bias=False)])
-    model.compile(make_optimizer(0.01), "mse")
+    optimizer = make_optimizer(0.01)
+    with strategy.extended.colocate_vars_with(model.layers[2].kernel):
+      _ = optimizer.iterations  # on the free kernel's ps
+    model.compile(optimizer, "mse")
     runner = async_runner(model, coordinator)
   held, free = model.layers[0].kernel, model.layers[2].kernel
   assert held.device != free.device, (held.device, free.device)
+  assert not legacy or optimizer.iterations.device == free.device, (optimizer.iterations.device, free.device)
   iterator = iter(coordinator.create_per_worker_dataset(
       lambda: tf.data.Dataset.from_tensors((tf.ones((4, 2)), tf.ones((4, 1)))).repeat()))
   before_held, before_free = held.numpy(), free.numpy()
-  legacy = make_optimizer is tf_keras.optimizers.legacy.Adagrad
   try:
     coordinator.schedule(runner.function, args=(iterator, tf.constant(1, tf.int64), runner.progress.next_sequence()))
     assert entered.wait(60)
     deadline = time.monotonic() + (30 if legacy else 2)
-    while time.monotonic() < deadline and not (legacy and (free.numpy() != before_free).any()):
+    counted = 1 if legacy and model.optimizer.iterations.device == free.device else 0  # while the other ps waits
+    while time.monotonic() < deadline and not (legacy and (free.numpy() != before_free).any()
+                                               and int(model.optimizer.iterations.numpy()) == counted):
       assert (held.numpy() == before_held).all()
-      assert int(model.optimizer.iterations.numpy()) == 0 and int(runner.progress.variable[0].numpy()) == 0
+      assert int(model.optimizer.iterations.numpy()) <= counted and int(runner.progress.variable[0].numpy()) == 0
       time.sleep(0.1)
     assert bool((free.numpy() != before_free).any()) == legacy  # the free kernel's ps applied its part, or waited
+    assert int(model.optimizer.iterations.numpy()) == counted
     assert (held.numpy() == before_held).all() and int(runner.progress.variable[0].numpy()) == 0
   finally:
     release.set()

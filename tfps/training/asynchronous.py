@@ -55,15 +55,16 @@ class AsyncRunner(steps_lib.Runner):
     the previous step)."""
     progress = self.progress
     num_steps = tf.cast(num_steps, tf.int64)
-    slot, first = progress.begin(seq, num_steps)
+    _, first = progress.begin(seq, num_steps)
     unrolled = self.mode.steps_per_iteration(self.steps_per_execution)
 
     def step(index, loss_sum, examples):
       mark, batch = self._mark(seq, index), steps_lib.next_batch(iterator, index)
-      with self._applying(slot, mark) as ps_applied, self._reading(batch):
-        loss, count = self._run(self.step.run, batch, slot, mark)
-        counted = exactly_once.counted_after_updates(self.step)
-      self._record(slot, mark, ps_applied() + counted)
+      slots = exactly_once.SlotOfMark(mark, progress.stride)
+      with self._applying(slots, mark) as once, self._reading(batch):
+        loss, count = self._run(self.step.run, batch, slots, mark)
+        counted = exactly_once.counted_after_updates(self.step, once)
+      self._record(slots, mark, once, counted)
       return index + 1, self._loss_sum(loss_sum, loss), examples + tf.cast(count, tf.int64)
 
     state = (first, tf.constant(0.0, tf.float32), tf.constant(0, tf.int64))
@@ -83,11 +84,11 @@ class AsyncRunner(steps_lib.Runner):
     that step's updates (recorded there), and its loss and examples are not counted."""
     progress = self.progress
     num_steps = tf.cast(num_steps, tf.int64)
-    slot, first = progress.begin(seq, num_steps)
+    _, first = progress.begin(seq, num_steps)
     start = tf.minimum(first, num_steps - 1)
     ran = first < num_steps  # else every step was applied already, and the last one is computed for nothing
 
-    loss, count, held = self._computed(iterator, slot, self._mark(seq, start))
+    loss, count, held = self._computed(iterator, self._mark(seq, start))
     if self.step.tables():  # known once a step is traced (model_fns build their layers then)
       raise UsageError("`pipelined_updates` (True) cannot train table layers (" + ", ".join(
           sorted(getattr(table, "name", type(table).__name__) for table in self.step.tables())) + "): a row given to "
@@ -95,11 +96,11 @@ class AsyncRunner(steps_lib.Runner):
     pending, invariants = _flat_gradients(held[0])
 
     def body(index, loss_sum, examples, *pending):
-      loss, count, computed = self._computed(iterator, slot, self._mark(seq, index))
+      loss, count, computed = self._computed(iterator, self._mark(seq, index))
       # After the computation in program order: each ps reads this step's parameters before it applies the last one's,
       # and decides on its updates of the last step once all those reads are done (`exactly_once.OncePerPs`).
       reads = exactly_once.after_reads(self.step.variables())
-      self._apply(held, pending, slot, self._mark(seq, index - 1), reads)
+      self._apply(held, pending, self._mark(seq, index - 1), reads)
       flat, _ = _flat_gradients(computed[0])
       return (index + 1, self._loss_sum(loss_sum, loss), examples + tf.cast(count, tf.int64), *flat)
 
@@ -112,29 +113,30 @@ class AsyncRunner(steps_lib.Runner):
                            shape_invariants=shapes, parallel_iterations=1)
     _, loss_sum, examples, *pending = tf.while_loop(lambda index, *_: index < num_steps, body, loop,
                                                     shape_invariants=shapes, parallel_iterations=1)
-    self._apply(held, pending, slot, self._mark(seq, num_steps - 1))
+    self._apply(held, pending, self._mark(seq, num_steps - 1))
     return self.step.outputs(loss_sum, examples)
 
   def _mark(self, seq, index):
     """Step `index` of function `seq` in the records (`exactly_once`)."""
     return seq * self.progress.stride + index + 1
 
-  def _run(self, fn, batch, slot, mark):
-    """`fn(batch)` in replica context, table layers marked with the step."""
+  def _run(self, fn, batch, slots, mark):
+    """`fn(batch)` in replica context, table layers marked with the step (`slots`: its `SlotOfMark`)."""
+    slot = slots.on(self.progress.variable.device)
     return self.strategy.run(self.table_marks.marked(fn, slot, mark), args=(batch,))
 
   @contextlib.contextmanager
-  def _applying(self, slot, mark, after=None):
+  def _applying(self, slots, mark, after=None):
     """While a step's updates are traced: every update waits for all its gradients (and the op of `after` on its
-    ps) and is skipped where its ps applied step `mark` already (yields `ps_applied()`, the records of each ps:
-    `exactly_once`); gradients of ids a table looked up as distinct are not summed per row again."""
+    ps) and is skipped where its ps applied step `mark` already (yields the `exactly_once.OncePerPs`; `slots` the
+    mark's `SlotOfMark`); gradients of ids a table looked up as distinct are not summed per row again."""
     optimizer = self.step.optimizer()
     rows = _tf_private.adagrad_rows_at_once(optimizer, locked=not self.mode.lockfree_row_updates)
     bf16_rows = self.mode.bf16_rows
-    once = exactly_once.applying_once_per_ps(optimizer, self.progress.ps_records, self.strategy, slot, mark, after,
+    once = exactly_once.applying_once_per_ps(optimizer, self.progress.ps_records, self.strategy, slots, mark, after,
                                              bf16_rows)
-    with rows, distinct_rows.applying(optimizer, bf16_rows), once as ps_applied:
-      yield ps_applied
+    with rows, distinct_rows.applying(optimizer, bf16_rows), once as applying:
+      yield applying
 
   def _reading(self, batch):
     """While a step on `batch` reads its parameters: with `packed_reads`, those of each ps in one transfer, but its
@@ -160,12 +162,14 @@ class AsyncRunner(steps_lib.Runner):
     tf.function(step, autograph=False).get_concrete_function(tf.nest.map_structure(tf.type_spec_from_value, batch))
     return found
 
-  def _record(self, slot, mark, after):
-    """Records step `mark` applied once its updates, and the ops in `after`, have run."""
+  def _record(self, slots, mark, once, counted):
+    """Records step `mark` (its slot from `slots`, a `SlotOfMark`) applied once its updates (those `once` made, and
+    the others of the step's variables) and its count `counted` have run."""
     step = self.step
-    return self.progress.record(slot, mark, exactly_once.after_updates(step.variables() + [step.counter]) + after)
+    after = once.step_applied(step.variables() + [step.counter]) + counted
+    return self.progress.record(slots.on(self.progress.variable.device), mark, after)
 
-  def _computed(self, iterator, slot, mark):
+  def _computed(self, iterator, mark):
     """A step's computation alone: `(loss, count, held)`, `held` its `apply_gradients` call held back, as
     `(grads_and_vars, args, kwargs)`."""
     held = []
@@ -176,21 +180,22 @@ class AsyncRunner(steps_lib.Runner):
 
     batch = next(iterator)
     with steps_lib.redirected_apply_gradients(self.step.optimizer(), hold), self._reading(batch):
-      loss, count = self._run(self.step.run, batch, slot, mark)
+      loss, count = self._run(self.step.run, batch, exactly_once.SlotOfMark(mark, self.progress.stride), mark)
     if len(held) != 1:
       raise UsageError(f"`pipelined_updates` (True) needs a step that applies its gradients with one "
                        f"`optimizer.apply_gradients` call; this one made {len(held)}")
     return loss, count, held[0]
 
-  def _apply(self, held, gradients, slot, mark, after=None):
+  def _apply(self, held, gradients, mark, after=None):
     """The updates of step `mark`: the `apply_gradients` call `held` (`_computed`) made with `gradients` (flat, as
     `_flat_gradients` gives them), each ps's after its op in `after`, then the step's records."""
     (grads_and_vars, args, kwargs), optimizer = held, self.step.optimizer()
     pairs = _packed_gradients(grads_and_vars, gradients)
-    with self._applying(slot, mark, after) as ps_applied:
+    slots = exactly_once.SlotOfMark(mark, self.progress.stride)
+    with self._applying(slots, mark, after) as once:
       self.strategy.run(lambda: optimizer.apply_gradients(pairs, *args, **kwargs))
-      counted = exactly_once.counted_after_updates(self.step)
-    return self._record(slot, mark, ps_applied() + counted)
+      counted = exactly_once.counted_after_updates(self.step, once)
+    return self._record(slots, mark, once, counted)
 
   def _loss_sum(self, loss_sum, loss):
     # Where the loss is not an output (tf-keras, whose loss is a metric on a ps), it is not read back every step.

@@ -168,9 +168,11 @@ def _captured(graph, tensor):
   return None
 
 
-def counted_after_updates(step) -> List[tf.Operation]:
+def counted_after_updates(step, once: "OncePerPs" = None) -> List[tf.Operation]:
   """Inside `applying_once_per_ps`, after a step's updates: the step's count where `step` (a
-  `tfps.training.steps.Step`) does not count itself (a list, empty where it does).
+  `tfps.training.steps.Step`) does not count itself (a list, empty where it does). With `once` (the `OncePerPs` the
+  context yields) the count waits for the updates it made on the counter's ps, and for an op per variable there only
+  where no update went through it.
 
   Counted after the step's updates on the counter's ps, through the strategy's update too: skipped where that ps
   applied this step already, as a tf-keras optimizer's `iterations` is. It waits for no other ps (each would send it a
@@ -181,8 +183,14 @@ def counted_after_updates(step) -> List[tf.Operation]:
     return []
   device = step.counter.device
   local = [part for variable in step.variables() for part in strategy_lib.shards_of(variable) if part.device == device]
-  with tf.device(device), tf.control_dependencies(after_updates(local)):
+  after = after_updates(local) if once is None else once.after_updates_on(device, local)
+  with tf.device(device), tf.control_dependencies(after):
     return [step.count(1)]
+
+
+def _key(variable) -> int:
+  """One identity per variable, whether handed out wrapped by the strategy or not."""
+  return id(_tf_private.unwrapped(variable))
 
 
 def _grouped(by_device: Dict[str, list]) -> List[tf.Operation]:
@@ -260,11 +268,38 @@ def updates_after_every_gradient(optimizer, once: "OncePerPs", bf16_rows: bool =
 @contextlib.contextmanager
 def applying_once_per_ps(optimizer, records: "PsRecords", strategy, slot, mark, after=None, bf16_rows=False):
   """While a step's updates are traced: rules 1 and 3, each ps starts them once all its gradients are there (and
-  the op of `after`, `{device: op}`, on it), and skips them where it applied step `mark` already. Yields `records()`
-  (`OncePerPs.records`). With `bf16_rows` the rows of sparse gradients travel to the ps as bfloat16."""
+  the op of `after`, `{device: op}`, on it), and skips them where it applied step `mark` already. Yields the
+  `OncePerPs` (`records()`, each ps's record; `step_applied()`, what a record of the whole step waits for, rule 2).
+  With `bf16_rows` the rows of sparse gradients travel to the ps as bfloat16.
+
+  A tf-keras legacy optimizer's step count (`iterations`) follows its own ps's updates only, not every ps's
+  (`OncePerPs.skipping_applied`)."""
   once = records.once_per_ps(slot, mark, after)
-  with updates_after_every_gradient(optimizer, once, bf16_rows), once.skipping_applied(strategy):
-    yield once.records
+  counter = getattr(optimizer, "iterations", None) if _tf_private.writes_through_the_strategy(optimizer) else None
+  with updates_after_every_gradient(optimizer, once, bf16_rows), once.skipping_applied(strategy, counter):
+    yield once
+
+
+class SlotOfMark:
+  """The slot of a scheduled function (`StepProgress.begin`) made from one of its steps' `mark` on each ps that reads
+  it: a mark is `seq * stride + index + 1` with `index < stride`, so its slot is `seq % SLOTS`. Each ps receives the
+  mark in every step anyway; the slot made once on the progress vector's ps is a loop variable there, which each
+  step's loop plumbing signals, and every other ps receives it from there in every step.
+
+  Args:
+    mark: the step's mark (int64).
+    stride: `StepProgress.stride`.
+  """
+
+  def __init__(self, mark, stride: int):
+    self._mark, self._stride, self._slots = mark, stride, {}
+
+  def on(self, device: str) -> tf.Tensor:
+    """The slot (shape [1]), made on `device` at its first use there."""
+    if device not in self._slots:
+      with tf.device(device):
+        self._slots[device] = tf.reshape((self._mark - 1) // self._stride % SLOTS, [1])
+    return self._slots[device]
 
 
 class PsRecords:
@@ -295,7 +330,8 @@ class PsRecords:
 
   def once_per_ps(self, slot, mark, after=None) -> "OncePerPs":
     """Updates (`OncePerPs.run`) that each ps applies once for `mark` (`seq * stride + step index + 1`), however many
-    times the scheduled function runs; a ps decides after its op in `after` (`{device: op}`), if any."""
+    times the scheduled function runs; a ps decides after its op in `after` (`{device: op}`), if any. `slot`: the
+    function's slot, or its `SlotOfMark`."""
     return OncePerPs(self, slot, mark, after)
 
 
@@ -310,10 +346,11 @@ class OncePerPs:
   applied in part."""
 
   def __init__(self, records: PsRecords, slot, mark, after=None):
-    self._records, self._slot, self._mark = records, slot, mark
+    self._records, self._slot, self._mark = records, slot, mark  # slot: a tensor or a `SlotOfMark`
     self._after: Dict[str, list] = {device: [op] for device, op in (after or {}).items()}
     self._already: Dict[str, tf.Tensor] = {}
     self._applied: Dict[str, list] = {}
+    self._updated = set()  # the variables `run` updated (`_key`)
 
   def decide_after(self, ops: Dict[str, tf.Operation]) -> None:
     """Each ps decides only after its op in `ops` (`{device: op}`) too; call before its first `run`."""
@@ -323,14 +360,24 @@ class OncePerPs:
       self._after.setdefault(device, []).append(op)
 
   @contextlib.contextmanager
-  def skipping_applied(self, strategy):
+  def skipping_applied(self, strategy, counter=None):
     """While a step is traced: each variable update through `strategy.extended.update` (how tf-keras optimizers apply a
-    gradient) runs only if its ps has not applied the mark yet (`run`)."""
+    gradient) runs only if its ps has not applied the mark yet (`run`).
+
+    With `counter` (a tf-keras legacy optimizer's `iterations`, which it increments once every update it returns has
+    run): the updates on another ps return an op that waits for nothing in their place, so the increment follows its own
+    ps's updates only. Waiting for the others cost three control transfers in every step (each ps to the worker, and
+    back to the counter's ps); the counter is settled from the records anyway (rule 4), which wait for every ps."""
 
     def conditional(update, var, fn, args, kwargs, group):
       gradient = args[0] if args else None
       done = self.run(var, lambda: update(var, fn, args=args, kwargs=kwargs, group=group), gradient)
-      return done if group else (done,)  # as ParameterServerStrategy returns them
+      if group:
+        return done
+      if counter is not None and var.device != counter.device:
+        with tf.device(counter.device):
+          done = tf.no_op()
+      return (done,)  # as ParameterServerStrategy returns them
 
     with _tf_private.intercepting_updates(strategy, conditional):
       yield
@@ -339,6 +386,7 @@ class OncePerPs:
     """`update()` (the ops updating `variable`, made on its ps) unless its ps applied the mark; True where it ran.
     Where the update applies a sparse `gradient`, its rows are marked touched with it (`touched_rows`)."""
     device, vector = variable.device, self._records.vector_for(variable)
+    self._updated.add(_key(variable))
 
     def apply():
       result = update()
@@ -350,10 +398,24 @@ class OncePerPs:
     with tf.device(device):
       if device not in self._already:
         with tf.control_dependencies(self._after.get(device, [])):
-          self._already[device] = vector.sparse_read(self._slot)[0] >= self._mark
+          self._already[device] = vector.sparse_read(self._slot_on(device))[0] >= self._mark
       done = tf.cond(self._already[device], lambda: tf.constant(False), apply)
     self._applied.setdefault(device, []).append(done)
     return done
+
+  def step_applied(self, variables: Iterable[tf.Variable]) -> List[tf.Operation]:
+    """What a record of the whole step waits for (rule 2): each ps's record (`records`), made after the updates `run`
+    made there, and `after_updates` of the shards of `variables` that no `run` updated."""
+    return self.records() + self._after_other_updates(
+        part for variable in variables for part in strategy_lib.shards_of(variable))
+
+  def after_updates_on(self, device: str, parts: Iterable[tf.Variable]) -> list:
+    """What runs after the updates so far of `parts` (shards on `device`): those `run` made on `device`, and
+    `after_updates` of the parts it did not update."""
+    return self._applied.get(device, []) + self._after_other_updates(parts)
+
+  def _after_other_updates(self, parts) -> List[tf.Operation]:
+    return after_updates(part for part in parts if _key(part) not in self._updated)
 
   def run_all(self, updates) -> List[tf.Tensor]:
     """`run` for each `(variable, inputs, update)` of `updates`: `update(*inputs)`, reading copies of `inputs` made on
@@ -372,11 +434,14 @@ class OncePerPs:
         done.append(self.run(variable, lambda update=update, copies=copies: update(*copies), rows))
     return done
 
+  def _slot_on(self, device: str):
+    return self._slot.on(device) if isinstance(self._slot, SlotOfMark) else self._slot
+
   def records(self) -> List[tf.Operation]:
     """Each ps's record of the mark, made after that ps's updates."""
     made = []
     for device, done in sorted(self._applied.items()):
       with tf.device(device), tf.control_dependencies(done):
         made.append(self._records.vectors[device].scatter_max(tf.IndexedSlices(tf.reshape(self._mark, [1]),
-                                                                                self._slot)))
+                                                                                self._slot_on(device))))
     return made

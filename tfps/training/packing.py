@@ -39,13 +39,21 @@ def transferred(tensors: Sequence[tf.Tensor], destination: Optional[str],
                 source: Optional[str] = None) -> Tuple[tf.Tensor, List[tf.Tensor]]:
   """In a tf.function: `(packed, parts)`, `tensors` (fully defined shapes, one dtype) concatenated on device `source`
   and split again on `destination` (None: where the caller's ops run), so that one tensor crosses between the two.
-  `packed` is the tensor on `destination`; `parts` are `tensors` there, in order and shape."""
+  `packed` is the tensor on `destination`; `parts` are `tensors` there, in order and shape. A vector (a bias) is
+  packed and unpacked as it is: no reshape on either side."""
   with strategy_lib.on_device(source):
-    packed = tf.concat([tf.reshape(tensor, [-1]) for tensor in tensors], 0)
+    packed = tf.concat([_reshaped(tensor, [-1]) for tensor in tensors], 0)
   with strategy_lib.on_device(destination):
     packed = tf.identity(packed, name="tfps_packed_in")
     parts = tf.split(packed, [tensor.shape.num_elements() for tensor in tensors])
-    return packed, [tf.reshape(part, tensor.shape) for part, tensor in zip(parts, tensors)]
+    return packed, [_reshaped(part, tensor.shape) for part, tensor in zip(parts, tensors)]
+
+
+def _reshaped(tensor: tf.Tensor, shape) -> tf.Tensor:
+  """`tf.reshape(tensor, shape)`, or `tensor` itself where it is a vector and `shape` one too (a reshape op each step
+  on the ps otherwise)."""
+  tensor = tf.convert_to_tensor(tensor)
+  return tensor if tensor.shape.rank == 1 and len(shape) == 1 else tf.reshape(tensor, shape)
 
 
 def packable(variable) -> bool:

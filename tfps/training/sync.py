@@ -186,10 +186,10 @@ class SyncRunner(steps_lib.Runner):
     def apply():
       def replica_apply():
         optimizer = self.step.optimizer()
-        with exactly_once.applying_once_per_ps(optimizer, self.ps_records, self.strategy, slot, mark) as ps_applied:
+        with exactly_once.applying_once_per_ps(optimizer, self.ps_records, self.strategy, slot, mark) as once:
           optimizer.apply_gradients(self.buffers.average(chosen, self._replicas))
-          counted = exactly_once.counted_after_updates(self.step)
-        with tf.control_dependencies(ps_applied() + counted):
+          counted = exactly_once.counted_after_updates(self.step, once)
+        with tf.control_dependencies(once.records() + counted):
           return tf.constant(True)
       return self.strategy.run(replica_apply)
 
