@@ -336,6 +336,48 @@ def test_unrolled_steps_end_where_the_same_steps_in_one_process_do(cluster):
   assert len(loops) == 2, loops  # 3 steps per iteration, then the step left over
 
 
+@pytest.mark.parametrize("rows, batched, mode, loops", [
+    (64, "static", None, 2),  # auto: 4 steps per iteration, then the step left over
+    (2048, "static", None, 1),  # auto: a batch above 1024, one step per iteration
+    (64, "unknown", None, 1),  # auto: the batch size is not static
+    (64, "static", tfps.TrainingMode(unrolled_steps=1), 1),  # set by the user: used as given
+])
+def test_unrolled_steps_are_chosen_from_the_static_batch_size_unless_set(cluster, rows, batched, mode, loops):
+  """By default the steps per loop iteration are chosen when the function is traced, from its batches' static size:
+  a function of 5 steps runs 4 in one iteration and the step left over in a second loop, or all 5 one per iteration;
+  either way the weights end where 5 steps in one process leave them."""
+  def build():
+    model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(2, activation="tanh"),
+                                 tf_keras.layers.Dense(1)])
+    model.compile(tf_keras.optimizers.legacy.SGD(0.1), "mse")
+    return model
+
+  strategy, coordinator = tfps.build_strategy(cluster)
+  with strategy.scope():
+    model = build()
+    runner = async_runner(model, coordinator, steps_per_execution=5, mode=mode)
+  local = build()
+  local.set_weights(model.get_weights())
+  features = tf.reshape(tf.range(rows * 3, dtype=tf.float32) % 7.0 / 7.0, (rows, 3))
+  labels = tf.reduce_sum(features, axis=1, keepdims=True)
+  if batched == "static":
+    dataset_fn = lambda: tf.data.Dataset.from_tensors((features, labels)).repeat()
+  else:  # the last batch may be short: the batch dimension is None
+    dataset_fn = lambda: tf.data.Dataset.from_tensor_slices((features, labels)).batch(rows).repeat()
+  iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+  seq = runner.progress.next_sequence()
+  coordinator.schedule(runner.function, args=(iterator, tf.constant(5, tf.int64), seq))
+  coordinator.join()
+  for _ in range(5):
+    local.train_on_batch(features, labels)
+  assert int(model.optimizer.iterations.numpy()) == 5
+  for trained, expected in zip(model.get_weights(), local.get_weights()):
+    assert abs(trained - expected).max() < 1e-5, (trained, expected)
+  traced = [op for op in runner.function.get_concrete_function(iterator, tf.constant(5, tf.int64), seq).graph
+            .get_operations() if op.type in ("While", "StatelessWhile")]
+  assert len(traced) == loops, traced
+
+
 @pytest.mark.parametrize("packed_reads", [False, True])
 def test_gradients_packed_per_ps_reach_their_own_variables(cluster, packed_reads):
   """The dense gradients of each ps travel packed in one tensor and are split again there (and with `packed_reads`
