@@ -4,10 +4,10 @@ What a step is (a `Step`) and how the mode drives steps (the `Runner`) are not t
 runner in chunks up to each log or checkpoint boundary, joins the coordinator and lets the runner settle the step
 counter after each chunk, saves checkpoints at fixed step intervals and writes the step log
 (`step | loss | steps/s | ex/s`, then any `metrics()` the caller gives, e.g. dynamic tables' `<layer>/occupancy`) to
-absl logging, `model_dir/loss.log` and TensorBoard. A run's first function runs alone, and its first line measures
-the steps after it: that function's trace on the chief and its first run on each worker are not training. Given a
-delta schedule (`tfps.training.delta_schedule`), it writes the deltas due after a chunk (no step in flight then)
-and the last one at the end.
+absl logging, `model_dir/loss.log` and TensorBoard. A run's first functions (one per worker) run alone, and its
+first line measures the steps after them: the function's trace on the chief and its first run on each worker are not
+training. Given a delta schedule (`tfps.training.delta_schedule`), it writes the deltas due after a chunk (no step in
+flight then) and the last one at the end.
 """
 
 import dataclasses
@@ -142,23 +142,26 @@ class TrainLoop:
   def _run_chunk(self, num_steps: int, first: bool = False):
     """Runs `num_steps` steps through the runner, `steps_per_execution` at a time, and waits for them; returns the
     summed loss and examples of the steps measured, and where not all are: `(time measured from, steps and examples
-    not measured)`. With `first` (a run's first chunk of more than one function) the first function runs alone and
-    is not measured: the coordinator traces it on the chief where it is first scheduled, and each worker prepares it
-    at its first run (seconds, before any step)."""
+    not measured)`. With `first` (a run's first chunk of more than one function) its first functions, one per worker
+    (fewer where the chunk has fewer functions after them), run before the rest and are not measured: the coordinator
+    traces the function on the chief where it is first scheduled, and each worker prepares it at its first run
+    (seconds, before any step; longer with unrolled steps)."""
     self._runner.begin()
-    results, measured = [], None
+    spe = self._runner.steps_per_execution
+    warm = min(self._runner.num_workers, -(-num_steps // spe) - 1) if first else 0
+    results, measured, scheduled = [], None, 0
     while num_steps > 0:
-      count = min(num_steps, self._runner.steps_per_execution)
+      count = min(num_steps, spe)
       results.append(self._runner.schedule(self._iterator, count))
-      num_steps -= count
-      if first and num_steps > 0 and measured is None:
+      num_steps, scheduled = num_steps - count, scheduled + count
+      if len(results) == warm:
         self._runner.coordinator.join()
-        measured = (time.monotonic(), count)
+        measured = (time.monotonic(), scheduled)
     self._runner.coordinator.join()
     self._runner.settle()
     sums = [(float(loss), int(examples)) for loss, examples in (result.fetch() for result in results)]
     if measured is not None:
-      measured, sums = (*measured, sums[0][1]), sums[1:]
+      measured, sums = (*measured, sum(examples for _, examples in sums[:warm])), sums[warm:]
     return sum(loss for loss, _ in sums), sum(examples for _, examples in sums), measured
 
   def _log(self, step: int, loss_sum: float, examples: int, clock, max_steps: Optional[int]):
