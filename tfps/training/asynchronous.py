@@ -53,9 +53,8 @@ class AsyncRunner(steps_lib.Runner):
     `TrainingMode.steps_per_iteration`), traced one after another, then the steps left one per iteration. An
     iteration ends only when every op of its steps has run, and each one costs its own transfers of the loop's
     condition and control signals between every ps and the worker; within an iteration a step waits only for what it
-    reads (tf.function orders the ops on each variable in program order: a step reads a
-    variable after the previous step's update of it, and each ps decides on a step's updates after its record of
-    the previous step)."""
+    reads (tf.function orders the ops on each variable in program order: a step reads a variable after the previous
+    step's update of it, and each ps decides on a step's updates after its record of the previous step)."""
     progress = self.progress
     num_steps = tf.cast(num_steps, tf.int64)
     slot, first = progress.begin(seq, num_steps)
