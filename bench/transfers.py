@@ -133,10 +133,11 @@ def _train(variant: Variant, cluster) -> None:
     estimator.train(lambda: workload_lib.dataset(workload), max_steps=40)
 
 
-def count(dump_dir: str, num_ps: int = 1, unrolled_steps: Optional[int] = None) -> dict:
+def count(dump_dir: str, num_ps: int = 1, unrolled_steps: Optional[int] = None, batch_size: int = 256) -> dict:
   """`{file, ops, per_step: {send, recv}, per_function: {send, recv}, per_step_names}` (each "op name DTYPE") of the
   biggest partition of a ps; with `num_ps` > 1, `{"ps": [those of ps 0, ps 1, ...]}`, the biggest partition of each.
-  `unrolled_steps`: the steps per iteration of the step loop it was trained with (default: tfps's)."""
+  `unrolled_steps`: the steps per iteration of the step loop it was trained with (default: what tfps chooses for
+  batches of `batch_size`)."""
   files = glob.glob(os.path.join(dump_dir, "*partition__job_ps*after_partition_passes*.pbtxt"))
   files += glob.glob(os.path.join(dump_dir, "*partition__job:ps*after_partition_passes*.pbtxt"))
   if not files:
@@ -150,11 +151,11 @@ def count(dump_dir: str, num_ps: int = 1, unrolled_steps: Optional[int] = None) 
     if task not in biggest or len(nodes) > len(biggest[task][1]):
       biggest[task] = (path, nodes)
   if num_ps == 1:
-    return _counted(*biggest[min(biggest)], unrolled_steps)
+    return _counted(*biggest[min(biggest)], unrolled_steps, batch_size)
   missing = sorted(set(range(num_ps)) - set(biggest))
   if missing:
     raise RuntimeError(f"no partition of ps {missing} was dumped into {dump_dir}")
-  return {"ps": [_counted(*biggest[task], unrolled_steps) for task in range(num_ps)]}
+  return {"ps": [_counted(*biggest[task], unrolled_steps, batch_size) for task in range(num_ps)]}
 
 
 def _nodes(text: str) -> list:
@@ -182,7 +183,7 @@ def op_prefix(name: str, depth: int = 2) -> str:
   return "/".join([part for part in parts if part][:depth]) or "(input)"
 
 
-def _counted(path: str, nodes: list, unrolled_steps: Optional[int]) -> dict:
+def _counted(path: str, nodes: list, unrolled_steps: Optional[int], batch_size: int) -> dict:
   counts = {"per_step": collections.Counter(), "per_leftover_step": collections.Counter(),
             "per_function": collections.Counter()}
   names = []
@@ -198,7 +199,7 @@ def _counted(path: str, nodes: list, unrolled_steps: Optional[int]) -> dict:
     if where == "per_step":
       names.append(f"{op} {name} {dtype}".rstrip())
   unrolled = modes.TrainingMode(unrolled_steps=unrolled_steps).steps_per_iteration(
-      _SPE.value or modes.DEFAULT_STEPS_PER_EXECUTION)
+      _SPE.value or modes.DEFAULT_STEPS_PER_EXECUTION, batch_size)
   return {"file": os.path.basename(path), "ops": len(nodes), "unrolled_steps": unrolled,
           "op_types": dict(collections.Counter(op for _, op, _ in nodes).most_common()),
           "op_prefixes": dict(collections.Counter(op_prefix(name) for name, _, _ in nodes).most_common()),
@@ -239,8 +240,8 @@ def main(argv):
     args += ["--per_feature_tables"] if _PER_FEATURE.value else []
     args += [f"--variants={','.join(_VARIANTS.value)}"] if _VARIANTS.value else []
     subprocess.run(args, env=env, check=True, stdout=subprocess.DEVNULL)
-    results = [dict(count(_variant_dir(dump_dir, index), _NUM_PS.value, variant.unrolled_steps), path=variant.path,
-                    batch_size=_BATCH.value) for index, variant in enumerate(variants)]
+    results = [dict(count(_variant_dir(dump_dir, index), _NUM_PS.value, variant.unrolled_steps, _BATCH.value),
+                    path=variant.path, batch_size=_BATCH.value) for index, variant in enumerate(variants)]
   for name, result in zip(_VARIANTS.value or [None], results):
     if name:
       print(f"--- {name}")

@@ -80,7 +80,7 @@ def test_a_stacked_table_sharded_over_two_ps_trains_unsummed_as_in_one_process(c
   counts, (start, trained), local = trained_on_cluster_and_in_one_process(
       cluster, lambda: StackedEmbedding({"a": 12_000, "b": 8_000}, 4),
       lambda: {name: tf_keras.Input((), dtype="int64", name=name) for name in ("a", "b")}, features, labels)
-  unrolled = modes.DEFAULT_UNROLLED_STEPS  # steps in the function: those unrolled, and the loop of those left over
+  unrolled = modes.TrainingMode().unrolled(len(labels))  # steps in the function: those unrolled, and those left over
   traced = 1 if unrolled == 1 else unrolled + 1
   # One Unique per step (the layer's) and two DynamicPartitions (its ids and their positions).
   assert counts["Unique"] == traced and counts["DynamicPartition"] == 2 * traced, counts

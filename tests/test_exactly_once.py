@@ -306,10 +306,10 @@ def test_a_sync_update_run_again_applies_the_step_only_where_it_is_missing(clust
       device: 2 for device in devices}
 
 
-def test_unrolled_steps_end_where_the_same_steps_in_one_process_do(cluster):
-  """`unrolled_steps=3`, a function of 7 steps: two loop iterations of 3 steps traced one after another, then the step
-  left over. Each step reads the previous step's updates (the weights end where 7 steps in one process leave them),
-  each is counted once, and the same function run again applies nothing."""
+def _unrolled_run(cluster, mode, num_steps, features, labels, dataset_fn=None):
+  """One function of `num_steps` async steps of a small model in `mode` on batches of `dataset_fn` (default: the batch
+  `(features, labels)` repeated); checks that the weights end where as many steps on it in one process leave them and
+  that each step is counted once. Returns `(model, coordinator, runner, args)`, `args` the function's arguments."""
   def build():
     model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(4, activation="tanh"),
                                  tf_keras.layers.Dense(1)])
@@ -319,29 +319,58 @@ def test_unrolled_steps_end_where_the_same_steps_in_one_process_do(cluster):
   strategy, coordinator = tfps.build_strategy(cluster)
   with strategy.scope():
     model = build()
-    runner = async_runner(model, coordinator, steps_per_execution=7, mode=tfps.TrainingMode(unrolled_steps=3))
+    runner = async_runner(model, coordinator, steps_per_execution=num_steps, mode=mode)
   local = build()
   local.set_weights(model.get_weights())
-  features = tf.reshape(tf.range(24, dtype=tf.float32) / 24.0, (8, 3))
-  labels = tf.reduce_sum(features, axis=1, keepdims=True)
   iterator = iter(coordinator.create_per_worker_dataset(
-      lambda: tf.data.Dataset.from_tensors((features, labels)).repeat()))
-  seq = runner.progress.next_sequence()
-  coordinator.schedule(runner.function, args=(iterator, tf.constant(7, tf.int64), seq))
+      dataset_fn or (lambda: tf.data.Dataset.from_tensors((features, labels)).repeat())))
+  args = (iterator, tf.constant(num_steps, tf.int64), runner.progress.next_sequence())
+  coordinator.schedule(runner.function, args=args)
   coordinator.join()
-  for _ in range(7):
+  for _ in range(num_steps):
     local.train_on_batch(features, labels)
-  assert int(model.optimizer.iterations.numpy()) == 7
+  assert int(model.optimizer.iterations.numpy()) == num_steps
   for trained, expected in zip(model.get_weights(), local.get_weights()):
     assert abs(trained - expected).max() < 1e-5, (trained, expected)
+  return model, coordinator, runner, args
+
+
+def _loops(runner, args) -> list:
+  """The step loops of the function `runner` traced for `args`."""
+  return [op for op in runner.function.get_concrete_function(*args).graph.get_operations()
+          if op.type in ("While", "StatelessWhile")]
+
+
+def test_unrolled_steps_end_where_the_same_steps_in_one_process_do(cluster):
+  """`unrolled_steps=3`, a function of 7 steps: two loop iterations of 3 steps traced one after another, then the step
+  left over. Each step reads the previous step's updates (the weights end where 7 steps in one process leave them),
+  each is counted once, and the same function run again applies nothing."""
+  features = tf.reshape(tf.range(24, dtype=tf.float32) / 24.0, (8, 3))
+  labels = tf.reduce_sum(features, axis=1, keepdims=True)
+  model, coordinator, runner, args = _unrolled_run(cluster, tfps.TrainingMode(unrolled_steps=3), 7, features, labels)
   trained = model.get_weights()
-  coordinator.schedule(runner.function, args=(iterator, tf.constant(7, tf.int64), seq))  # the same function again
+  coordinator.schedule(runner.function, args=args)  # the same function again
   coordinator.join()
   assert int(model.optimizer.iterations.numpy()) == 7
   assert all((again == before).all() for again, before in zip(model.get_weights(), trained))
-  loops = [op for op in runner.function.get_concrete_function(iterator, tf.constant(7, tf.int64), seq).graph
-           .get_operations() if op.type in ("While", "StatelessWhile")]
-  assert len(loops) == 2, loops  # 3 steps per iteration, then the step left over
+  assert len(_loops(runner, args)) == 2  # 3 steps per iteration, then the step left over
+
+
+@pytest.mark.parametrize("rows, batched, mode, loops", [
+    (64, "static", None, 2),  # auto: 4 steps per iteration, then the step left over
+    (2048, "static", None, 1),  # auto: a batch above 1024, one step per iteration
+    (64, "unknown", None, 1),  # auto: the batch size is not static
+    (64, "static", tfps.TrainingMode(unrolled_steps=1), 1),  # set by the user: used as given
+])
+def test_unrolled_steps_are_chosen_from_the_static_batch_size_unless_set(cluster, rows, batched, mode, loops):
+  """By default the steps per loop iteration are chosen when the function is traced, from its batches' static size:
+  a function of 5 steps runs 4 in one iteration and the step left over in a second loop, or all 5 one per iteration;
+  either way the weights end where 5 steps in one process leave them."""
+  features = tf.reshape(tf.range(rows * 3, dtype=tf.float32) % 7.0 / 7.0, (rows, 3))
+  labels = tf.reduce_sum(features, axis=1, keepdims=True)
+  unknown = lambda: tf.data.Dataset.from_tensor_slices((features, labels)).batch(rows).repeat()  # a short last batch
+  _, _, runner, args = _unrolled_run(cluster, mode, 5, features, labels, unknown if batched == "unknown" else None)
+  assert len(_loops(runner, args)) == loops
 
 
 @pytest.mark.parametrize("packed_reads", [False, True])

@@ -223,11 +223,11 @@ FIGURES = (
                          for size in ("1x1", "2x2")) + (_ratio("overlap/b256", "fit_1x1+pipelined", "fit_1x1"),)),
     Figure("opt-in `--pipelined_updates`", "quality {:.4f} (Wide&Deep) and {:.4f} (DCN)", "overlap/quality.json",
            lambda: _quality_diffs("overlap/quality.json")),
-    Figure("opt-in `--unrolled_steps=4`", "{:.2f}x at 1 ps + 1 worker, batch 256, with {:.0%} less CPU per step",
+    Figure("`--unrolled_steps=4`", "{:.2f}x at 1 ps + 1 worker, batch 256, with {:.0%} less CPU per step",
            "unrolled_steps/ab", lambda: (_ratio("unrolled_steps/ab", "fit_1x1", "fit_1x1+unroll1"),
                                          1 - _row("unrolled_steps/ab", "fit_1x1")["cpu_ms_per_step"]["total"]
                                          / _row("unrolled_steps/ab", "fit_1x1+unroll1")["cpu_ms_per_step"]["total"])),
-    Figure("opt-in `--unrolled_steps=4`", "{:.2f}x at 2 ps + 2 workers, batch 4096 (workers spend {:.1f}x the CPU",
+    Figure("`--unrolled_steps=4`", "{:.2f}x at 2 ps + 2 workers, batch 4096 (workers spend {:.1f}x the CPU",
            "unrolled_steps/b4096_2x2",
            lambda: (_ratio("unrolled_steps/b4096_2x2", "fit_2x2", "fit_2x2+unroll1"),
                     _row("unrolled_steps/b4096_2x2", "fit_2x2")["cpu_ms_per_step"]["worker"]

@@ -144,13 +144,15 @@ def test_pipelined_fit_and_estimator_learn_on_both_workers_each_step_counted_onc
   untrained = loss_of(trained_alone(features, labels, steps=0), features, labels)
   history = tfps.fit(build_model, per_worker_batches, epochs=2, steps_per_epoch=45, cluster=cluster,
                      sync_mode=tfps.TrainingMode(pipelined_updates=True), steps_per_execution=10)
-  assert "(async, updates pipelined)" in info_log.text
+  assert "(async, updates pipelined, 4 steps per loop iteration (auto: batch 32))" in info_log.text
   assert int(history.model.optimizer.iterations.numpy()) == 90
   assert loss_of(history.model, features, labels) < 0.5 * untrained
   estimator = tfps.Estimator(model_fn, model_dir=str(tmp_path), cluster=cluster,
                              config=tfps.RunConfig(pipelined_updates=True, log_step_count_steps=10,
                                                    steps_per_execution=10))
   estimator.train(per_worker_batches, max_steps=45)
+  assert "Training from step 0 to 45 (async, updates pipelined, 4 steps per loop iteration (auto: batch 32))" in (
+      info_log.text)
   results = estimator.evaluate(lambda: tf.data.Dataset.from_tensors((features, labels)), steps=None)
   assert results["global_step"] == 45
   assert results["loss"] < 0.5 * untrained
@@ -183,8 +185,8 @@ def test_geo_estimator_round_matches_single_process_on_one_worker_batch(cluster,
     (dict(sync_mode="geo", pipelined_updates=True), "`pipelined_updates` (True) applies only to sync_mode=async"),
     (dict(sync_mode="sync", unrolled_steps=4),
      "`unrolled_steps` (4) applies only to sync_mode=async, not sync_mode=sync"),
-    (dict(unrolled_steps=0), "`unrolled_steps` (0) must be a positive integer or None"),
-    (dict(unrolled_steps="4"), "`unrolled_steps` ('4') must be a positive integer or None"),
+    (dict(unrolled_steps=0), "`unrolled_steps` (0) must be a positive integer, \"auto\" or None"),
+    (dict(unrolled_steps="4"), "`unrolled_steps` ('4') must be a positive integer, \"auto\" or None"),
     (dict(sync_mode="geo", bf16_rows=True), "`bf16_rows` (True) applies only to sync_mode=async, not geo"),
     (dict(bf16_rows="yes"), "`bf16_rows` ('yes') must be True or False"),
 ])
@@ -204,6 +206,12 @@ def test_a_mode_names_the_switches_set_otherwise_than_by_default_in_the_run_log_
              "bfloat16")
   assert tfps.TrainingMode("sync").describe(2) == "sync, 2 worker batches per step"
   assert tfps.TrainingMode("geo").describe(2) == "geo, 10 local steps per push"
+  # The run's start line gives a worker's static batch size: the steps per loop iteration chosen for it.
+  assert tfps.TrainingMode().describe(2, 256) == "async, 4 steps per loop iteration (auto: batch 256)"
+  assert tfps.TrainingMode().describe(2, 4096) == "async, 1 step per loop iteration (auto: batch 4096)"
+  assert tfps.TrainingMode().describe(2, None) == "async, 1 step per loop iteration (auto: batch size not static)"
+  assert tfps.TrainingMode(unrolled_steps=1).describe(2, 256) == "async, 1 step per loop iteration"
+  assert tfps.TrainingMode("sync").describe(2, 256) == "sync, 2 worker batches per step"
 
 
 def test_async_reads_dense_variables_packed_by_default_and_only_there():
@@ -216,10 +224,14 @@ def test_async_reads_dense_variables_packed_by_default_and_only_there():
     assert tfps.TrainingMode(mode, packed_reads=False).packed_reads is False
 
 
-def test_async_steps_run_one_per_loop_iteration_by_default_and_unroll_only_there():
-  assert tfps.TrainingMode().unrolled_steps == 1 and tfps.RunConfig().training_mode.unrolled_steps == 1
+def test_async_steps_per_loop_iteration_are_chosen_by_default_and_unroll_only_there():
+  assert tfps.TrainingMode().unrolled_steps == "auto" and tfps.RunConfig().training_mode.unrolled_steps == "auto"
+  assert tfps.TrainingMode(unrolled_steps="auto") == tfps.TrainingMode()
   assert tfps.TrainingMode(unrolled_steps=4).unrolled_steps == 4
-  assert tfps.TrainingMode(pipelined_updates=True).unrolled_steps == 1
+  assert tfps.TrainingMode(pipelined_updates=True).unrolled_steps == "auto"
+  assert [tfps.TrainingMode().steps_per_iteration(20, size) for size in (64, 1024, 1025, None)] == [4, 4, 1, 1]
+  assert tfps.TrainingMode().steps_per_iteration(3, 64) == 3  # at most the steps per execution
+  assert tfps.TrainingMode(unrolled_steps=2).steps_per_iteration(20, 4096) == 2
   assert tfps.TrainingMode(pipelined_updates=True, unrolled_steps=4).describe(1) == (
       "async, updates pipelined, 4 steps per loop iteration")
   for mode in (tfps.TrainingMode("sync"), tfps.TrainingMode("geo")):
@@ -253,7 +265,7 @@ def test_sync_with_one_replica_per_step_uses_one_batch_per_update(cluster):
     (["--geo_steps=5"], "`geo_steps` (5) applies only to sync_mode=geo, not async"),
     (["--sync_mode=sync", "--packed_reads"], "`packed_reads` (True) applies only to sync_mode=async, not sync"),
     (["--sync_mode=geo", "--pipelined_updates"], "`pipelined_updates` (True) applies only to sync_mode=async, not geo"),
-    (["--unrolled_steps=0"], "`unrolled_steps` (0) must be a positive integer or None"),
+    (["--unrolled_steps=0"], "`unrolled_steps` (0) must be a positive integer, \"auto\" or None"),
     (["--sync_mode=sync", "--bf16_rows"], "`bf16_rows` (True) applies only to sync_mode=async, not sync"),
 ])
 def test_a_script_given_a_bad_mode_says_so_in_one_line(args, message, subprocess_env):

@@ -171,8 +171,9 @@ def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                        "the next step (faster; gradients one step late; not with table layers).",
                        flag_values=flag_values)
   flags.DEFINE_integer("unrolled_steps", None, "async: steps traced one after another in each iteration of a "
-                       f"scheduled function's loop (default {modes.DEFAULT_UNROLLED_STEPS}; 4: faster with small "
-                       "batches, slower with large ones on several workers, slower first trace).",
+                       f"scheduled function's loop (default: chosen at the trace, {modes.AUTO_UNROLLED_STEPS} where a "
+                       f"worker's batches have a static size up to {modes.AUTO_UNROLL_MAX_BATCH}, else 1; more: faster "
+                       "with small batches, slower with large ones on several workers, slower first trace).",
                        flag_values=flag_values)
   flags.DEFINE_boolean("bf16_rows", False, "async: table rows and their gradients cross the network as bfloat16 "
                        "(half their bytes; rows rounded to 8 significant bits).", flag_values=flag_values)

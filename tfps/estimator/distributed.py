@@ -39,6 +39,7 @@ class DistributedModel:
       self.global_step = loop.build_global_step()
     self._checkpoints: Optional[checkpoints_lib.CheckpointWriter] = None
     self._evaluations: Dict[tuple, ShardedEvaluation] = {}
+    self._batch_size: Optional[int] = None  # a worker's batches' static size, known at the first `_build`
     self.runner: Optional[steps_lib.Runner] = None
     self.deltas: Optional[delta_schedule.DeltaSchedule] = None  # with `RunConfig.delta_export_secs`
 
@@ -79,6 +80,7 @@ class DistributedModel:
       return self.model.optimizer, self.model.variables.tables
 
     self.chief.create_variables(create)
+    self._batch_size = dataset_fns.static_batch_size(element[0])  # the runner's choice of steps per loop iteration
     self.deltas = estimator_deltas.schedule_for(self, element[0])  # before a step is traced: its rows are marked
     self._checkpoints = checkpoints_lib.CheckpointWriter(self._config.model_dir, self.global_step,
                                                          self._config.keep_checkpoint_max,
@@ -115,7 +117,7 @@ class DistributedModel:
       return step
     logging.info("Training from step %d to %s (%s)", step,
                  max_steps if max_steps is not None else "the end of the input",
-                 self._config.mode.describe(self._num_workers))
+                 self._config.mode.describe(self._num_workers, self._batch_size))
     loop_config = loop.LoopConfig(log_every_steps=self._config.log_step_count_steps,
                                   checkpoint_every_steps=self._config.save_checkpoints_steps)
     train_loop = loop.TrainLoop(runner=self.runner, iterator=iterator, checkpoint_manager=self._checkpoints,

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from tfps import checks
 from tfps.estimator import stream_evaluation
+from tfps.training import dataset_fns
 from tfps.training import loop
 from tfps.training import online
 from tfps.training import stream_positions
@@ -53,7 +54,7 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
   model = estimator.distributed_model()
   (manager := model.prepare(placeholder_input_fn)).begin()
   logging.info("Training on %s from step %d (%s)", batches.source.name, int(model.global_step.numpy()),
-               config.mode.describe(model.cluster.num_workers))
+               config.mode.describe(model.cluster.num_workers, dataset_fns.static_batch_size(batches.element_spec)))
   stream_loop = online.StreamLoop(
       batches=batches, checkpoint_every_secs=checkpoint_every_secs, evaluation_due=evaluation_due,
       runner=model.runner, checkpoint_manager=manager,

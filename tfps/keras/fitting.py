@@ -243,8 +243,8 @@ def _train(chief: chief_lib.Chief, run: _Run) -> tf_keras.callbacks.History:
   all_callbacks = ([keras_steps.drive_fit(model, runner, iterator, pauses)] + _default_callbacks(run, batch_size) +
                    list(run.callbacks))
   logging.info("Training on %s (%s): %d epochs x %d steps, %d steps per execution", chief.cluster.sizes(),
-               chief.mode.describe(chief.num_workers), run.epochs, run.steps_per_epoch,
-               _tf_private.steps_per_execution(model))
+               chief.mode.describe(chief.num_workers, dataset_fns.batch_size_of(sample)), run.epochs,
+               run.steps_per_epoch, _tf_private.steps_per_execution(model))
   return _fit(model, run, initial_epoch, _validation(chief, model, run), all_callbacks)
 
 

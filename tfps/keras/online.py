@@ -27,6 +27,7 @@ from tfps.keras import steps as keras_steps
 from tfps.keras import stream_evaluation
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.training import chief as chief_lib
+from tfps.training import dataset_fns
 from tfps.training import loop
 from tfps.training import modes
 from tfps.training import online
@@ -169,7 +170,8 @@ def _prepare(chief: chief_lib.Chief, build_model: Callable, batches, model_dir: 
   writer.begin()
   runner = chief.build_runner(stream_step(model), settings.steps_per_execution or modes.DEFAULT_STEPS_PER_EXECUTION)
   logging.info("Training on %s from step %d (%s)%s", batches.source.name, int(model.optimizer.iterations.numpy()),
-               chief.mode.describe(chief.num_workers), f", resumed from {saved[-1]}" if saved else "")
+               chief.mode.describe(chief.num_workers, dataset_fns.static_batch_size(batches.element_spec)),
+               f", resumed from {saved[-1]}" if saved else "")
   return KerasStreamLoop(
       model=model, batches=batches, checkpoint_every_secs=settings.checkpoint_every_secs, runner=runner,
       checkpoint_manager=writer, model_dir=model_dir, evaluation_due=evaluation_due, deltas=schedule,

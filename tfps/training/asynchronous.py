@@ -4,9 +4,10 @@ once per step and shard: `tfps.training.tables.StepMarks`). The dense gradients 
 per ps and step, and by default (`packed_reads`) its small dense variables are read in one (`tfps.training.packing`); a
 legacy Adagrad updates a batch's table rows all at once, under a lock of each table shard (without it with
 `lockfree_row_updates`), and a stacked table's gradient, summed per row on the worker, is not summed again on the ps
-(`tfps.training.distinct_rows`); a scheduled function's loop runs `unrolled_steps` steps per iteration; with
-`pipelined_updates` a step's updates are applied while the next step computes (`tfps.training.modes`); with
-`bf16_rows` table rows and their gradients cross the network as bfloat16 (`tfps.training.wire`)."""
+(`tfps.training.distinct_rows`); a scheduled function's loop runs `unrolled_steps` steps per iteration (by default
+4 with batches of a static size up to 1024, else 1); with `pipelined_updates` a step's updates are applied while the
+next step computes (`tfps.training.modes`); with `bf16_rows` table rows and their gradients cross the network as
+bfloat16 (`tfps.training.wire`)."""
 
 import contextlib
 
@@ -14,6 +15,7 @@ import tensorflow as tf
 
 from tfps import _tf_private
 from tfps.errors import UsageError
+from tfps.training import dataset_fns
 from tfps.training import distinct_rows
 from tfps.training import exactly_once
 from tfps.training import packing
@@ -47,16 +49,16 @@ class AsyncRunner(steps_lib.Runner):
   def _steps(self, iterator, num_steps, seq):
     """Each step computes its gradients and applies them before the next step reads what they update.
 
-    The loop runs `unrolled_steps` steps per iteration (default 1), traced one after another, then the steps left
-    one per iteration. An iteration ends only when every op of its steps has run, and each one costs its own
-    transfers of the loop's condition and control signals between every ps and the worker; within an iteration a
-    step waits only for what it reads (tf.function orders the ops on each variable in program order: a step reads a
-    variable after the previous step's update of it, and each ps decides on a step's updates after its record of
-    the previous step)."""
+    The loop runs `unrolled_steps` steps per iteration (by default chosen here from the batches' static size:
+    `TrainingMode.steps_per_iteration`), traced one after another, then the steps left one per iteration. An
+    iteration ends only when every op of its steps has run, and each one costs its own transfers of the loop's
+    condition and control signals between every ps and the worker; within an iteration a step waits only for what it
+    reads (tf.function orders the ops on each variable in program order: a step reads a variable after the previous
+    step's update of it, and each ps decides on a step's updates after its record of the previous step)."""
     progress = self.progress
     num_steps = tf.cast(num_steps, tf.int64)
     _, first = progress.begin(seq, num_steps)
-    unrolled = self.mode.steps_per_iteration(self.steps_per_execution)
+    unrolled = self.mode.steps_per_iteration(self.steps_per_execution, _batch_size(iterator))
 
     def step(index, loss_sum, examples):
       mark, batch = self._mark(seq, index), steps_lib.next_batch(iterator, index)
@@ -104,7 +106,7 @@ class AsyncRunner(steps_lib.Runner):
       flat, _ = _flat_gradients(computed[0])
       return (index + 1, self._loss_sum(loss_sum, loss), examples + tf.cast(count, tf.int64), *flat)
 
-    unrolled = self.mode.steps_per_iteration(self.steps_per_execution)
+    unrolled = self.mode.steps_per_iteration(self.steps_per_execution, _batch_size(iterator))
     loop = (start + 1, self._loss_sum(tf.constant(0.0, tf.float32), tf.where(ran, tf.cast(loss, tf.float32), 0.0)),
             tf.where(ran, tf.cast(count, tf.int64), tf.constant(0, tf.int64)), *pending)
     shapes = (tf.TensorShape([]),) * 3 + tuple(invariants)
@@ -224,6 +226,15 @@ class AsyncRunner(steps_lib.Runner):
 
   def settle(self) -> int:
     return self.progress.settle(self.step.counter, *self._start)
+
+
+def _batch_size(iterator):
+  """The static size of the batches the steps take from `iterator` (`steps_lib.next_batch`), or None."""
+  if isinstance(iterator, steps_lib.GivenBatches):  # stacked: the batch is the second dimension
+    shape = tf.nest.flatten(iterator.stacked)[0].shape
+    return shape[1] if shape.rank and shape.rank > 1 else None
+  spec = getattr(iterator, "element_spec", None)
+  return None if spec is None else dataset_fns.static_batch_size(spec)
 
 
 def _repeated(step, times):

@@ -54,7 +54,12 @@ def check_lasts(dataset: tf.data.Dataset, name: str, steps: int) -> None:
 
 def batch_size_of(dataset: tf.data.Dataset) -> Optional[int]:
   """The static batch size of `dataset`, or None where it is not static."""
-  spec = tf.nest.flatten(dataset.element_spec)[0]
+  return static_batch_size(dataset.element_spec)
+
+
+def static_batch_size(element_spec) -> Optional[int]:
+  """The static batch size of batches of `element_spec` (the leading dimension of its first component), or None."""
+  spec = tf.nest.flatten(element_spec)[0]
   return spec.shape[0] if spec.shape.rank else None
 
 

@@ -8,7 +8,7 @@
 """
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Union
 
 from tfps import checks
 from tfps.errors import UsageError
@@ -22,12 +22,18 @@ DEFAULT_GEO_STEPS = 10
 DEFAULT_STEPS_PER_EXECUTION = 20
 # Async steps traced one after another in each iteration of a scheduled function's loop (`unrolled_steps`). Each loop
 # iteration costs about 5 transfers between every ps and the worker (the loop's condition and control signals: 5 of
-# a step's 25 at 1 ps), and it ends only once every op of its steps has run. Measured
-# (bench/results/unrolled_steps/NOTES.md): 4 runs 1.15x as fast at 1 ps + 1 worker and batch 256, but 0.81x at
-# 2 ps + 2 workers and batch 4096 (the workers spend 1.6x the CPU per step; most likely each runs parts of several
-# steps at once), and its first trace takes twice as long; so one step per iteration stays the default, and 4 is
-# opt-in.
-DEFAULT_UNROLLED_STEPS = 1
+# a step's 25 at 1 ps), and it ends only once every op of its steps has run. By default ("auto") the step function
+# chooses when it is traced, from its batches' static size (`steps_per_iteration`): `AUTO_UNROLLED_STEPS` where that
+# is at most `AUTO_UNROLL_MAX_BATCH`, else one step per iteration, as tf-keras runs them (and one where the batch size
+# is not static). Measured at batch 256 (bench/results/unrolled_steps/NOTES.md, bench/results/one_box/NOTES.md): 4
+# per iteration ran 1.15x as fast at 1 ps + 1 worker with 11% less CPU per step, and the latest series put its CPU per
+# example over all tasks at 1.56-1.65x one process's against one step's 1.71-1.76x (the 1.6x aim met only so); 0.95x
+# and 0.86x one step's CPU per step at 2 ps + 2 and 4 ps + 2 workers. At batch 4096 and 2 ps + 2 workers it ran 0.81x
+# as fast (workers at 1.6x the CPU per step; 1.33x the CPU over all tasks in a later series). Nothing was measured
+# between: 1024, the geometric middle of 256 and 4096, is a guess. Its first trace takes 1.65-2x as long.
+AUTO_UNROLLED_STEPS = 4
+AUTO_UNROLL_MAX_BATCH = 1024
+DEFAULT_UNROLLED_STEPS = "auto"
 # Async: the small dense variables of each ps read in one transfer per step (`packed_reads`) unless the user says
 # otherwise. Measured side by side (bench/results/packed_default/NOTES.md), 3 alternating runs each, batch 256:
 # 1 ps + 1 worker 1.05x the examples/s of reading each variable on its own with 5-6% less CPU per step, on both paths;
@@ -63,9 +69,11 @@ class TrainingMode:
       rows of every lookup of a tf-keras `Embedding` layer or a stacked table, and every sparse gradient of a float32
       variable; half their bytes, rounded to 8 significant bits (tables, optimizer slots and updates stay float32).
       False (the default): they cross as float32.
-    unrolled_steps: async: steps traced one after another in each iteration of a scheduled function's loop (default
-      1, `DEFAULT_UNROLLED_STEPS`: one step per iteration, as tf-keras runs them). More: fewer loop transfers and waits
-      per step (measured faster with small batches, slower with large batches on several workers:
+    unrolled_steps: async: steps traced one after another in each iteration of a scheduled function's loop. None
+      (not set) or "auto", the default (`DEFAULT_UNROLLED_STEPS`): chosen when the step function is traced, 4 where its
+      batches' static size is at most 1024, else 1 (one step per iteration, as tf-keras runs them; also where the
+      batch size is not static). A number given is used as given. More: fewer loop transfers and waits per step
+      (measured faster with small batches, slower with large batches on several workers:
       bench/results/unrolled_steps/NOTES.md), and a trace about `unrolled_steps + 1` times one step's (the steps left
       over run one per iteration). Each step still reads the parameters after the previous step's updates (with
       `pipelined_updates`, after the updates of the step before that, as without unrolling).
@@ -77,14 +85,15 @@ class TrainingMode:
   packed_reads: Optional[bool] = None
   lockfree_row_updates: bool = False
   pipelined_updates: bool = False
-  unrolled_steps: Optional[int] = None
+  unrolled_steps: Union[int, str, None] = None
   bf16_rows: bool = False
 
   def __post_init__(self):
     checks.one_of("sync_mode", self.sync_mode, MODES)
     checks.positive_int("geo_steps", self.geo_steps, allow_none=True)
     checks.positive_int("replicas_to_aggregate", self.replicas_to_aggregate, allow_none=True)
-    checks.positive_int("unrolled_steps", self.unrolled_steps, allow_none=True)
+    if not (self.unrolled_steps in (None, "auto") or checks.is_int(self.unrolled_steps) and self.unrolled_steps >= 1):
+      raise UsageError(f"`unrolled_steps` ({self.unrolled_steps!r}) must be a positive integer, \"auto\" or None")
     if self.geo_steps is not None and self.sync_mode != "geo":
       raise UsageError(f"`geo_steps` ({self.geo_steps}) applies only to sync_mode=geo, not {self.sync_mode}")
     if self.replicas_to_aggregate is not None and self.sync_mode != "sync":
@@ -105,10 +114,28 @@ class TrainingMode:
     if self.sync_mode == "async" and self.unrolled_steps is None:
       object.__setattr__(self, "unrolled_steps", DEFAULT_UNROLLED_STEPS)
 
-  def steps_per_iteration(self, steps_per_execution: int) -> int:
+  def steps_per_iteration(self, steps_per_execution: int, batch_size: Optional[int] = None) -> int:
     """Async: the steps each iteration of a scheduled function's loop runs (`unrolled_steps`, at most the function's
-    `steps_per_execution`)."""
-    return min(self.unrolled_steps, steps_per_execution)
+    `steps_per_execution`); "auto" chooses from `batch_size`, its batches' static size (None: not static)."""
+    return min(self.unrolled(batch_size), steps_per_execution)
+
+  def unrolled(self, batch_size: Optional[int]) -> int:
+    """Async: `unrolled_steps`, or with "auto" what it chooses for batches of static size `batch_size` (None: not
+    static): `AUTO_UNROLLED_STEPS` up to `AUTO_UNROLL_MAX_BATCH`, else 1."""
+    if self.unrolled_steps != "auto":
+      return self.unrolled_steps
+    small = batch_size is not None and batch_size <= AUTO_UNROLL_MAX_BATCH
+    return AUTO_UNROLLED_STEPS if small else 1
+
+  def _unrolled_described(self, batch_size) -> str:
+    """"4 steps per loop iteration" (set), "4 steps per loop iteration (auto: batch 256)", "1 step per loop iteration
+    (auto: batch size not static)"."""
+    if self.unrolled_steps == "auto":
+      steps = self.unrolled(batch_size)
+      auto = " (auto: " + ("batch size not static" if batch_size is None else f"batch {batch_size}") + ")"
+    else:
+      steps, auto = self.unrolled_steps, ""
+    return f"{steps} step{'s' if steps > 1 else ''} per loop iteration{auto}"
 
   def replicas(self, num_workers: int) -> int:
     """Worker batches per sync step on a cluster of `num_workers` workers."""
@@ -118,17 +145,20 @@ class TrainingMode:
                        "each worker gives at most one batch per sync step")
     return replicas
 
-  def describe(self, num_workers: int) -> str:
+  def describe(self, num_workers: int, batch_size: Union[int, str, None] = "unknown") -> str:
     """"async", "async, updates pipelined", "sync, 2 worker batches per step", "geo, 10 local steps per push"; async
     names the switches set otherwise than by default too ("async, 4 steps per loop iteration, rows as bfloat16",
-    "async, dense variables read one by one")."""
+    "async, dense variables read one by one"), and with "auto" steps per loop iteration what it chooses for a
+    worker's batches of static size `batch_size` (None: not static; "unknown", the default: nothing said)."""
     if self.sync_mode == "geo":
       return f"geo, {self.geo_steps} local steps per push"
     if self.sync_mode == "sync":
       return f"sync, {self.replicas(num_workers)} worker batches per step"
+    unknown = self.unrolled_steps == "auto" and batch_size == "unknown"
+    unrolled = None if unknown else self._unrolled_described(batch_size)
     switches = [
         (self.pipelined_updates, "updates pipelined"),
-        (self.unrolled_steps not in (None, DEFAULT_UNROLLED_STEPS), f"{self.unrolled_steps} steps per loop iteration"),
+        (unrolled is not None, unrolled),
         (self.packed_reads != DEFAULT_PACKED_READS,
          "dense reads packed per ps" if self.packed_reads else "dense variables read one by one"),
         (self.lockfree_row_updates, "row updates without a lock"),
