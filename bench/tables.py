@@ -35,12 +35,10 @@ DEFAULTS = ("tutorial_peer/b256_1x1", "tutorial_peer/b256_more", "tutorial_peer/
 # Pipelined updates beside the default and the tutorial's peer at 1x1 and 2x2, batch 256: two series of 3
 # alternating repetitions, one after the other.
 OVERLAP = ("overlap/b256", "overlap/b256_again")
-# The Estimator path at 4x2, batch 4096, with 120-step windows (both workers train in every window, each warmed up).
-ESTIMATOR_4X2 = "estimator_4x2/quiet_120_step_windows"
-# 1x1, batch 256: the default and its levers beside one process, three series on a loaded machine.
-ONE_BOX = ("one_box/levers", "one_box/again", "one_box/third", "one_box/quiet")  # the last in a quiet hour
-# The ps's floor at 2 ps + 2 workers (its variables laid out as tfps's) beside both paths: two series, loaded machine.
-FLOOR_2X2 = ("ps_floor/two_ps", "ps_floor/two_ps/again")
+# Today's defaults (steps per loop iteration chosen from the batch size, the ps's fewer ops per step), 2026-11-28:
+# the aims at every shape and both batches, the 1x1 CPU aim beside the former default, and the ps's floor at 2x2.
+# 1x1 at batch 4096 from its own series (`b4096_1x1`): in `b4096` other work took the core of its 1x1 runs (NOTES.md).
+CURRENT = ("defaults_auto/b256", "defaults_auto/b4096", "defaults_auto/b4096_1x1")
 _PATHS = {"fit": "tfps.fit", "estimator": "Estimator path", "keras_pss": "plain PSS `Model.fit`",
           "keras_pss_fixed": "plain PSS `Model.fit`, FixedShards", "ps_floor": "the ps's floor",
           "single": "one process"}
@@ -176,7 +174,8 @@ def _verdict(value, bound: float, at_most: bool) -> str:
 
 
 def targets_table(names) -> str:
-  """Today's aims against the series `names`: each measured value with 3 decimals and its computed verdict."""
+  """Today's aims against the series `names`: each measured value with 3 decimals and its computed verdict (a row of
+  a later series replaces an earlier one's of the same variant and batch; each is judged against its own file's peer)."""
   all_rows = rows(names)
   get = {(row["variant"], row["batch_size"]): row for row in all_rows}
   lines = ["| aimed at | measured | holds |", "| --- | --- | --- |"]
@@ -223,14 +222,6 @@ def cpu_target_rows(names, variant: str, default: str = "fit_1x1", batch: int = 
   return lines
 
 
-def speed_target_rows(name: str, variants, batch: int = 256) -> list:
-  """A row per variant of the series `name`: its examples/s over one process's (the 0.6x aim), with its verdict."""
-  get = {row["variant"]: row for row in rows((name,)) if row["batch_size"] == batch}
-  return [f"| `{variant}`, batch {batch}: >= {aims.VS_SINGLE}x one process's examples/s, `{name}` | "
-          f"{_ratio(get[variant].get('vs_single'), 3)} | {_verdict(get[variant].get('vs_single'), aims.VS_SINGLE, False)} |"
-          for variant in variants]
-
-
 def floor_target_rows(names, size: str = "2x2", batch: int = 256) -> list:
   """A row per series `names` and path: the ps's CPU per step at `size` over the floor's, per ps (the mean over the
   ps), with the series' load."""
@@ -247,11 +238,11 @@ def floor_target_rows(names, size: str = "2x2", batch: int = 256) -> list:
 
 
 def recent_targets() -> str:
-  """The aims the series since the defaults' measure: the Estimator path at 4x2 with windows that keep both workers
-  training, the 1x1 CPU aim with the default and with unrolled steps in a quiet hour (the loaded series: ONE_BOX, in
-  their NOTES.md), and the ps's floor at 2x2."""
-  return "\n".join([targets_table((ESTIMATOR_4X2,))] + cpu_target_rows(ONE_BOX[-1:], "fit_1x1+unroll4")
-                   + speed_target_rows(ONE_BOX[-1], ("fit_1x1", "fit_1x1+unroll4")) + floor_target_rows(FLOOR_2X2))
+  """The aims against today's defaults (`CURRENT`): tfps.fit and the Estimator path at every shape and both batches,
+  the 1x1 CPU aim with each run's own CPU beside the former default (one step per loop iteration), and the ps's floor
+  at 2x2."""
+  return "\n".join([targets_table(CURRENT)] + cpu_target_rows(CURRENT[:1], "fit_1x1+unroll1")
+                   + floor_target_rows(CURRENT[:1]))
 
 
 def switches_table() -> str:
@@ -337,7 +328,6 @@ def scale_advice() -> str:
 BLOCKS = {
     "defaults_b256": lambda: series_table(DEFAULTS[:2], 256),
     "defaults_b4096": lambda: series_table(DEFAULTS[2:], 4096),
-    "defaults_targets": lambda: targets_table(DEFAULTS),
     "recent_targets": recent_targets,
     "tasks": lambda: tasks_table(DEFAULTS, [("fit_1x1", 256), ("estimator_1x1", 256), ("keras_pss_1x1", 256),
                                             ("ps_floor_1x1", 256), ("single", 256), ("fit_1x1", 4096),

@@ -126,15 +126,15 @@ def test_geo_round_trains_a_local_copy_and_pushes_its_difference(cluster):
 
 
 def test_geo_fit_learns_with_rounds_on_both_workers_and_records_progress_within_epochs(cluster, tmp_path):
-  history = tfps.fit(build_model, per_worker_batches, epochs=2, steps_per_epoch=50, sync_mode="geo",
+  history = tfps.fit(build_model, per_worker_batches, epochs=2, steps_per_epoch=100, sync_mode="geo",
                      cluster=cluster, model_dir=str(tmp_path), log_every_secs=0.05)
   features, labels = combined()
-  assert int(history.model.optimizer.iterations.numpy()) == 100
+  assert int(history.model.optimizer.iterations.numpy()) == 200
   assert loss_of(history.model, features, labels) < 0.5 * loss_of(trained_alone(features, labels, steps=0),
                                                                  features, labels)
   # The step moves at each round's push (10 steps), read by the progress thread between the epochs' ends too.
   train = [r for r in run_records.read_run(str(tmp_path))["progress"] if r["kind"] == "train"]
-  within = [r["step"] for r in train if r["step"] % 50]
+  within = [r["step"] for r in train if r["step"] % 100]
   assert within and all(step % 10 == 0 for step in within), [r["step"] for r in train]
 
 
