@@ -9,6 +9,10 @@ import tensorflow as tf
 import tf_keras
 
 
+# One step per loop iteration: the function has one loop, whose body is one step (at batch 8 the default unrolls 4).
+ONE_STEP_PER_ITERATION = tfps.TrainingMode(unrolled_steps=1)
+
+
 def _loop_body(concrete):
   """The FunctionDef of the scheduled function's step loop body."""
   library = {function.signature.name: function for function in concrete.graph.as_graph_def().library.function}
@@ -28,7 +32,7 @@ def _built(cluster, packed_reads):
                                  tf_keras.layers.Dense(2, activation="tanh"), tf_keras.layers.Dense(1)],
                                 name="dense_model")
     model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "mse")
-    runner = async_runner(model, coordinator, mode=tfps.TrainingMode(packed_reads=packed_reads))
+    runner = async_runner(model, coordinator, mode=tfps.TrainingMode(packed_reads=packed_reads, unrolled_steps=1))
   iterator = iter(tf.data.Dataset.from_tensors((tf.ones((8, 3)), tf.ones((8, 1)))).repeat())
   body = _loop_body(runner.function.get_concrete_function(iterator, tf.constant(5, tf.int64), tf.constant(0, tf.int64)))
   reads = [node for node in body.node_def if node.op == "ReadVariableOp" and node.name.startswith("while/dense_model/")]
@@ -132,7 +136,7 @@ def _traced(cluster, build):
   with strategy.scope():
     model = build()
     model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "mse")
-    runner = async_runner(model, coordinator)
+    runner = async_runner(model, coordinator, mode=ONE_STEP_PER_ITERATION)
   return _runner_traced(runner, lambda: model.trainable_variables)  # a subclassed model is built by the trace
 
 
@@ -189,7 +193,8 @@ def _dense_first_model_fn(features, labels, mode):
 
 
 def test_a_table_a_model_fn_looks_up_after_the_pack_stays_out_of_it(cluster, tmp_path):
-  estimator = tfps.Estimator(_dense_first_model_fn, model_dir=str(tmp_path), cluster=cluster)
+  estimator = tfps.Estimator(_dense_first_model_fn, model_dir=str(tmp_path), cluster=cluster,
+                             config=tfps.RunConfig(mode=ONE_STEP_PER_ITERATION))
   estimator.train(lambda: tf.data.Dataset.from_tensors((_FEATURES, tf.ones((8, 1)))).repeat(), max_steps=1)
   model = estimator.distributed_model()
   body, dense_applies = _runner_traced(model.runner, model.model.variables.trainable_variables_flat)
