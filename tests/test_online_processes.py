@@ -64,7 +64,11 @@ def _produce_slowly(bootstrap: str, ids) -> threading.Thread:
 
 
 def _checkpoints(model_dir: pathlib.Path):
-  return sorted(int(path.name[5:-6]) for path in (model_dir / "checkpoints").glob("ckpt-*.index"))
+  """The steps of the checkpoints a restarted chief may resume from: those the checkpoint state file lists (a
+  checkpoint's `.index` is written before the state file names it; a kill between resumes from the one before)."""
+  state = model_dir / "checkpoints" / "checkpoint"
+  text = state.read_text() if state.is_file() else ""
+  return sorted(int(step) for step in re.findall(r'^all_model_checkpoint_paths: ".*ckpt-(\d+)"$', text, re.M))
 
 
 @contextlib.contextmanager
