@@ -141,7 +141,7 @@ def test_estimator_path_in_geo_mode_learns_each_raw_ids_label_with_exact_clocks(
 def test_geo_push_skips_rows_given_to_another_id_during_the_round():
   """A geo round's cached rows are pushed as differences, except rows whose id changed on the ps since the pull
   (evicted and given to another id: that id's fresh row must not get the old id's training)."""
-  from tfps.training import exactly_once, geo  # pylint: disable=import-outside-toplevel
+  from tfps.training import geo, ps_records  # pylint: disable=import-outside-toplevel
   rows = tf.Variable(tf.zeros([6, 2]))
   owners = tf.Variable([10, 11, 12, 13, 14, 15], dtype=tf.int64)  # the id each row belongs to
   table = geo._Table(rows, tf.constant([4, 1, 3, 1]), lambda shard: [], geo._LocalNames(),
@@ -150,7 +150,7 @@ def test_geo_push_skips_rows_given_to_another_id_during_the_round():
   assert local_ids.numpy().tolist() == [1, 3, 4]
   tf.raw_ops.AssignVariableOp(resource=handle, value=tf.ones([3, 2]))  # the round trained all three rows
   owners.scatter_update(tf.IndexedSlices(tf.constant([99], tf.int64), [3]))  # row 3 evicted, given to id 99
-  records = exactly_once.PsRecords()
+  records = ps_records.PsRecords()
   for _ in range(2):  # the round's push, then the same push run again (its worker died before the round's record)
     once = records.once_per_ps(tf.constant([0], tf.int64), tf.constant(1, tf.int64))
     once.run_all(table.updates())

@@ -117,11 +117,14 @@ def applies_gradients_as_given(optimizer) -> bool:
 
 
 def writes_through_the_strategy(optimizer) -> bool:
-  """Whether every variable `optimizer.apply_gradients` writes is written through `strategy.extended.update`.
+  """Whether every variable `optimizer.apply_gradients` writes is written through `strategy.extended.update` or
+  only once every update made there has run (so it waits for whatever those updates wait for).
 
-  A tf-keras legacy optimizer updates each variable through it, and its `iterations` too: created with
-  `ONLY_FIRST_REPLICA` aggregation, which ParameterServerStrategy wraps so that an assignment in cross-replica context
-  is an update. A current tf-keras optimizer increments its `iterations`, a plain variable, directly.
+  A tf-keras legacy optimizer updates each variable through it, and then increments its `iterations` directly (an
+  `AssignAddVariableOp` outside the updates: with one replica per worker ParameterServerStrategy does not wrap its
+  `ONLY_FIRST_REPLICA` variables in an `AggregatingVariable`, whose assignment would be an update), under a control
+  dependency on every update `extended.update` returned. A current tf-keras optimizer increments its `iterations`
+  directly with no dependency on its updates: that may run before any gradient of the step has arrived.
   """
   return isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer)
 

@@ -19,6 +19,7 @@ from tfps.training import dataset_fns
 from tfps.training import distinct_rows
 from tfps.training import exactly_once
 from tfps.training import packing
+from tfps.training import ps_records
 from tfps.training import steps as steps_lib
 from tfps.training import tables
 
@@ -35,7 +36,7 @@ class AsyncRunner(steps_lib.Runner):
     super().__init__(step, **kwargs)
     with self.strategy.scope():
       self.progress = exactly_once.StepProgress(self.steps_per_execution, step.counter)
-    self.progress.ps_records = exactly_once.PsRecords()
+    self.progress.ps_records = ps_records.PsRecords()
     self.progress.ps_records.make_for(step.variables())  # those of variables made by the first trace: made then
     self.table_marks = tables.StepMarks(self.strategy)  # table layers' bookkeeping, once per step and shard
     # opt-in: the small dense variables of a ps read in one transfer per step
@@ -62,10 +63,10 @@ class AsyncRunner(steps_lib.Runner):
 
     def step(index, loss_sum, examples):
       mark, batch = self._mark(seq, index), steps_lib.next_batch(iterator, index)
-      slots = exactly_once.SlotOfMark(mark, progress.stride)
+      slots = ps_records.SlotOfMark(mark, progress.stride)
       with self._applying(slots, mark) as once, self._reading(batch):
         loss, count = self._run(self.step.run, batch, slots, mark)
-        counted = exactly_once.counted_after_updates(self.step, once)
+        counted = ps_records.counted_after_updates(self.step, once)
       self._record(slots, mark, once, counted)
       return index + 1, self._loss_sum(loss_sum, loss), examples + tf.cast(count, tf.int64)
 
@@ -100,8 +101,8 @@ class AsyncRunner(steps_lib.Runner):
     def body(index, loss_sum, examples, *pending):
       loss, count, computed = self._computed(iterator, self._mark(seq, index))
       # After the computation in program order: each ps reads this step's parameters before it applies the last one's,
-      # and decides on its updates of the last step once all those reads are done (`exactly_once.OncePerPs`).
-      reads = exactly_once.after_reads(self.step.variables())
+      # and decides on its updates of the last step once all those reads are done (`ps_records.OncePerPs`).
+      reads = ps_records.after_reads(self.step.variables())
       self._apply(held, pending, self._mark(seq, index - 1), reads)
       flat, _ = _flat_gradients(computed[0])
       return (index + 1, self._loss_sum(loss_sum, loss), examples + tf.cast(count, tf.int64), *flat)
@@ -130,12 +131,12 @@ class AsyncRunner(steps_lib.Runner):
   @contextlib.contextmanager
   def _applying(self, slots, mark, after=None):
     """While a step's updates are traced: every update waits for all its gradients (and the op of `after` on its
-    ps) and is skipped where its ps applied step `mark` already (yields the `exactly_once.OncePerPs`; `slots` the
+    ps) and is skipped where its ps applied step `mark` already (yields the `ps_records.OncePerPs`; `slots` the
     mark's `SlotOfMark`); gradients of ids a table looked up as distinct are not summed per row again."""
     optimizer = self.step.optimizer()
     rows = _tf_private.adagrad_rows_at_once(optimizer, locked=not self.mode.lockfree_row_updates)
     bf16_rows = self.mode.bf16_rows
-    once = exactly_once.applying_once_per_ps(optimizer, self.progress.ps_records, self.strategy, slots, mark, after,
+    once = ps_records.applying_once_per_ps(optimizer, self.progress.ps_records, self.strategy, slots, mark, after,
                                              bf16_rows)
     with rows, distinct_rows.applying(optimizer, bf16_rows), once as applying:
       yield applying
@@ -182,7 +183,7 @@ class AsyncRunner(steps_lib.Runner):
 
     batch = next(iterator)
     with steps_lib.redirected_apply_gradients(self.step.optimizer(), hold), self._reading(batch):
-      loss, count = self._run(self.step.run, batch, exactly_once.SlotOfMark(mark, self.progress.stride), mark)
+      loss, count = self._run(self.step.run, batch, ps_records.SlotOfMark(mark, self.progress.stride), mark)
     if len(held) != 1:
       raise UsageError(f"`pipelined_updates` (True) needs a step that applies its gradients with one "
                        f"`optimizer.apply_gradients` call; this one made {len(held)}")
@@ -193,10 +194,10 @@ class AsyncRunner(steps_lib.Runner):
     `_flat_gradients` gives them), each ps's after its op in `after`, then the step's records."""
     (grads_and_vars, args, kwargs), optimizer = held, self.step.optimizer()
     pairs = _packed_gradients(grads_and_vars, gradients)
-    slots = exactly_once.SlotOfMark(mark, self.progress.stride)
+    slots = ps_records.SlotOfMark(mark, self.progress.stride)
     with self._applying(slots, mark, after) as once:
       self.strategy.run(lambda: optimizer.apply_gradients(pairs, *args, **kwargs))
-      counted = exactly_once.counted_after_updates(self.step, once)
+      counted = ps_records.counted_after_updates(self.step, once)
     return self._record(slots, mark, once, counted)
 
   def _loss_sum(self, loss_sum, loss):

@@ -22,7 +22,7 @@ every step in async training. A table's slot rows are pushed additively, which i
 and an approximation for momentum-like slots. The ps keeps the dense variables' optimizer state of the time training
 started (checkpoints hold it as such): each worker's is its own. A round that a worker failure cut short is run
 again from its pull; a round whose push was recorded (`tfps.training.exactly_once`) is not run again, and each ps
-takes a round's push whole and once (`exactly_once.OncePerPs.run_all`): a round cut short in the middle of its push,
+takes a round's push whole and once (`ps_records.OncePerPs.run_all`): a round cut short in the middle of its push,
 run again, pushes only to the ps that did not take it.
 """
 
@@ -37,6 +37,7 @@ import tensorflow as tf
 from tfps import _tf_private
 from tfps.errors import UsageError
 from tfps.training import exactly_once
+from tfps.training import ps_records
 from tfps.training import steps as steps_lib
 from tfps.training import strategy as strategy_lib
 from tfps.training import tables as tables_lib
@@ -67,7 +68,7 @@ class _LocalNames:
 
   def handle(self, variable, kind: str, shape, dtype) -> tf.Tensor:
     """A variable in the memory of the worker running the function (each worker has its own)."""
-    key = (_id(variable), kind)
+    key = (strategy_lib.variable_id(variable), kind)
     name = self._names.setdefault(key, f"{self._prefix}/{len(self._names)}")
     return tf.raw_ops.VarHandleOp(dtype=dtype, shape=shape, shared_name=name, container="")
 
@@ -178,12 +179,7 @@ def _recording(record: Callable, rows_of: Callable = lambda layer, ids: ids):
 
 
 def _key(table) -> tuple:
-  return tuple(_id(shard) for shard in strategy_lib.shards_of(table))
-
-
-def _id(variable) -> int:
-  """One identity per variable, whether handed out wrapped by the strategy or not."""
-  return id(_tf_private.unwrapped(variable))
+  return tuple(strategy_lib.variable_id(shard) for shard in strategy_lib.shards_of(table))
 
 
 class GeoRunner(steps_lib.Runner):
@@ -204,7 +200,7 @@ class GeoRunner(steps_lib.Runner):
     with self.strategy.scope():
       _tf_private.create_optimizer_slots(optimizer, step.trainable_variables())
       self.progress = exactly_once.StepProgress(1, step.counter)
-    self.progress.ps_records = exactly_once.PsRecords()  # each ps takes a round's push once
+    self.progress.ps_records = ps_records.PsRecords()  # each ps takes a round's push once
     self.table_marks = tables_lib.StepMarks(self.strategy)  # table layers' bookkeeping, once per batch and shard
     self._names = _LocalNames()
     self._functions: Dict[object, Callable] = {}
@@ -278,18 +274,21 @@ class GeoRunner(steps_lib.Runner):
     table_parts = set()
     for table in self._tables_of(batch).values():
       for shard in strategy_lib.shards_of(table):
-        table_parts.update([_id(shard)] + [_id(slot) for slot in self._slots(shard)])
+        table_parts.update([strategy_lib.variable_id(shard)] +
+                           [strategy_lib.variable_id(slot) for slot in self._slots(shard)])
     dense = []
-    trainable = {_id(part) for variable in self.step.trainable_variables() for part in strategy_lib.shards_of(variable)}
+    trainable = {strategy_lib.variable_id(part)
+                 for variable in self.step.trainable_variables() for part in strategy_lib.shards_of(variable)}
     for variable in list(self.step.trainable_variables()) + list(optimizer.variables()):
       for part in strategy_lib.shards_of(variable):
-        if _id(part) in table_parts:
+        key = strategy_lib.variable_id(part)
+        if key in table_parts:
           continue
         if (part.shape.num_elements() or 0) > LARGE_DENSE_ELEMENTS:
           raise UsageError(f"sync_mode=geo copies every variable but embedding tables to each worker; {part.name} "
                            f"{part.shape} is large and not the table of a tf_keras Embedding layer")
-        table_parts.add(_id(part))  # once, though listed by both the model and the optimizer
-        resident = _id(part) not in trainable and _id(part) != _id(optimizer.iterations)
+        table_parts.add(key)  # once, though listed by both the model and the optimizer
+        resident = key not in trainable and key != strategy_lib.variable_id(optimizer.iterations)
         dense.append(_Dense(part, self._names, resident=resident))
     return dense
 

@@ -5,7 +5,7 @@ small dense layers that per-tensor cost, not the bytes, is most of what a ps spe
 these helpers through `tfps.training.asynchronous.AsyncRunner`:
 
 - `transferred`: a list of tensors of one dtype moved to another device in one tensor (the dense gradients of a ps go
-  there this way, `tfps.training.exactly_once`).
+  there this way, `tfps.training.ps_records`).
 - `PackedReads.reading`: while a step is traced, the small dense variables of each ps are read in one transfer per step:
   at the step's first read of any of them, all of that ps's are read and concatenated on the ps, and split on the
   worker; every whole read (`tf.convert_to_tensor`, `value()`, what tf-keras layers do) of one of them returns its

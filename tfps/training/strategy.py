@@ -103,3 +103,8 @@ def shards_of(variable) -> List[tf.Variable]:
   if _tf_private.is_sharded_variable(variable):
     return list(variable.variables)
   return [variable]
+
+
+def variable_id(variable) -> int:
+  """One identity per variable, whether handed out wrapped by the strategy or not."""
+  return id(_tf_private.unwrapped(variable))

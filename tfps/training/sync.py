@@ -11,7 +11,7 @@ A step runs in two phases, each a set of scheduled functions the coordinator wai
    worker failure never counts twice. When a slot stays empty for `steal_after_secs` (its worker died and is being
    restarted), another worker fills it with a batch of its own, and the step goes on.
 2. Update. One function averages the first `replicas` marked slots and applies them with the model's optimizer,
-   once per ps: as in async (`tfps.training.exactly_once`), a ps starts the step's updates only once all its
+   once per ps: as in async (`tfps.training.ps_records`), a ps starts the step's updates only once all its
    gradients are there, records the step after them, and skips them when the function runs again after a failure.
    A worker that dies during the update can leave it applied on one ps and not another; the re-run applies it where
    it is missing and nowhere else. The step counter is then settled from the records (a count that reached its ps
@@ -32,6 +32,7 @@ import tensorflow as tf
 
 from tfps.errors import TfpsError, UsageError
 from tfps.training import exactly_once
+from tfps.training import ps_records
 from tfps.training import steps as steps_lib
 from tfps.training import tables
 
@@ -140,7 +141,7 @@ class SyncRunner(steps_lib.Runner):
     # Table layers' bookkeeping (sightings, admissions) once per step and worker slot: a re-run gradient function whose
     # first run got to a table shard only looks up there.
     self.table_marks = tables.StepMarks(self.strategy)
-    self.ps_records = exactly_once.PsRecords()  # the steps each ps has applied (slot: step % SLOTS, mark: step + 1)
+    self.ps_records = ps_records.PsRecords()  # the steps each ps has applied (slot: step % SLOTS, mark: step + 1)
     self.gradient_function = tf.function(self._gradients)
     self.update_function = tf.function(self._update)
     self._given = None  # `gradient_function` for batches given as arguments (`schedule_batches`), made at first use
@@ -186,9 +187,9 @@ class SyncRunner(steps_lib.Runner):
     def apply():
       def replica_apply():
         optimizer = self.step.optimizer()
-        with exactly_once.applying_once_per_ps(optimizer, self.ps_records, self.strategy, slot, mark) as once:
+        with ps_records.applying_once_per_ps(optimizer, self.ps_records, self.strategy, slot, mark) as once:
           optimizer.apply_gradients(self.buffers.average(chosen, self._replicas))
-          counted = exactly_once.counted_after_updates(self.step, once)
+          counted = ps_records.counted_after_updates(self.step, once)
         with tf.control_dependencies(once.records() + counted):
           return tf.constant(True)
       return self.strategy.run(replica_apply)
@@ -269,5 +270,5 @@ class SyncRunner(steps_lib.Runner):
 
 
 def _record_of(step):
-  """`(slot, mark)`: where each ps records in its `exactly_once.PsRecords` vector that it applied step `step`."""
+  """`(slot, mark)`: where each ps records in its `ps_records.PsRecords` vector that it applied step `step`."""
   return tf.reshape(step % exactly_once.SLOTS, [1]), step + 1

@@ -2,7 +2,7 @@
 
 A `TouchedRows` keeps, beside every variable shard that takes sparse updates (an embedding table's shard), a bool
 vector with one entry per row: the step's update of the shard sets the entries of the rows it changes, in the same
-conditional branch on the ps (`exactly_once.OncePerPs.run`, the one place async and sync training apply a variable's
+conditional branch on the ps (`ps_records.OncePerPs.run`, the one place async and sync training apply a variable's
 update and geo training pushes a round's rows), so a step skipped there marks nothing. The delta exporter reads, per shard, the ids marked and their rows
 (gathered on the ps: only those rows cross the network), and clears the marks it shipped once the delta is written.
 

@@ -5,7 +5,7 @@ a step's bytes (at batch 4096 on the benchmark workload about 7 MB each way, aga
 `bf16_rows` each of them is cast to bfloat16 where it is made and back to float32 where it is used, so only bfloat16
 crosses: the rows every table lookup of a step gathers (`tfps.training.distinct_rows.lookup`: the bundled models'
 stacked tables, and every tf-keras `Embedding` layer while the step is traced) and every sparse gradient of a
-float32 variable on its way to its ps (`tfps.training.exactly_once`). Tables, optimizer slots and the updates'
+float32 variable on its way to its ps (`tfps.training.ps_records`). Tables, optimizer slots and the updates'
 arithmetic stay float32; the model computes with rows rounded to 8 significant bits, and each gradient row it sends
 is rounded the same way (a relative error of at most 2^-8 per element). A looked-up row's gradient is rounded where
 the worker's cast back is differentiated (the gradient of a cast is the cast of the gradient), and casting it again
