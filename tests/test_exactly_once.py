@@ -356,14 +356,17 @@ def test_unrolled_steps_end_where_the_same_steps_in_one_process_do(cluster):
   assert len(_loops(runner, args)) == 2  # 3 steps per iteration, then the step left over
 
 
+_AUTO = tfps.TrainingMode(unrolled_steps="auto")
+
+
 @pytest.mark.parametrize("rows, batched, mode, loops", [
-    (64, "static", None, 2),  # auto: 4 steps per iteration, then the step left over
-    (2048, "static", None, 1),  # auto: a batch above 1024, one step per iteration
-    (64, "unknown", None, 1),  # auto: the batch size is not static
-    (64, "static", tfps.TrainingMode(unrolled_steps=1), 1),  # set by the user: used as given
+    (64, "static", _AUTO, 2),  # 4 steps per iteration, then the step left over
+    (2048, "static", _AUTO, 1),  # a batch above 1024, one step per iteration
+    (64, "unknown", _AUTO, 1),  # the batch size is not static
+    (64, "static", None, 1),  # the default: one step per iteration
 ])
-def test_unrolled_steps_are_chosen_from_the_static_batch_size_unless_set(cluster, rows, batched, mode, loops):
-  """By default the steps per loop iteration are chosen when the function is traced, from its batches' static size:
+def test_unrolled_steps_are_chosen_from_the_static_batch_size_with_auto(cluster, rows, batched, mode, loops):
+  """With "auto" the steps per loop iteration are chosen when the function is traced, from its batches' static size:
   a function of 5 steps runs 4 in one iteration and the step left over in a second loop, or all 5 one per iteration;
   either way the weights end where 5 steps in one process leave them."""
   features = tf.reshape(tf.range(rows * 3, dtype=tf.float32) % 7.0 / 7.0, (rows, 3))

@@ -42,6 +42,12 @@ def _ratio(name: str, variant: str, other: str, batch: int = None) -> float:
   return _rate(name, variant, batch) / _rate(name, other, batch)
 
 
+def _first_trace(name: str) -> tuple:
+  """`(ratio, seconds with 4, seconds with 1)` of `bench/first_trace.py`'s medians."""
+  seconds = {steps: statistics.median(runs) for steps, runs in _json(name)["seconds"].items()}
+  return seconds["4"] / seconds["1"], seconds["4"], seconds["1"]
+
+
 def _quality_diffs(name: str) -> tuple:
   return tuple(c["diff"] for c in _json(name)["comparison"] if c["model"] in ("wide_deep", "dcn"))
 
@@ -227,6 +233,10 @@ FIGURES = (
            "unrolled_steps/ab", lambda: (_ratio("unrolled_steps/ab", "fit_1x1", "fit_1x1+unroll1"),
                                          1 - _row("unrolled_steps/ab", "fit_1x1")["cpu_ms_per_step"]["total"]
                                          / _row("unrolled_steps/ab", "fit_1x1+unroll1")["cpu_ms_per_step"]["total"])),
+    Figure("`--unrolled_steps=4`", "({:.2f}x in the series of 2026-11-28)", "defaults_auto/b256",
+           lambda: (_ratio("defaults_auto/b256", "fit_1x1", "fit_1x1+unroll1"),)),
+    Figure("`--unrolled_steps=4`", "every start and restart traces {:.1f}x as long (20 steps: {:.1f} s against {:.1f} s)",
+           "unrolled_steps/first_trace_again.json", lambda: _first_trace("unrolled_steps/first_trace_again.json")),
     Figure("`--unrolled_steps=4`", "{:.2f}x at 2 ps + 2 workers, batch 4096 (workers spend {:.1f}x the CPU",
            "unrolled_steps/b4096_2x2",
            lambda: (_ratio("unrolled_steps/b4096_2x2", "fit_2x2", "fit_2x2+unroll1"),

@@ -2,6 +2,7 @@
 
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -9,7 +10,7 @@ from absl import flags
 import pytest
 
 from tfps import flags as flags_lib
-from tfps.errors import ClusterConfigError
+from tfps.errors import ClusterConfigError, UsageError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TF_CONFIG = json.dumps({"cluster": {"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223", "127.0.0.1:2224"]},
@@ -47,17 +48,28 @@ def test_server_options_come_from_the_flags():
   assert flags_lib.server_options_from_flags(flags.FlagValues()) == {}
 
 
-def test_mode_flags_read_dense_variables_packed_by_default_with_async():
-  def mode(*args):
-    flag_values = flags.FlagValues()
-    flags_lib.define_mode_flags(flag_values)
-    flag_values(["prog", *args])
-    return flags_lib.mode_from_flags(flag_values)
+def _mode(*args):
+  flag_values = flags.FlagValues()
+  flags_lib.define_mode_flags(flag_values)
+  flag_values(["prog", *args])
+  return flags_lib.mode_from_flags(flag_values)
 
+
+def test_mode_flags_read_dense_variables_packed_by_default_with_async():
+  mode = _mode
   assert mode().packed_reads is True
   assert mode("--nopacked_reads").packed_reads is False
   assert mode("--sync_mode=sync").packed_reads is False
   assert mode("--sync_mode=geo", "--nopacked_reads").describe(2) == "geo, 10 local steps per push"
+
+
+def test_unrolled_steps_flag_takes_a_number_or_auto_and_refuses_anything_else_in_one_line():
+  assert _mode().unrolled_steps == 1
+  assert _mode("--unrolled_steps=4").unrolled_steps == 4
+  assert _mode("--unrolled_steps=auto").unrolled_steps == "auto"
+  for value, shown in (("0", "0"), ("-2", "'-2'"), ("four", "'four'")):
+    with pytest.raises(UsageError, match=re.escape(f"`unrolled_steps` ({shown}) must be a positive integer")):
+      _mode(f"--unrolled_steps={value}")
 
 
 def test_define_flags_twice_is_harmless():

@@ -143,7 +143,7 @@ def test_pipelined_fit_and_estimator_learn_on_both_workers_each_step_counted_onc
   features, labels = combined()
   untrained = loss_of(trained_alone(features, labels, steps=0), features, labels)
   history = tfps.fit(build_model, per_worker_batches, epochs=2, steps_per_epoch=45, cluster=cluster,
-                     sync_mode=tfps.TrainingMode(pipelined_updates=True), steps_per_execution=10)
+                     sync_mode=tfps.TrainingMode(pipelined_updates=True, unrolled_steps="auto"), steps_per_execution=10)
   assert "(async, updates pipelined, 4 steps per loop iteration (auto: batch 32))" in info_log.text
   assert int(history.model.optimizer.iterations.numpy()) == 90
   assert loss_of(history.model, features, labels) < 0.5 * untrained
@@ -151,8 +151,7 @@ def test_pipelined_fit_and_estimator_learn_on_both_workers_each_step_counted_onc
                              config=tfps.RunConfig(pipelined_updates=True, log_step_count_steps=10,
                                                    steps_per_execution=10))
   estimator.train(per_worker_batches, max_steps=45)
-  assert "Training from step 0 to 45 (async, updates pipelined, 4 steps per loop iteration (auto: batch 32))" in (
-      info_log.text)
+  assert "Training from step 0 to 45 (async, updates pipelined)" in info_log.text  # one step per loop iteration
   results = estimator.evaluate(lambda: tf.data.Dataset.from_tensors((features, labels)), steps=None)
   assert results["global_step"] == 45
   assert results["loss"] < 0.5 * untrained
@@ -206,11 +205,12 @@ def test_a_mode_names_the_switches_set_otherwise_than_by_default_in_the_run_log_
              "bfloat16")
   assert tfps.TrainingMode("sync").describe(2) == "sync, 2 worker batches per step"
   assert tfps.TrainingMode("geo").describe(2) == "geo, 10 local steps per push"
-  # The run's start line gives a worker's static batch size: the steps per loop iteration chosen for it.
-  assert tfps.TrainingMode().describe(2, 256) == "async, 4 steps per loop iteration (auto: batch 256)"
-  assert tfps.TrainingMode().describe(2, 4096) == "async, 1 step per loop iteration (auto: batch 4096)"
-  assert tfps.TrainingMode().describe(2, None) == "async, 1 step per loop iteration (auto: batch size not static)"
-  assert tfps.TrainingMode(unrolled_steps=1).describe(2, 256) == "async, 1 step per loop iteration"
+  # With "auto" the run's start line gives a worker's static batch size: the steps per loop iteration chosen for it.
+  auto = tfps.TrainingMode(unrolled_steps="auto")
+  assert auto.describe(2, 256) == "async, 4 steps per loop iteration (auto: batch 256)"
+  assert auto.describe(2, 4096) == "async, 1 step per loop iteration (auto: batch 4096)"
+  assert auto.describe(2, None) == "async, 1 step per loop iteration (auto: batch size not static)"
+  assert tfps.TrainingMode().describe(2, 256) == tfps.TrainingMode(unrolled_steps=1).describe(2, 256) == "async"
   assert tfps.TrainingMode("sync").describe(2, 256) == "sync, 2 worker batches per step"
 
 
@@ -224,13 +224,15 @@ def test_async_reads_dense_variables_packed_by_default_and_only_there():
     assert tfps.TrainingMode(mode, packed_reads=False).packed_reads is False
 
 
-def test_async_steps_per_loop_iteration_are_chosen_by_default_and_unroll_only_there():
-  assert tfps.TrainingMode().unrolled_steps == "auto" and tfps.RunConfig().training_mode.unrolled_steps == "auto"
-  assert tfps.TrainingMode(unrolled_steps="auto") == tfps.TrainingMode()
+def test_async_runs_one_step_per_loop_iteration_by_default_chooses_with_auto_and_unrolls_only_there():
+  assert tfps.TrainingMode().unrolled_steps == 1 and tfps.RunConfig().training_mode.unrolled_steps == 1
+  assert tfps.TrainingMode(unrolled_steps=1) == tfps.TrainingMode()
   assert tfps.TrainingMode(unrolled_steps=4).unrolled_steps == 4
-  assert tfps.TrainingMode(pipelined_updates=True).unrolled_steps == "auto"
-  assert [tfps.TrainingMode().steps_per_iteration(20, size) for size in (64, 1024, 1025, None)] == [4, 4, 1, 1]
-  assert tfps.TrainingMode().steps_per_iteration(3, 64) == 3  # at most the steps per execution
+  assert tfps.TrainingMode(pipelined_updates=True).unrolled_steps == 1
+  assert [tfps.TrainingMode().steps_per_iteration(20, size) for size in (64, 4096, None)] == [1, 1, 1]
+  auto = tfps.TrainingMode(unrolled_steps="auto")
+  assert [auto.steps_per_iteration(20, size) for size in (64, 1024, 1025, None)] == [4, 4, 1, 1]
+  assert auto.steps_per_iteration(3, 64) == 3  # at most the steps per execution
   assert tfps.TrainingMode(unrolled_steps=2).steps_per_iteration(20, 4096) == 2
   assert tfps.TrainingMode(pipelined_updates=True, unrolled_steps=4).describe(1) == (
       "async, updates pipelined, 4 steps per loop iteration")

@@ -16,9 +16,8 @@ pytestmark = pytest.mark.slow
 
 
 # Every configuration the tests compare on 1 ps, counted by one child on one in-process cluster. The switches are
-# counted with one step per loop iteration (`+unroll1`): each loop iteration's tensors are then one step's.
-_VARIANTS = ("fit", "estimator", "fit+unroll1", "fit+unpacked+unroll1", "fit+bf16+unroll1",
-             "fit+bf16+per_feature+unroll1")
+# counted with one step per loop iteration (the default): each loop iteration's tensors are then one step's.
+_VARIANTS = ("fit", "estimator", "fit+unroll4", "fit+unpacked", "fit+bf16", "fit+bf16+per_feature")
 
 
 @pytest.fixture(scope="module")
@@ -90,11 +89,12 @@ def test_with_four_ps_no_ps_waits_for_another_ps_gradients(tmp_path, subprocess_
 
 def test_unrolled_steps_move_fewer_tensors_per_step_than_one_step_per_loop_iteration(counts, default_fit):
   """Each iteration of the step loop moves its condition and control signals between the ps and the worker: with 4
-  steps per iteration (the default's choice at batch 256) a step moves at least 3.5 tensors fewer than with 1 (10.25
+  steps per iteration (`--unrolled_steps=4`, or auto's choice at batch 256) a step moves at least 3.5 tensors fewer
+  than with 1, the default (10.25
   against 14; 10.5 against 15 while the function's slot was a loop variable on the ps, one signal more per iteration;
   one step per iteration has one loop only: no second loop for the steps left over)."""
-  unrolled = default_fit
-  single = counts["fit+unroll1"]
+  unrolled = counts["fit+unroll4"]
+  single = default_fit
   total = lambda counted: counted["per_step"]["send"] + counted["per_step"]["recv"]
   assert unrolled["unrolled_steps"] == 4 and single["unrolled_steps"] == 1
   assert total(unrolled) <= total(single) - 3.5, (unrolled["per_step"], single["per_step_names"])
@@ -106,12 +106,12 @@ def test_packed_reads_send_each_ps_dense_weights_in_one_tensor_per_step(counts):
   """By default (`--packed_reads`) the ps sends 4 tensors per step (the packed dense weights, 2 lookups and a control
   signal, one step per loop iteration); with `--nopacked_reads` it sends the 10 dense weights one by one. The gradients
   reach it either way."""
-  packed = counts["fit+unroll1"]
+  packed = counts["fit"]
   sends = [name for name in packed["per_step_names"] if name.startswith("_Send")]
   assert packed["per_step"]["send"] == 4, sends
   assert not [name for name in sends if "ReadVariableOp" in name], sends
   assert packed["per_step"]["recv"] >= 3, packed["per_step_names"]
-  unpacked = counts["fit+unpacked+unroll1"]
+  unpacked = counts["fit+unpacked"]
   reads = [name for name in unpacked["per_step_names"] if name.startswith("_Send") and "ReadVariableOp" in name]
   assert len(reads) == 10 and unpacked["per_step"]["send"] == 4 - 1 + 10, unpacked["per_step_names"]
   assert unpacked["per_step"]["recv"] == packed["per_step"]["recv"], (unpacked["per_step"], packed["per_step"])
@@ -122,8 +122,8 @@ def test_bf16_rows_move_the_rows_and_their_gradients_as_bfloat16(counts):
   default), and moves no more tensors per step than without it."""
   rows = lambda counted: [name for name in counted["per_step_names"]
                           if "_stacked/" in name and ("_Send" in name or "gradient_tape" in name)]
-  narrow = counts["fit+bf16+unroll1"]
-  default = counts["fit+unroll1"]
+  narrow = counts["fit+bf16"]
+  default = counts["fit"]
   # 2 tables (deep and wide): each one's rows out and its gradient in.
   assert len(rows(narrow)) == 4 and all(name.endswith(" BFLOAT16") for name in rows(narrow)), rows(narrow)
   assert len(rows(default)) == 4 and all(name.endswith(" FLOAT") for name in rows(default)), rows(default)
@@ -135,7 +135,7 @@ def test_bf16_rows_move_per_feature_tables_rows_as_bfloat16_too(counts):
   """A tf-keras `Embedding` per feature (26 deep and 26 wide tables): with `--bf16_rows` every table's rows leave the
   ps as bfloat16, and the rows' gradients come back as bfloat16: 26 deep ones, and the wide ones in one tensor
   (TensorFlow sends it once: every wide row's gradient is the logit's)."""
-  narrow = counts["fit+bf16+per_feature+unroll1"]
+  narrow = counts["fit+bf16+per_feature"]
   names = narrow["per_step_names"]
   sends = [name for name in names if name.startswith("_Send") and re.search(r"/(embedding|wide)_C\d+/", name)]
   assert len(sends) == 52 and all(name.endswith(" BFLOAT16") for name in sends), sends

@@ -170,11 +170,11 @@ def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_boolean("pipelined_updates", False, "async: each ps applies a step's updates while the worker computes "
                        "the next step (faster; gradients one step late; not with table layers).",
                        flag_values=flag_values)
-  flags.DEFINE_integer("unrolled_steps", None, "async: steps traced one after another in each iteration of a "
-                       f"scheduled function's loop (default: chosen at the trace, {modes.AUTO_UNROLLED_STEPS} where a "
-                       f"worker's batches have a static size up to {modes.AUTO_UNROLL_MAX_BATCH}, else 1; more: faster "
-                       "with small batches, slower with large ones on several workers, slower first trace).",
-                       flag_values=flag_values)
+  flags.DEFINE_string("unrolled_steps", None, "async: steps traced one after another in each iteration of a "
+                      "scheduled function's loop (default 1), or auto: chosen at the trace, "
+                      f"{modes.AUTO_UNROLLED_STEPS} where a worker's batches have a static size up to "
+                      f"{modes.AUTO_UNROLL_MAX_BATCH}, else 1. More: faster with small batches, slower with large ones "
+                      "on several workers, a longer trace at every start and restart.", flag_values=flag_values)
   flags.DEFINE_boolean("bf16_rows", False, "async: table rows and their gradients cross the network as bfloat16 "
                        "(half their bytes; rows rounded to 8 significant bits).", flag_values=flag_values)
   declare_program_flags(flag_values, __name__)
@@ -188,8 +188,11 @@ def mode_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> modes.Traini
   """
   if "sync_mode" not in flag_values:
     return modes.TrainingMode()
-  return modes.TrainingMode(**{field.name: flag_values[field.name].value
-                               for field in dataclasses.fields(modes.TrainingMode)})
+  values = {field.name: flag_values[field.name].value for field in dataclasses.fields(modes.TrainingMode)}
+  unrolled = values["unrolled_steps"]
+  if unrolled is not None and unrolled.strip().isdigit():  # else "auto", or what TrainingMode refuses in one line
+    values["unrolled_steps"] = int(unrolled)
+  return modes.TrainingMode(**values)
 
 
 def define_launch_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:

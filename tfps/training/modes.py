@@ -22,18 +22,21 @@ DEFAULT_GEO_STEPS = 10
 DEFAULT_STEPS_PER_EXECUTION = 20
 # Async steps traced one after another in each iteration of a scheduled function's loop (`unrolled_steps`). Each loop
 # iteration costs about 5 transfers between every ps and the worker (the loop's condition and control signals: 5 of
-# a step's 25 at 1 ps), and it ends only once every op of its steps has run. By default ("auto") the step function
-# chooses when it is traced, from its batches' static size (`steps_per_iteration`): `AUTO_UNROLLED_STEPS` where that
-# is at most `AUTO_UNROLL_MAX_BATCH`, else one step per iteration, as tf-keras runs them (and one where the batch size
-# is not static). Measured at batch 256 (bench/results/unrolled_steps/NOTES.md, bench/results/one_box/NOTES.md): 4
-# per iteration ran 1.15x as fast at 1 ps + 1 worker with 11% less CPU per step, and the latest series put its CPU per
-# example over all tasks at 1.56-1.65x one process's against one step's 1.71-1.76x (the 1.6x aim met only so); 0.95x
-# and 0.86x one step's CPU per step at 2 ps + 2 and 4 ps + 2 workers. At batch 4096 and 2 ps + 2 workers it ran 0.81x
-# as fast (workers at 1.6x the CPU per step; 1.33x the CPU over all tasks in a later series). Nothing was measured
-# between: 1024, the geometric middle of 256 and 4096, is a guess. Its first trace takes 1.65-2x as long.
+# a step's 25 at 1 ps), and it ends only once every op of its steps has run. With "auto" the step function chooses
+# when it is traced, from its batches' static size (`steps_per_iteration`): `AUTO_UNROLLED_STEPS` where that is at
+# most `AUTO_UNROLL_MAX_BATCH`, else one step per iteration (and one where the batch size is not static). Measured at
+# batch 256 (bench/results/unrolled_steps/NOTES.md, bench/results/defaults_auto/NOTES.md): 4 per iteration ran
+# 1.05-1.15x as fast at 1 ps + 1 worker, with 0-11% less CPU per step; 0.95x and 0.86x one step's CPU per step at
+# 2 ps + 2 and 4 ps + 2 workers. At batch 4096 and 2 ps + 2 workers it ran 0.81x as fast (workers at 1.6x the CPU per
+# step). 1024, the geometric middle of 256 and 4096, is a guess. It costs at every start: the function traces 5 steps
+# (4, and the loop of steps left over) where it traced 1, 1.6-2x as long (`bench/first_trace.py`: 2.6 s against
+# 1.6 s for 20 steps of the benchmark workload, bench/results/unrolled_steps/first_trace_again.json), on the chief and again on each worker and ps, at every restart too; made
+# the default for a day, it took the test suite, whose runs are short and restart often, from 11 min 45 s to
+# 15 min (1,338 against 1,728 CPU-s). So one step per iteration, as tf-keras runs them, is the default; "auto" or a
+# number is opt-in (`--unrolled_steps=auto`) for long runs with small batches.
 AUTO_UNROLLED_STEPS = 4
 AUTO_UNROLL_MAX_BATCH = 1024
-DEFAULT_UNROLLED_STEPS = "auto"
+DEFAULT_UNROLLED_STEPS = 1
 # Async: the small dense variables of each ps read in one transfer per step (`packed_reads`) unless the user says
 # otherwise. Measured side by side (bench/results/packed_default/NOTES.md), 3 alternating runs each, batch 256:
 # 1 ps + 1 worker 1.05x the examples/s of reading each variable on its own with 5-6% less CPU per step, on both paths;
@@ -70,13 +73,14 @@ class TrainingMode:
       variable; half their bytes, rounded to 8 significant bits (tables, optimizer slots and updates stay float32).
       False (the default): they cross as float32.
     unrolled_steps: async: steps traced one after another in each iteration of a scheduled function's loop. None
-      (not set) or "auto", the default (`DEFAULT_UNROLLED_STEPS`): chosen when the step function is traced, 4 where its
-      batches' static size is at most 1024, else 1 (one step per iteration, as tf-keras runs them; also where the
-      batch size is not static). A number given is used as given. More: fewer loop transfers and waits per step
+      (not set): 1, the default (`DEFAULT_UNROLLED_STEPS`: one step per iteration, as tf-keras runs them). "auto":
+      chosen when the step function is traced, 4 where its batches' static size is at most 1024, else 1 (also where
+      the batch size is not static). A number given is used as given. More: fewer loop transfers and waits per step
       (measured faster with small batches, slower with large batches on several workers:
       bench/results/unrolled_steps/NOTES.md), and a trace about `unrolled_steps + 1` times one step's (the steps left
-      over run one per iteration). Each step still reads the parameters after the previous step's updates (with
-      `pipelined_updates`, after the updates of the step before that, as without unrolling).
+      over run one per iteration), at every start and restart of a task. Each step still reads the parameters after
+      the previous step's updates (with `pipelined_updates`, after the updates of the step before that, as without
+      unrolling).
   """
 
   sync_mode: str = "async"
@@ -154,8 +158,9 @@ class TrainingMode:
       return f"geo, {self.geo_steps} local steps per push"
     if self.sync_mode == "sync":
       return f"sync, {self.replicas(num_workers)} worker batches per step"
-    unknown = self.unrolled_steps == "auto" and batch_size == "unknown"
-    unrolled = None if unknown else self._unrolled_described(batch_size)
+    said = self.unrolled_steps != DEFAULT_UNROLLED_STEPS and not (self.unrolled_steps == "auto" and
+                                                                   batch_size == "unknown")
+    unrolled = self._unrolled_described(batch_size) if said else None
     switches = [
         (self.pipelined_updates, "updates pipelined"),
         (unrolled is not None, unrolled),
