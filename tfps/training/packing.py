@@ -74,7 +74,7 @@ class PackedReads:
     The `tables` (variables or shards the step gathers rows from, `gathered`) are not part of a pack: read whole
     every step, a small table would cost more than its rows; a whole read of one is its own read."""
     groups: Dict[Tuple[str, tf.DType], list] = {}
-    seen = {id(_tf_private.unwrapped(part)) for table in tables for part in strategy_lib.shards_of(table)}
+    seen = {strategy_lib.variable_id(part) for table in tables for part in strategy_lib.shards_of(table)}
     for variable in variables:
       for part in strategy_lib.shards_of(variable):
         part = _tf_private.unwrapped(part)
