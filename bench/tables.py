@@ -35,10 +35,13 @@ DEFAULTS = ("tutorial_peer/b256_1x1", "tutorial_peer/b256_more", "tutorial_peer/
 # Pipelined updates beside the default and the tutorial's peer at 1x1 and 2x2, batch 256: two series of 3
 # alternating repetitions, one after the other.
 OVERLAP = ("overlap/b256", "overlap/b256_again")
-# Today's defaults (steps per loop iteration chosen from the batch size, the ps's fewer ops per step), 2026-11-28:
-# the aims at every shape and both batches, the 1x1 CPU aim beside the former default, and the ps's floor at 2x2.
-# 1x1 at batch 4096 from its own series (`b4096_1x1`): in `b4096` other work took the core of its 1x1 runs (NOTES.md).
-CURRENT = ("defaults_auto/b256", "defaults_auto/b4096", "defaults_auto/b4096_1x1")
+# Today's defaults (one step per loop iteration, the ps's fewer ops per step), 2026-11-28: the aims at every shape and
+# both batches, the 1x1 CPU aim beside `--unrolled_steps=4`, and the ps's floor at 2x2. Batch 4096 from
+# `defaults_auto`, whose "auto" chose one step per loop iteration there too (1x1 from its own series, `b4096_1x1`:
+# in `b4096` other work took the core of its 1x1 runs); batch 256 from `defaults_1`, 4x2 from the series that ran the
+# 4x2 variants alone (`b256_4x2`; in `b256` 1.084 and 1.117 at the same load: NOTES.md there).
+CURRENT = ("defaults_auto/b4096", "defaults_auto/b4096_1x1", "defaults_1/b256", "defaults_1/b256_4x2")
+_CURRENT_B256 = "defaults_1/b256"
 _PATHS = {"fit": "tfps.fit", "estimator": "Estimator path", "keras_pss": "plain PSS `Model.fit`",
           "keras_pss_fixed": "plain PSS `Model.fit`, FixedShards", "ps_floor": "the ps's floor",
           "single": "one process"}
@@ -239,10 +242,10 @@ def floor_target_rows(names, size: str = "2x2", batch: int = 256) -> list:
 
 def recent_targets() -> str:
   """The aims against today's defaults (`CURRENT`): tfps.fit and the Estimator path at every shape and both batches,
-  the 1x1 CPU aim with each run's own CPU beside the former default (one step per loop iteration), and the ps's floor
-  at 2x2."""
-  return "\n".join([targets_table(CURRENT)] + cpu_target_rows(CURRENT[:1], "fit_1x1+unroll1")
-                   + floor_target_rows(CURRENT[:1]))
+  the 1x1 CPU aim with each run's own CPU beside 4 steps per loop iteration (`--unrolled_steps=4`), and the ps's
+  floor at 2x2."""
+  return "\n".join([targets_table(CURRENT)] + cpu_target_rows((_CURRENT_B256,), "fit_1x1+unroll4")
+                   + floor_target_rows((_CURRENT_B256,)))
 
 
 def switches_table() -> str:

@@ -339,7 +339,26 @@ BOUNDS = (
           ('assert top_k["top_100"] > 0.08', '"--steps_per_epoch=40"')),
 )
 # Figures in the prose of docs/performance.md (its tables are generated): (quoted text, results file, values).
+_D1, _DA = "defaults_1/b256", "defaults_auto/b256"
+
+
 PERFORMANCE_PROSE = (
+    ("every start and restart traces {:.1f}x as long", "unrolled_steps/first_trace_again.json",
+     lambda: _first_trace("unrolled_steps/first_trace_again.json")[:1]),
+    ("256 at the edge: {:.2f} in a series of the 4x2 variants alone, {:.2f}-{:.2f} in the full series",
+     "defaults_1/b256{,_4x2}", lambda: (_row(_D1 + "_4x2", "fit_4x2")["vs_keras_pss"],
+                                        *sorted(_row(_D1, f"{path}_4x2")["vs_keras_pss"]
+                                                for path in ("fit", "estimator")))),
+    ("({:,.0f} against {:,.0f} ex/s; {:.2f} against {:.2f} ms of CPU per step) while tfps.fit's CPU per step stayed "
+     "where it was ({:.1f} against {:.1f} ms", "defaults_1/b256, defaults_auto/b256",
+     lambda: (_rate(_D1, "single"), _rate(_DA, "single"), _row(_D1, "single")["cpu_ms_per_step"]["total"],
+              _row(_DA, "single")["cpu_ms_per_step"]["total"], _row(_D1, "fit_1x1")["cpu_ms_per_step"]["total"],
+              _row(_DA, "fit_1x1")["cpu_ms_per_step"]["total"])),
+    ("over the two series tfps.fit's CPU per example is {:.2f}-{:.2f}x one process's", "defaults_1/b256, "
+     "defaults_auto/b256", lambda: tuple(sorted(_row(name, "fit_1x1")["cpu_vs_single"] for name in (_D1, _DA)))),
+    ("measured {:.2f}x and {:.2f}x one step's examples/s at 1x1 and {:.2f}x at 4x2", "defaults_1/b256{,_4x2}, "
+     "defaults_auto/b256", lambda: (_ratio(_D1, "fit_1x1+unroll4", "fit_1x1"), _ratio(_DA, "fit_1x1", "fit_1x1+unroll1"),
+                                    _ratio(_D1 + "_4x2", "fit_4x2+unroll4", "fit_4x2"))),
     ("one process ran {:,.0f} ex/s at batch 256", _TP + "b256_1x1", lambda: (_rate(_TP + "b256_1x1", "single"),)),
     ("the rows' update arithmetic itself is {:.0f}%", "loop_index/profile/profile.json",
      lambda: (_json("loop_index/profile/profile.json")["tasks"]["ps:0"]["kinds"]
