@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,6 +57,16 @@ def log_dir(name: str) -> str:
 
 class BenchError(RuntimeError):
   """A benchmark run failed; the message holds the end of its log."""
+
+
+def keep_folder(folder: str, keep_dir: Optional[str], name: str) -> Optional[str]:
+  """Copies `folder` (a run's logs and outputs, about to be removed) to `keep_dir`/`name` where `keep_dir` is given;
+  returns the copy's path, else None."""
+  if not keep_dir:
+    return None
+  kept = os.path.join(keep_dir, name)
+  shutil.copytree(folder, kept)
+  return kept
 
 
 def task_name(process: psutil.Process, log_dir: Optional[str] = None) -> Optional[str]:

@@ -12,6 +12,7 @@ where every ps applied exactly the asked steps (`runs_exact_on_every_ps`). Write
   .venv/bin/python bench/worker_kills.py --runs=10 --num_ps=2 --out=bench/results/worker_kills_2ps.json
   .venv/bin/python bench/worker_kills.py --runs=10 --num_ps=2 --train_flags=--pipelined_updates \
       --out=bench/results/pipelined/worker_kills_2ps.json
+  .venv/bin/python bench/worker_kills.py --runs=20 --num_ps=2 --keep_inexact=/tmp/inexact   # keeps what went wrong
 """
 
 import collections
@@ -37,6 +38,8 @@ _NUM_PS = flags.DEFINE_integer("num_ps", 1, "ps tasks (a counter on each).", low
 _KILLS = flags.DEFINE_integer("kills", 3, "Worker kills per run, one an epoch (at most epochs - 1).", lower_bound=1)
 _TRAIN_FLAGS = flags.DEFINE_list("train_flags", [], "More flags of the training run, e.g. "
                                  "--train_flags=--pipelined_updates (the mode flags of `tfps.define_mode_flags`).")
+_KEEP = flags.DEFINE_string("keep_inexact", None, "Copy the folder (logs, checkpoints, output) of each run that is not "
+                            "exact on every ps into a folder of this one, run_<N>.")
 _OUT = flags.DEFINE_string("out", os.path.join(runner.ROOT, "bench", "results", "worker_kills.json"), "Result JSON.")
 
 SCRIPT = os.path.join(runner.ROOT, "bench", "worker_kills_train.py")
@@ -99,6 +102,8 @@ def main(argv):
   for index in range(_RUNS.value):
     with tempfile.TemporaryDirectory(prefix="tfps_worker_kills_") as workdir:
       results.append(one_run(workdir))
+      if not results[-1]["exact_on_every_ps"] and _KEEP.value:
+        results[-1]["kept"] = runner.keep_folder(workdir, _KEEP.value, f"run_{index + 1}")
     print(f"run {index + 1}/{_RUNS.value}: {results[-1]}", flush=True)
   summary = {
       "runs": len(results), "num_ps": _NUM_PS.value, "kills_per_run": _KILLS.value, "train_flags": _TRAIN_FLAGS.value,

@@ -82,3 +82,14 @@ def test_each_bench_run_has_its_own_log_folder(tmp_path):
     assert printed == f"task logs: {root}" and os.path.isdir(root)
     assert os.path.basename(folder) == "scale_a" and os.path.dirname(root) == str(tmp_path)
   assert outputs == [os.path.join(given, "scale_a")]  # as the bench tests choose it, nothing printed
+
+
+def test_a_runs_folder_is_kept_only_where_asked(tmp_path):
+  """`bench/worker_kills.py --keep_inexact`: the folder of a run not exact on every ps, copied before it is removed."""
+  run = tmp_path / "run"
+  (run / "logs").mkdir(parents=True)
+  (run / "logs" / "ps-0.log").write_text("the ps's last lines")
+  assert runner.keep_folder(str(run), None, "run_1") is None
+  kept = runner.keep_folder(str(run), str(tmp_path / "kept"), "run_3")
+  assert kept == str(tmp_path / "kept" / "run_3")
+  assert (tmp_path / "kept" / "run_3" / "logs" / "ps-0.log").read_text() == "the ps's last lines"

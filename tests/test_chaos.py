@@ -89,6 +89,17 @@ class Run:
   def output(self):
     return self.out.read_text()
 
+  def evidence(self, lines=40):
+    """What a failed count is read against: the chief's log lines on failures, restarts, checkpoints and settling,
+    and the last lines of each ps's log (a run's folder goes with its pytest temp folder)."""
+    wanted = re.compile(r"failed with|restart|Saved checkpoint|settled|Training on|rror")
+    chief = [line[:200] for line in (self.log_dir / "chief-0.log").read_text(errors="replace").splitlines()
+             if wanted.search(line)]
+    parts = ["chief-0.log:", *chief[-lines:]]
+    for log in sorted(self.log_dir.glob("ps-*.log")):
+      parts += [f"{log.name}:", *(line[:200] for line in log.read_text(errors="replace").splitlines()[-lines // 4:])]
+    return "\n".join(parts)
+
   def applied(self, final):
     """`{"ps:N": steps applied there}`, from the counters in the final checkpoint (`final`: the FINAL marker) and
     their placement in the chief's log."""
@@ -152,7 +163,7 @@ def test_workers_killed_several_times_every_step_is_applied_and_counted_once(run
     # The function that was running on the killed worker is run again elsewhere, skipping the steps it had recorded
     # (9 steps too many without the record), and the step its worker was sending is applied by the re-run alone.
     assert final["step"] == EPOCHS * STEPS, name
-    assert job.applied(final) == on_each_ps(EPOCHS * STEPS), name
+    assert job.applied(final) == on_each_ps(EPOCHS * STEPS), (name, job.evidence())
 
 
 def test_sync_and_geo_modes_survive_worker_kills(run):
@@ -167,7 +178,7 @@ def test_sync_and_geo_modes_survive_worker_kills(run):
     # sync: a worker's slot is filled once per step, and each ps applies a step's update once (its records); geo:
     # each ps takes a round's push (differences and step count) once, so a re-run round is never counted twice.
     assert final["step"] == EPOCHS * STEPS, (mode, final)
-    assert job.applied(final) == on_each_ps(EPOCHS * STEPS), mode
+    assert job.applied(final) == on_each_ps(EPOCHS * STEPS), (mode, job.evidence())
 
 
 def test_ps_then_chief_killed_each_resume_from_the_backup(run):
@@ -193,7 +204,7 @@ def test_ps_then_chief_killed_each_resume_from_the_backup(run):
   assert len(resumed) == 2 and ("epoch 3/4 (step 200)" in resumed[0] or "epoch 4/4 (step 300)" in resumed[0]), resumed
   assert "epoch 4/4 (step 300)" in resumed[1], resumed
   assert final["step"] == EPOCHS * STEPS  # the epochs run again are not counted twice
-  assert job.applied(final) == on_each_ps(EPOCHS * STEPS)  # each epoch run again, from the backup's values
+  assert job.applied(final) == on_each_ps(EPOCHS * STEPS), job.evidence()  # each epoch again, from the backup's values
 
 
 def test_sigterm_to_the_launcher_mid_training_leaves_nothing(run):
@@ -241,7 +252,7 @@ def test_chief_killed_while_writing_a_checkpoint_then_the_ps_after_the_end(run):
   # no epoch trained again, from the start or from a backup
   assert "epoch 1/4" not in after_end and "| step " not in after_end and "Resumed from" not in after_end, after_end
   assert final["step"] == EPOCHS * STEPS, writing
-  assert job.applied(final) == on_each_ps(EPOCHS * STEPS, num_ps=1)
+  assert job.applied(final) == on_each_ps(EPOCHS * STEPS, num_ps=1), job.evidence()
 
 
 def test_estimator_path_workers_and_ps_killed_ends_at_exactly_max_steps(run):
@@ -259,4 +270,4 @@ def test_estimator_path_workers_and_ps_killed_ends_at_exactly_max_steps(run):
   resumed = [line for line in output.splitlines() if "; resuming at step" in line]
   assert len(resumed) == 1 and resumed[0].endswith("resuming at step 1500"), resumed
   assert final["step"] == ESTIMATOR_STEPS  # exact: after the worker kills and after the ps restart
-  assert job.applied(final) == on_each_ps(ESTIMATOR_STEPS)
+  assert job.applied(final) == on_each_ps(ESTIMATOR_STEPS), job.evidence()
