@@ -32,8 +32,9 @@ DEFAULT_STEPS_PER_EXECUTION = 20
 # (4, and the loop of steps left over) where it traced 1, 1.6-2x as long (`bench/first_trace.py`: 2.6 s against
 # 1.6 s for 20 steps of the benchmark workload, bench/results/unrolled_steps/first_trace_again.json), on the chief
 # and again on each worker and ps, at every restart too; made the default for a day, it took the test suite, whose
-# runs are short and restart often, from 11 min 45 s to 15 min (1,338 against 1,728 CPU-s). So one step per iteration, as tf-keras runs them, is the default; "auto" or a
-# number is opt-in (`--unrolled_steps=auto`) for long runs with small batches.
+# runs are short and restart often, from 11 min 45 s to 15 min (1,338 against 1,728 CPU-s). So one step per
+# iteration, as tf-keras runs them, is the default; "auto" or a number is opt-in (`--unrolled_steps=auto`) for long
+# runs with small batches.
 AUTO_UNROLLED_STEPS = 4
 AUTO_UNROLL_MAX_BATCH = 1024
 DEFAULT_UNROLLED_STEPS = 1
