@@ -10,6 +10,7 @@ import tfps
 from tfps.keras import steps as keras_steps
 from tfps.training import exactly_once
 from tfps.training import loop
+from tfps.training import ps_records
 from tfps.training import runners
 from tfps.training import steps as steps_lib
 import tensorflow as tf
@@ -266,6 +267,41 @@ def test_a_step_run_again_skips_the_updates_a_ps_applied_already(cluster):
   assert int(progress.variable[2].numpy()) == 11  # the step is recorded once it is whole
   assert {device: int(vector[2].numpy()) for device, vector in progress.ps_records.vectors.items()} == {
       device: 11 for device in devices}
+
+
+def test_two_runs_of_one_step_at_once_apply_it_once_on_its_ps(cluster):
+  """A step's function can run twice at once: run again on another worker while the first run's part on a ps, which
+  had all it needed, still applies it. The ps decides, applies and records the step holding a lock, so one of two runs
+  at once applies it and the other skips it. Each step here is scheduled twice in a row (both workers run it at once)
+  and its update is slow, so that without the lock both runs read no record before either writes one."""
+  strategy, coordinator = tfps.build_strategy(cluster)
+  records = ps_records.PsRecords()
+  with strategy.scope():
+    applied = tf.Variable(0, dtype=tf.int64)  # on its ps: the updates it applied
+    records.make_for([applied])
+
+  @tf.function
+  def step(mark):
+    once = records.once_per_ps(tf.constant([0]), mark)
+
+    def update():
+      product = tf.random.stateless_normal([256, 256], [1, 2])
+      for _ in range(8):
+        product = tf.matmul(product, product) / 256.
+      with tf.control_dependencies([product]):
+        return applied.assign_add(1)
+
+    once.run(applied, update)
+    with tf.control_dependencies(once.records()):
+      return tf.constant(0)
+
+  steps = 8
+  for mark in range(1, steps + 1):
+    for _ in range(2):
+      coordinator.schedule(step, args=(tf.constant(mark, tf.int64),))
+  coordinator.join()
+  assert int(applied.numpy()) == steps
+  assert int(records.vectors[applied.device][0].numpy()) == steps
 
 
 @pytest.mark.parametrize("reached_holds_the_counter", [True, False])

@@ -115,7 +115,8 @@ def test_a_sharded_table_trains_as_in_one_process(cluster, lockfree):
       cluster, lambda: tf_keras.layers.Embedding(20_000, 4), lambda: tf_keras.Input((3,), dtype="int64"), ids,
       labels, mode=tfps.TrainingMode(lockfree_row_updates=lockfree))
   rows_ops = sorted(t for t in counts if re.match("Resource(Sparse|Scatter)|Mutex", t))
-  assert KERNEL not in counts and ("MutexLock" in counts) is not lockfree, rows_ops
+  # The table's lock is made in the step (a `MutexV2` shared by name); each ps's records lock is made before it.
+  assert KERNEL not in counts and ("MutexV2" in counts) is not lockfree, rows_ops
   assert (trained[0] != start[0]).any()
   for got, expected in zip(trained, local):
     assert abs(got - expected).max() < 1e-6

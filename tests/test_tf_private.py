@@ -255,3 +255,25 @@ def test_a_coordinator_tells_through_its_cluster_s_failure_handler_whether_it_aw
   assert not _tf_private.worker_recovery_pending(coordinator)
   due.set()
   assert _tf_private.worker_recovery_pending(coordinator)
+
+
+@pytest.mark.parametrize("own_release", [True, False])
+def test_a_release_is_ordered_after_the_ops_on_its_own_mutex_only(own_release):
+  """tf.function runs the stateful ops that take no resource (a plain `ConsumeMutexLock`) in program order, whatever
+  their device, and not before a later lock of the same mutex; `released` is ordered by its lock's mutex: after that
+  mutex's earlier lock, before its next one, and after nothing else."""
+  release = _tf_private.released if own_release else (lambda lock: tf.raw_ops.ConsumeMutexLock(mutex_lock=lock))
+  mutexes = [tf.raw_ops.MutexV2(shared_name=f"tfps_test_release_{own_release}_{index}") for index in range(2)]
+
+  @tf.function
+  def locked_in_turn():
+    for mutex in mutexes + mutexes[:1]:
+      release(tf.raw_ops.MutexLock(mutex=mutex))
+    return tf.constant(0)
+
+  graph = locked_in_turn.get_concrete_function().graph
+  takes = [op for op in graph.get_operations() if op.type == "MutexLock"]
+  releases = [op for op in graph.get_operations() if op.type == "ConsumeMutexLock"]
+  assert (releases[0] in releases[1].control_inputs) is not own_release
+  assert (releases[0] in takes[2].control_inputs) is own_release  # the same mutex: taken again once let go
+  assert int(locked_in_turn()) == 0

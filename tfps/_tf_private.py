@@ -8,6 +8,7 @@ the one exception, `embedding_calls`, says why it patches the class.
 """
 
 import contextlib
+import functools
 from typing import Callable
 
 import tensorflow as tf
@@ -270,6 +271,40 @@ def own_value(variable) -> tf.Tensor:
   `reading_through` put in front of it."""
   variable = unwrapped(variable)
   return type(variable).value(variable)
+
+
+_RELEASE = "tfps_release"  # the name of the mutex releases `released` makes
+
+
+def released(lock: tf.Tensor) -> tf.Operation:
+  """In a tf.function: the release of `lock` (a `MutexLock` op's output) once the ops it depends on have run, which
+  tf.function orders after the earlier ops on the lock's mutex only.
+
+  `ConsumeMutexLock` takes no resource, and tf.function's automatic control dependencies run the stateful ops that
+  take none one after another in program order, whatever their device: the releases of one step's locks on two ps
+  would cost a control transfer from one ps to the next in every step. TensorFlow has no public way to name the
+  resource an op touches; a resource resolver of the automatic control dependencies gives it the lock's mutex (one
+  registered for the process, on the first call)."""
+  _register_release_resolver()
+  return tf.raw_ops.ConsumeMutexLock(mutex_lock=lock, name=_RELEASE)
+
+
+def _release_resolver(op, resource_reads, resource_writes) -> bool:
+  """The mutex of a release `released` made, as a resource the release writes; True where it added it."""
+  del resource_reads
+  if op.type != "ConsumeMutexLock" or not op.name.rsplit("/", 1)[-1].startswith(_RELEASE):
+    return False
+  lock = op.inputs[0].op
+  if lock.type != "MutexLock" or lock.inputs[0] in resource_writes:
+    return False
+  resource_writes.add(lock.inputs[0])
+  return True
+
+
+@functools.lru_cache(maxsize=None)
+def _register_release_resolver() -> None:
+  from tensorflow.python.framework import auto_control_deps  # pylint: disable=g-import-not-at-top
+  auto_control_deps.register_acd_resource_resolver(_release_resolver)
 
 
 def reads_unrecorded():

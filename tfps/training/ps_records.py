@@ -9,7 +9,8 @@ is `OncePerPs.step_applied`, or `after_updates`.
 """
 
 import contextlib
-from typing import Dict, Iterable, List
+import uuid
+from typing import Dict, Iterable, List, Optional
 
 import tensorflow as tf
 
@@ -198,6 +199,11 @@ class PsRecords:
 
   def __init__(self):
     self.vectors: Dict[str, tf.Variable] = {}
+    # Each ps's lock (a mutex beside its vector), which a ps holds from its decision on a step's updates to its record
+    # of them (`OncePerPs`). Named for these records alone: the functions of another run on the same ps (another
+    # model, a test before) never wait for it.
+    self.locks: Dict[str, tf.Tensor] = {}
+    self._lock_name = f"tfps_records_lock_{uuid.uuid4().hex}"
 
   def vector_for(self, variable) -> tf.Variable:
     """The record of `variable`'s ps, made (beside it) the first time a step is traced: a model's variables may not all
@@ -208,6 +214,8 @@ class PsRecords:
         self.vectors[variable.device] = tf.Variable(tf.zeros([exactly_once.SLOTS], tf.int64), trainable=False,
                                                     name="tfps_applied_steps",
                                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+      with tf.init_scope(), tf.device(variable.device):
+        self.locks[variable.device] = tf.raw_ops.MutexV2(shared_name=self._lock_name)
     return self.vectors[variable.device]
 
   def make_for(self, variables: Iterable[tf.Variable]) -> None:
@@ -231,7 +239,14 @@ class OncePerPs:
 
   Every update of a ps takes that decision as an input, so none starts before it, and the decision waits for the
   ps's gradients and its op of `after` (rule 1): once a ps decided, its updates and its record need nothing more from
-  another task, and a worker that dies then leaves the step applied and recorded there, not applied in part."""
+  another task, and a worker that dies then leaves the step applied and recorded there, not applied in part.
+
+  Each ps decides, updates and records holding a lock of its own (`PsRecords.locks`): a step can run twice at once,
+  its function run again while the first run's part on a ps still applies it (the worker died after sending that ps
+  all it needed), and without the lock both runs read no record and both applied it (with pipelined updates, 3 of 24
+  runs of 3 worker kills each, three runs at once on 2 cores: `bench/worker_kills.py --train_flags=
+  --pipelined_updates`). Steps of other workers wait there for each other's updates on that ps, as their rows
+  already do under `lockfree_row_updates=False`."""
 
   def __init__(self, records: PsRecords, slot, mark, after=None):
     self._records, self._slot, self._mark = records, slot, mark  # slot: a tensor or a `SlotOfMark`
@@ -239,6 +254,8 @@ class OncePerPs:
     self._already: Dict[str, tf.Tensor] = {}
     self._applied: Dict[str, list] = {}
     self._updated = set()  # the variables `run` updated (`strategy_lib.variable_id`)
+    self._locks: Dict[str, tf.Tensor] = {}  # each ps's lock, held from its decision to its record
+    self._made: Optional[List[tf.Operation]] = None  # `records()`, made once
 
   def decide_after(self, ops: Dict[str, tf.Operation]) -> None:
     """Each ps decides only after its op in `ops` (`{device: op}`) too; call before its first `run`."""
@@ -286,6 +303,8 @@ class OncePerPs:
     with tf.device(device):
       if device not in self._already:
         with tf.control_dependencies(self._after.get(device, [])):
+          self._locks[device] = tf.raw_ops.MutexLock(mutex=self._records.locks[device])
+        with tf.control_dependencies([self._locks[device]]):
           self._already[device] = vector.sparse_read(self._slot_on(device))[0] >= self._mark
       done = tf.cond(self._already[device], lambda: tf.constant(False), apply)
     self._applied.setdefault(device, []).append(done)
@@ -326,10 +345,13 @@ class OncePerPs:
     return self._slot.on(device) if isinstance(self._slot, SlotOfMark) else self._slot
 
   def records(self) -> List[tf.Operation]:
-    """Each ps's record of the mark, made after that ps's updates."""
-    made = []
-    for device, done in sorted(self._applied.items()):
-      with tf.device(device), tf.control_dependencies(done):
-        made.append(self._records.vectors[device].scatter_max(tf.IndexedSlices(tf.reshape(self._mark, [1]),
-                                                                                self._slot_on(device))))
-    return made
+    """Each ps's record of the mark, made after that ps's updates, and the release of its lock after it."""
+    if self._made is None:
+      self._made = []
+      for device, done in sorted(self._applied.items()):
+        with tf.device(device), tf.control_dependencies(done):
+          record = self._records.vectors[device].scatter_max(tf.IndexedSlices(tf.reshape(self._mark, [1]),
+                                                                              self._slot_on(device)))
+        with tf.device(device), tf.control_dependencies([record]):
+          self._made += [record, _tf_private.released(self._locks[device])]
+    return self._made
