@@ -11,7 +11,9 @@ call. The first loop of the function (`while/` frames) runs `--unrolled_steps` s
 divided by that are per step; a second loop (`while_1/`, the steps left over, one per iteration) is counted apart
 (`per_leftover_step`); the rest (and a loop's exit) happens once per scheduled function. With one ps the output is
 that partition's counts; with more, `{"ps": [counts of ps 0, ps 1, ...]}`. Each per-step transfer is printed with
-its dtype (FLOAT, BFLOAT16 with `--bf16_rows`, ...).
+its dtype (FLOAT, BFLOAT16 with `--bf16_rows`, ...). Each partition's `received_after_decision` lists the updates
+that need a tensor from another task which the ps's decision on the step did not wait for (none is allowed:
+`tfps/training/ps_records.py`, rule 1).
 
 `--variants=fit,estimator,fit+bf16,...` counts several configurations in one child, one after another on the same
 cluster (each dumps into a folder of its own): the output is `{"variants": {variant: counts}}`.
@@ -34,6 +36,7 @@ from absl import flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, for `bench`
 
 from tfps.training import modes  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tfps.training import ps_records  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _PATH = flags.DEFINE_enum("path", "estimator", ["fit", "estimator"], "The training path to count.")
 _BATCH = flags.DEFINE_integer("batch_size", 256, "Examples per step.", lower_bound=1)
@@ -48,8 +51,9 @@ _BF16 = flags.DEFINE_boolean("bf16_rows", False, "Table rows and their gradients
 _PER_FEATURE = flags.DEFINE_boolean("per_feature_tables", False, "A tf-keras Embedding per feature (deep and wide) "
                                     "instead of the stacked tables.")
 _VARIANTS = flags.DEFINE_list("variants", None, "Configurations to count in one child, each PATH[+option...] with "
-                               "the options unroll<N>, packed, unpacked, bf16, per_feature (e.g. fit+bf16); instead "
-                               "of --path, --unrolled_steps, --packed_reads, --bf16_rows and --per_feature_tables.")
+                               "the options unroll<N>, packed, unpacked, bf16, per_feature, pipelined (e.g. "
+                               "fit+bf16); instead of --path, --unrolled_steps, --packed_reads, --bf16_rows and "
+                               "--per_feature_tables.")
 _CHILD_DIR = flags.DEFINE_string("child_dump_dir", None, "(internal) train and dump into this folder.")
 _JSON = flags.DEFINE_string("json_out", None, "Also write the counts here.")
 _LIST_OPS = flags.DEFINE_boolean("list_ops", False, "Also print each ps partition's ops by type and by name prefix "
@@ -71,6 +75,7 @@ class Variant:
   packed_reads: Optional[bool] = None
   bf16_rows: bool = False
   per_feature_tables: bool = False
+  pipelined_updates: bool = False
 
 
 def parse_variant(variant: str) -> Variant:
@@ -84,11 +89,12 @@ def parse_variant(variant: str) -> Variant:
       fields["unrolled_steps"] = int(option[6:])
     elif option in ("packed", "unpacked"):
       fields["packed_reads"] = option == "packed"
-    elif option in ("bf16", "per_feature"):
-      fields[{"bf16": "bf16_rows", "per_feature": "per_feature_tables"}[option]] = True
+    elif option in ("bf16", "per_feature", "pipelined"):
+      field = {"bf16": "bf16_rows", "per_feature": "per_feature_tables", "pipelined": "pipelined_updates"}[option]
+      fields[field] = True
     else:
       raise app.UsageError(f"--variants: {variant!r} has the option {option!r}; allowed: unroll<N>, packed, unpacked, "
-                           "bf16, per_feature")
+                           "bf16, per_feature, pipelined")
   return Variant(path, **fields)
 
 
@@ -120,7 +126,7 @@ def _train(variant: Variant, cluster) -> None:
   workload = workload_lib.Workload(batch_size=_BATCH.value, vocab_size=10_000,
                                    stack_tables=not variant.per_feature_tables)
   settings = {"unrolled_steps": variant.unrolled_steps, "packed_reads": variant.packed_reads,
-              "bf16_rows": variant.bf16_rows}
+              "bf16_rows": variant.bf16_rows, "pipelined_updates": variant.pipelined_updates}
   if variant.path == "fit":
     tfps.fit(lambda: workload_lib.build_model(workload), workload_lib.dataset_fn(workload), epochs=1,
              steps_per_epoch=40, steps_per_execution=_SPE.value, cluster=cluster, batch_size=_BATCH.value,
@@ -168,6 +174,55 @@ def _nodes(text: str) -> list:
   return nodes
 
 
+_INPUT = re.compile(r'^  input: "\^?([^":]*)', re.M)
+# Ops that change a variable (its value or a slot's): after a ps's decision on a step's updates where they descend
+# from it.
+_WRITES = re.compile(r"Resource(Sparse)?Apply|ResourceScatter|Assign(Add|Sub)?VariableOp$")
+
+
+def _graph(text: str) -> dict:
+  """`{name: (op, [input names])}` of a dumped graph (control inputs included, output indices dropped)."""
+  graph = {}
+  for block in text.split("\nnode {")[1:]:
+    name, op = _NODE.match("node {" + block).groups()
+    graph[name] = (op, _INPUT.findall(block))
+  return graph
+
+
+def received_after_decision(graph: dict) -> List[str]:
+  """"update <- transfer" for each op of a ps partition that changes a variable after a decision of that ps on a
+  step's updates (descending from a `ps_records.DECISION`: an op of the conditional updates, `.../cond/...`, or the
+  ps's record, `ps_records.RECORD`) and needs a tensor received from another task that none of the decisions it
+  descends from waited for. A dying worker can take such a tensor with it once the ps has
+  decided: the ps then applies a part of the step and no record, and the step run again applies that part twice."""
+  received, decided = {}, {}
+  for name in graph:  # iteratively, deepest inputs first; a loop's back edges (NextIteration) are not followed
+    stack = [name]
+    while stack:
+      node = stack[-1]
+      if node in received:
+        stack.pop()
+        continue
+      inputs = [i for i in graph.get(node, ("", []))[1] if i in graph and graph[i][0] != "NextIteration"]
+      pending = [i for i in inputs if i not in received and i not in stack]
+      if pending:
+        stack.extend(pending)
+        continue
+      op = graph.get(node, ("", []))[0]
+      received[node] = frozenset({node} if op in ("_Recv", "_HostRecv") else ()).union(
+          *(received.get(i, frozenset()) for i in inputs))
+      decided[node] = frozenset({node} if node.rsplit("/", 1)[-1].startswith(ps_records.DECISION) else ()).union(
+          *(decided.get(i, frozenset()) for i in inputs))
+      stack.pop()
+  late = []
+  for name, (op, _) in sorted(graph.items()):
+    last = name.rsplit("/", 1)[-1]
+    if decided[name] and _WRITES.match(op) and ("/cond/" in name or last.startswith(ps_records.RECORD)):
+      waited = frozenset().union(*(received[decision] for decision in decided[name]))
+      late += [f"{name} <- {transfer}" for transfer in sorted(received[name] - waited)]
+  return late
+
+
 _LOOP = re.compile(r"^(?:Func/|GroupCrossDeviceControlEdges_\d+/)*(while(?:_\d+)?)/")
 
 
@@ -200,7 +255,10 @@ def _counted(path: str, nodes: list, unrolled_steps: Optional[int], batch_size: 
       names.append(f"{op} {name} {dtype}".rstrip())
   unrolled = modes.TrainingMode(unrolled_steps=unrolled_steps).steps_per_iteration(
       _SPE.value or modes.DEFAULT_STEPS_PER_EXECUTION, batch_size)
+  with open(path, encoding="utf-8") as graph:
+    late = received_after_decision(_graph(graph.read()))
   return {"file": os.path.basename(path), "ops": len(nodes), "unrolled_steps": unrolled,
+          "received_after_decision": late,
           "op_types": dict(collections.Counter(op for _, op, _ in nodes).most_common()),
           "op_prefixes": dict(collections.Counter(op_prefix(name) for name, _, _ in nodes).most_common()),
           "per_step": {kind: n / unrolled for kind, n in counts["per_step"].items()},

@@ -123,10 +123,13 @@ def test_a_sharded_table_trains_as_in_one_process(cluster, lockfree):
 
 
 @pytest.mark.slow
-def test_two_workers_updating_the_same_rows_lose_no_update(cluster):
+@pytest.mark.parametrize("lockfree", [False, True])
+def test_two_workers_updating_the_same_rows_lose_no_update(cluster, lockfree):
   """Both workers update the same 4,000 rows (on both ps) in every step, each row's gradient 1: every accumulator
-  grows by exactly 1 per step applied. Without the lock (`lockfree_row_updates`) this run lost thousands of
-  them (two workers read a row's accumulator before either wrote it back)."""
+  grows by exactly 1 per step applied. Each ps applies one step's updates at a time (the lock it holds from its
+  decision on a step to its record, `ps_records.OncePerPs`), so none is lost without the table's own lock either
+  (`lockfree_row_updates`); before that lock, this run lost thousands of them without the table's (two workers read
+  a row's accumulator before either wrote it back)."""
   rows, scheduled, steps = 4_000, 16, 20
   strategy, coordinator = tfps.build_strategy(cluster)
   with strategy.scope():
@@ -134,7 +137,8 @@ def test_two_workers_updating_the_same_rows_lose_no_update(cluster):
     embedded = tf_keras.layers.Embedding(10 * rows, 4)(inputs)  # 640 KB: sharded over both ps
     model = tf_keras.Model(inputs, tf_keras.layers.Lambda(lambda rows: tf.reduce_sum(rows, [1, 2]))(embedded))
     model.compile(tf_keras.optimizers.legacy.Adagrad(1e-6), lambda labels, outputs: outputs)  # d loss / d row = 1
-    runner = async_runner(model, coordinator, steps_per_execution=steps)
+    runner = async_runner(model, coordinator, steps_per_execution=steps,
+                          mode=tfps.TrainingMode(lockfree_row_updates=lockfree))
   table = model.layers[1].embeddings
   assert len({shard.device for shard in table.variables}) == 2, table
   ids = tf.constant(np.arange(rows)[None] * 7, tf.int64)  # one example of 4,000 distinct ids, spread over the table

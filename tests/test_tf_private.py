@@ -277,3 +277,21 @@ def test_a_release_is_ordered_after_the_ops_on_its_own_mutex_only(own_release):
   assert (releases[0] in releases[1].control_inputs) is not own_release
   assert (releases[0] in takes[2].control_inputs) is own_release  # the same mutex: taken again once let go
   assert int(locked_in_turn()) == 0
+
+
+@pytest.mark.parametrize("legacy", [True, False])
+def test_a_legacy_optimizer_hands_its_coefficients_over_before_its_updates(legacy):
+  """`prepared_coefficients`: a legacy optimizer's `_prepare` runs in `apply_gradients` before any update, and gives
+  its learning rate per (device, dtype); another optimizer is left as it is."""
+  optimizer = tf_keras.optimizers.legacy.Adagrad(0.1) if legacy else tf_keras.optimizers.Adagrad(0.1)
+  variable, seen = tf.Variable([1.0, 2.0]), []
+  with _tf_private.prepared_coefficients(optimizer, seen.append):
+    optimizer.apply_gradients([(tf.constant([1.0, 1.0]), variable)])
+  assert "_prepare" not in vars(optimizer)
+  if not legacy:
+    assert not seen
+    return
+  [coefficients] = seen
+  [(device, dtype)] = coefficients
+  assert (device, dtype) == (variable.device, tf.float32)
+  assert abs(float(coefficients[(device, dtype)]["lr_t"]) - 0.1) < 1e-7

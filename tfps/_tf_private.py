@@ -169,6 +169,23 @@ def identity_gradient_aggregation(optimizer):
   return swapped(optimizer, "gradient_aggregator", lambda grads_and_vars: grads_and_vars)
 
 
+def prepared_coefficients(optimizer, seen: Callable[[dict], None]):
+  """While tracing: each time a tf-keras legacy optimizer prepares the coefficients of its updates (`_prepare`, in
+  `apply_gradients`, before any update), `seen` gets them, `{(device, dtype): {name: value}}`, made on each variable
+  device (the learning rate there: a read of its variable, which may live on another ps). Nothing is changed on
+  another optimizer. No public hook reaches these tensors before the updates that read them."""
+  prepare = getattr(optimizer, "_prepare", None)
+  if not isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer) or prepare is None:
+    return contextlib.nullcontext()
+
+  def prepared(var_list):
+    coefficients = prepare(var_list)
+    seen(coefficients)
+    return coefficients
+
+  return swapped(optimizer, "_prepare", prepared)
+
+
 def embedding_calls(answer: Callable):
   """While tracing: every tf-keras `Embedding` layer's call is `answer(layer, ids, original_call)`.
 

@@ -22,6 +22,11 @@ from tfps.training import touched_rows
 from tfps.training import wire
 
 
+# The names of each ps's decision on a step's updates and of its record of them (`OncePerPs`), as found in a
+# partitioned graph (`bench/transfers.py`).
+DECISION, RECORD = "tfps_decision", "tfps_record"
+
+
 def after_updates(variables: Iterable[tf.Variable]) -> List[tf.Operation]:
   """In a tf.function: one op per ps that runs after the updates so far (in program order) of every one of
   `variables` on it. A record made after these is made after the whole step."""
@@ -147,7 +152,8 @@ def updates_after_every_gradient(optimizer, once: "OncePerPs", bf16_rows: bool =
     everywhere = [] if _tf_private.writes_through_the_strategy(optimizer) else list(gates.values())
     # Under ParameterServerStrategy a worker is one replica: aggregating its gradients is the identity, and an
     # aggregation op left to the worker's default device would send each gradient back there.
-    with tf.control_dependencies(everywhere), _tf_private.identity_gradient_aggregation(optimizer):
+    with tf.control_dependencies(everywhere), _tf_private.identity_gradient_aggregation(optimizer), \
+        _tf_private.prepared_coefficients(optimizer, once.decide_after_coefficients):
       return apply_gradients(moved, *args, **kwargs)
 
   with _tf_private.intercepting_apply_gradients(optimizer, gated):
@@ -264,6 +270,17 @@ class OncePerPs:
         raise RuntimeError(f"the ps {device} decided on its updates before the ops it must wait for were given")
       self._after.setdefault(device, []).append(op)
 
+  def decide_after_coefficients(self, coefficients: dict) -> None:
+    """Each ps decides only once the coefficients an optimizer prepared for its updates there are on it
+    (`{(device, dtype): {name: value}}`, made on that device: `_tf_private.prepared_coefficients`). The learning
+    rate comes from the ps that holds its variable. Arriving after the decision, it was lost with a dying worker's
+    step after the ps had run the updates that do not read it (a legacy Adagrad's accumulator rows) and before those
+    that do and the record: the run again applied that part twice (a step counted twice by the accumulators of
+    `tfps.testing.applied_steps`)."""
+    for (device, _), values in sorted(coefficients.items(), key=lambda item: (item[0][0], item[0][1].name)):
+      with tf.device(device):
+        self.decide_after({device: tf.group(*[value for value in values.values() if isinstance(value, tf.Tensor)])})
+
   @contextlib.contextmanager
   def skipping_applied(self, strategy, counter=None):
     """While a step is traced: each variable update through `strategy.extended.update` (how tf-keras optimizers apply a
@@ -305,7 +322,8 @@ class OncePerPs:
         with tf.control_dependencies(self._after.get(device, [])):
           self._locks[device] = tf.raw_ops.MutexLock(mutex=self._records.locks[device])
         with tf.control_dependencies([self._locks[device]]):
-          self._already[device] = vector.sparse_read(self._slot_on(device))[0] >= self._mark
+          self._already[device] = tf.greater_equal(vector.sparse_read(self._slot_on(device))[0], self._mark,
+                                                   name=DECISION)
       done = tf.cond(self._already[device], lambda: tf.constant(False), apply)
     self._applied.setdefault(device, []).append(done)
     return done
@@ -350,8 +368,8 @@ class OncePerPs:
       self._made = []
       for device, done in sorted(self._applied.items()):
         with tf.device(device), tf.control_dependencies(done):
-          record = self._records.vectors[device].scatter_max(tf.IndexedSlices(tf.reshape(self._mark, [1]),
-                                                                              self._slot_on(device)))
+          record = self._records.vectors[device].scatter_max(
+              tf.IndexedSlices(tf.reshape(self._mark, [1]), self._slot_on(device)), name=RECORD)
         with tf.device(device), tf.control_dependencies([record]):
           self._made += [record, _tf_private.released(self._locks[device])]
     return self._made
