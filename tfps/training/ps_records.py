@@ -249,10 +249,9 @@ class OncePerPs:
 
   Each ps decides, updates and records holding a lock of its own (`PsRecords.locks`): a step can run twice at once,
   its function run again while the first run's part on a ps still applies it (the worker died after sending that ps
-  all it needed), and without the lock both runs read no record and both applied it (with pipelined updates, 3 of 24
-  runs of 3 worker kills each, three runs at once on 2 cores: `bench/worker_kills.py --train_flags=
-  --pipelined_updates`). Steps of other workers wait there for each other's updates on that ps, as their rows
-  already do under `lockfree_row_updates=False`."""
+  all it needed), and without the lock both runs read no record and both applied it
+  (`tests/test_exactly_once.py::test_two_runs_of_one_step_at_once_apply_it_once_on_its_ps`). The steps of different
+  workers take turns there from decision to record, so no row update is lost without a table's own lock either."""
 
   def __init__(self, records: PsRecords, slot, mark, after=None):
     self._records, self._slot, self._mark = records, slot, mark  # slot: a tensor or a `SlotOfMark`
@@ -273,10 +272,9 @@ class OncePerPs:
   def decide_after_coefficients(self, coefficients: dict) -> None:
     """Each ps decides only once the coefficients an optimizer prepared for its updates there are on it
     (`{(device, dtype): {name: value}}`, made on that device: `_tf_private.prepared_coefficients`). The learning
-    rate comes from the ps that holds its variable. Arriving after the decision, it was lost with a dying worker's
-    step after the ps had run the updates that do not read it (a legacy Adagrad's accumulator rows) and before those
-    that do and the record: the run again applied that part twice (a step counted twice by the accumulators of
-    `tfps.testing.applied_steps`)."""
+    rate comes from the ps that holds its variable. Arriving after the decision, it can be lost with a dying worker's
+    step once the ps ran the updates that do not read it (a legacy Adagrad's accumulator rows) and not those that do,
+    nor the record: the step run again then applies that part twice (`bench/transfers.py` lists such updates)."""
     for (device, _), values in sorted(coefficients.items(), key=lambda item: (item[0][0], item[0][1].name)):
       with tf.device(device):
         self.decide_after({device: tf.group(*[value for value in values.values() if isinstance(value, tf.Tensor)])})
