@@ -121,7 +121,7 @@ def pytest_unconfigure(config):
 
 # The longest test files, longest first. Each was run alone (`/usr/bin/time pytest tests/<file> --durations=0`) on
 # 2026-11-27, on 2 cores shared at a load average of 16-24: CPU seconds of pytest and its children, then wall seconds
-# (2-7 times the CPU under that load). `scripts/test.sh` runs two files at a time in this order (pytest-xdist --dist
+# (2-7 times the CPU under that load). `scripts/test.sh` runs three files at a time in this order (pytest-xdist --dist
 # loadfile --no-loadscope-reorder); xdist's own order (most tests first) started these last, and a long file started
 # last keeps one process busy while the other has nothing left to run. The other files follow as collected.
 LONGEST_FIRST = (

@@ -166,10 +166,16 @@ def test_workers_killed_several_times_every_step_is_applied_and_counted_once(run
     assert job.applied(final) == on_each_ps(EPOCHS * STEPS), (name, job.evidence())
 
 
+# Steps per epoch of each mode's run. A sync step waits for both workers' batches: 50 ms at a load average of 3 (an
+# epoch of 40 steps, two functions of 20, lasts 2 s, and each kill lands in it); a geo epoch of 100 steps took 0.2 s.
+SYNC_AND_GEO_STEPS = {"sync": 40, "geo": STEPS}
+
+
 def test_sync_and_geo_modes_survive_worker_kills(run):
   """Both runs side by side, on 2 ps."""
-  jobs = {mode: run("--max_restarts=5", TWO_PS, script=COUNTING_ARGS, script_args=[f"--sync_mode={mode}"], folder=mode)
-          for mode in ("sync", "geo")}
+  jobs = {mode: run("--max_restarts=5", TWO_PS, script=COUNTING_ARGS, folder=mode,
+                    script_args=[f"--sync_mode={mode}", f"--steps_per_epoch={steps}"])
+          for mode, steps in SYNC_AND_GEO_STEPS.items()}
   kill_after_checkpoints({job: [(epoch, f"worker:{epoch % 2}") for epoch in (1, 2)] for job in jobs.values()})
   for mode, job in jobs.items():
     code, final = job.finish()
@@ -177,8 +183,9 @@ def test_sync_and_geo_modes_survive_worker_kills(run):
     assert job.output().count("restarting worker:") == 2, mode
     # sync: a worker's slot is filled once per step, and each ps applies a step's update once (its records); geo:
     # each ps takes a round's push (differences and step count) once, so a re-run round is never counted twice.
-    assert final["step"] == EPOCHS * STEPS, (mode, final)
-    assert job.applied(final) == on_each_ps(EPOCHS * STEPS), (mode, job.evidence())
+    steps = EPOCHS * SYNC_AND_GEO_STEPS[mode]
+    assert final["step"] == steps, (mode, final)
+    assert job.applied(final) == on_each_ps(steps), (mode, job.evidence())
 
 
 def test_ps_then_chief_killed_each_resume_from_the_backup(run):

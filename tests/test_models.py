@@ -67,7 +67,7 @@ def test_ranking_model_trains_with_sharded_tables(strategy, synthetic_files, nam
   dataset_fn = criteo.criteo_dataset_fn(synthetic_files[:-1], batch_size=256, num_buckets=VOCAB)
   model, history, contexts = _fit(strategy, lambda: models.compile_model(
       models.build_model(name, categorical, dense, embedding_dim=8, deep_layers=(32,))), dataset_fn,
-                                  _criteo_batch(synthetic_files[-1:], 2000), epochs=2, steps_per_epoch=40)
+                                  _criteo_batch(synthetic_files[-1:], 2000), epochs=2, steps_per_epoch=20)
   assert 0.0 <= history["auc"][-1] <= 1.0
   tables = models.embedding_tables(model)
   assert len(tables) == (52 if name == "wide_deep" else 26)  # Wide&Deep: a wide and a deep table per feature
