@@ -1,6 +1,8 @@
 """tfps.run_task: the one role dispatch of scripts; it reads no flags (the cluster is an argument, else TF_CONFIG)."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -60,3 +62,24 @@ def test_a_server_task_gets_the_thread_spinning_setting_and_what_ends_it(monkeyp
 def test_a_negative_lost_chief_timeout_is_refused():
   with pytest.raises(ValueError, match=r"`lost_chief_timeout_secs` \(-1\) must be a non-negative number of seconds"):
     roles.run_task(lambda c: "chief", cluster=CLUSTER.for_task("ps"), lost_chief_timeout_secs=-1)
+
+
+_LAST_LINE = """
+import os, sys
+from tfps.errors import last_line_on_stderr
+print("an earlier line", file=sys.stderr, flush=True)
+last_line_on_stderr("train.py: the line that says why")
+os.write(2, b"a TensorFlow thread's later line\\n")
+print("a later Python line", file=sys.stderr, flush=True)
+os._exit(3)
+"""
+
+
+def test_the_line_a_task_exits_with_stays_the_last_on_stderr(subprocess_env):
+  """A lost task ends the chief with one line naming it (`errors.exit_now`); TensorFlow's threads go on writing gRPC
+  errors to stderr until the process is gone, and one of them once came after that line in a test's log. After the
+  line, nothing written to stderr shows."""
+  result = subprocess.run([sys.executable, "-c", _LAST_LINE], env=subprocess_env, capture_output=True, text=True,
+                          timeout=120)
+  assert result.returncode == 3, result.stderr[-2000:]
+  assert result.stderr.splitlines() == ["an earlier line", "train.py: the line that says why"], result.stderr

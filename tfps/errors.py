@@ -1,6 +1,10 @@
 """The exception types tfps users catch, and the exit statuses of a script that ends on one (`tfps.run_main`)."""
 
+import os
 import sys
+from typing import NoReturn, Optional
+
+from absl import logging
 
 # A script ends on a tfps error with one line on stderr and one of these statuses; a supervisor (tfps-launch, a
 # restart loop) can tell from it whether starting the task again may help.
@@ -12,6 +16,27 @@ def refuse(program: str, message: str) -> None:
   """Ends the process with one line `program: message` on stderr and status `EXIT_REFUSED`."""
   print(f"{program}: {message}", file=sys.stderr, flush=True)
   sys.exit(EXIT_REFUSED)
+
+
+def exit_now(status: int, line: Optional[str] = None) -> NoReturn:
+  """Ends the process at once (`os._exit`: TensorFlow's exit would wait on a lost task, and a server cannot be
+  stopped), `line` the last line on stderr. TensorFlow's own threads go on writing there (a lost task's gRPC errors
+  did, after the line that named it), so stderr is pointed at /dev/null before the line is written."""
+  logging.flush()
+  sys.stdout.flush()
+  if line is not None:
+    last_line_on_stderr(line)
+  os._exit(status)
+
+
+def last_line_on_stderr(line: str) -> None:
+  """Writes `line` to stderr as the last of it: stderr (the file descriptor, which TensorFlow's threads write to
+  too) is pointed at /dev/null first, and the line goes to the stream it was."""
+  sys.stderr.flush()
+  own = os.dup(2)
+  os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+  os.write(own, (line + "\n").encode())
+  os.close(own)
 
 
 class TfpsError(Exception):

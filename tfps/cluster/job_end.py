@@ -37,6 +37,7 @@ import tensorflow as tf
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import ports
 from tfps.errors import EXIT_LOST_TASK
+from tfps.errors import exit_now
 
 CHECKPOINT_SUBDIR = "checkpoints"
 FINAL_MARKER = "FINAL"
@@ -123,11 +124,7 @@ def _exit(outcome: Outcome) -> None:
   status, message = outcome
   if status == 0:
     logging.info("%s", message)
-  else:
-    print(f"{os.path.basename(sys.argv[0])}: {message}", file=sys.stderr, flush=True)
-  logging.flush()
-  sys.stdout.flush()
-  os._exit(status)  # a server cannot be stopped cleanly
+  exit_now(status, None if status == 0 else f"{os.path.basename(sys.argv[0])}: {message}")
 
 
 def watch_job_end(config: cluster_lib.ClusterConfig, model_dir: str,

@@ -10,7 +10,6 @@ import sys
 from typing import Callable, Optional, Sequence, TypeVar
 
 from absl import app
-from absl import logging
 
 from tfps import checks
 from tfps.cluster import config as cluster_lib
@@ -18,6 +17,7 @@ from tfps.cluster import console
 from tfps.cluster import failures
 from tfps.errors import ClusterConfigError
 from tfps.errors import EXIT_LOST_TASK
+from tfps.errors import exit_now
 from tfps.errors import EXIT_REFUSED
 from tfps.errors import TfpsError
 from tfps.errors import refuse
@@ -108,10 +108,7 @@ def run_main(main: Callable[[Sequence[str]], Optional[int]], argv: Optional[Sequ
     try:
       return main(args)
     except UnreachableTaskError as e:
-      print(f"{program}: {e}", file=sys.stderr, flush=True)
-      logging.flush()
-      sys.stdout.flush()
-      os._exit(EXIT_LOST_TASK)  # TensorFlow's exit would wait on the lost task forever
+      exit_now(EXIT_LOST_TASK, f"{program}: {e}")
     except TfpsError as e:
       refuse(program, str(e))
   app.run(guarded, argv=argv, **({"flags_parser": flags_parser} if flags_parser else {}))

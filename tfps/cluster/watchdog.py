@@ -14,11 +14,11 @@ import threading
 import time
 from typing import Callable, Optional, Sequence
 
-from absl import logging
 
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import ports
 from tfps.errors import EXIT_LOST_TASK
+from tfps.errors import exit_now
 
 DEFAULT_TIMEOUT_SECS = 30.0
 _WATCHED = set()  # address tuples already watched by this process
@@ -32,10 +32,8 @@ def lost_task_message(job: str, index: int, address: str, silent_secs: float, er
 
 
 def _exit_with(message: str) -> None:
-  print(f"{os.path.basename(sys.argv[0])}: {message}", file=sys.stderr, flush=True)
-  logging.flush()
   # the main thread is blocked inside TensorFlow on the silent task, and exiting would wait on it
-  os._exit(EXIT_LOST_TASK)
+  exit_now(EXIT_LOST_TASK, f"{os.path.basename(sys.argv[0])}: {message}")
 
 
 def start_watchdog(config: cluster_lib.ClusterConfig, jobs: Sequence[str] = ("ps",),
