@@ -14,7 +14,6 @@ import threading
 import time
 from typing import Callable, Optional, Sequence
 
-
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import ports
 from tfps.errors import EXIT_LOST_TASK
