@@ -627,11 +627,53 @@ def test_each_figure_in_performance_md_prose_is_its_results_value(template, sour
   assert quoted in text, f"docs/performance.md quotes {source}; the results give {quoted!r}"
 
 
-_DOC_PROSE = [("online.md", *p) for p in ONLINE_PROSE] + [("repeatability.md", *p) for p in REPEATABILITY_PROSE]
+def _inexact_runs(folder: str, zero="0") -> tuple:
+  """`(runs not exact on every ps, runs)` over the `bench/worker_kills.py` summaries in `folder`; `zero` as quoted for
+  none."""
+  summaries = [json.loads(path.read_text(encoding="utf-8"))["summary"]
+               for path in sorted((RESULTS / folder).glob("*.json"))]
+  runs = sum(summary["runs"] for summary in summaries)
+  inexact = runs - sum(summary["runs_exact_on_every_ps"] for summary in summaries)
+  return inexact or zero, runs
+
+
+def _lock_ratios(key: Callable[[dict], float], variants: Tuple[str, ...]) -> list:
+  """Each series' ratio of medians (after / before) of `key(row)` for each of `variants`: the records lock's cost
+  (`bench/results/records_lock/`, three series of three alternating pairs)."""
+  series = (("after", "before"), ("after_long", "before_long"), ("after_lockfree", "before_long2"))
+  ratios = []
+  for after, before in series:
+    for variant in variants:
+      sides = [[key(row) for index in (1, 2, 3)
+                for row in _json(f"records_lock/{side}_{index}/throughput.json")["summary"]["rows"]
+                if row["variant"].split("+")[0] == variant] for side in (after, before)]
+      ratios.append(statistics.median(sides[0]) / statistics.median(sides[1]))
+  return ratios
+
+
+def _lock_cost() -> tuple:
+  rate, ps = (lambda row: row["examples_per_sec"]), (lambda row: row["cpu_ms_per_step"]["ps"])
+  two, one, cpu = _lock_ratios(rate, ("fit_2x2",)), _lock_ratios(rate, ("fit_1x1",)), _lock_ratios(ps, ("fit_2x2",
+                                                                                                       "fit_1x1"))
+  return min(two), max(two), min(one), max(one), min(cpu), max(cpu)
+
+
+# Figures in docs/failures.md: (quoted text, results files, values).
+FAILURES_PROSE = (
+    ("3 of 24 runs ended with 401 of 400 steps on a ps before both changes, {} of {} with the lock alone, {} of {} "
+     "after both", "records_lock/lock_alone, records_lock/lock_and_coefficients",
+     lambda: _inexact_runs("records_lock/lock_alone") + _inexact_runs("records_lock/lock_and_coefficients", "none")),
+    ("{:.2f}-{:.2f}x the examples/s at 2 ps + 2 workers, {:.2f}-{:.2f}x at 1 + 1, batch 256, the ps's CPU per step "
+     "{:.2f}-{:.2f}x", "records_lock/{before,after}*", _lock_cost),
+)
+
+
+_DOC_PROSE = [("online.md", *p) for p in ONLINE_PROSE] + [("repeatability.md", *p) for p in REPEATABILITY_PROSE] + [
+    ("failures.md", *p) for p in FAILURES_PROSE]
 
 
 @pytest.mark.parametrize("doc,template,source,values", _DOC_PROSE, ids=[f"{p[0]}:{p[1][:40]}" for p in _DOC_PROSE])
-def test_each_figure_in_online_and_repeatability_md_is_its_results_value(doc, template, source, values):
+def test_each_figure_in_online_repeatability_and_failures_md_is_its_results_value(doc, template, source, values):
   text = " ".join((REPO / "docs" / doc).read_text(encoding="utf-8").split())
   quoted = " ".join(template.format(*values()).split())
   assert quoted in text, f"docs/{doc} quotes {source}; the results give {quoted!r}"
