@@ -663,6 +663,10 @@ FAILURES_PROSE = (
     ("3 of 24 runs ended with 401 of 400 steps on a ps before both changes, {} of {} with the lock alone, {} of {} "
      "after both", "records_lock/lock_alone, records_lock/lock_and_coefficients",
      lambda: _inexact_runs("records_lock/lock_alone") + _inexact_runs("records_lock/lock_and_coefficients", "none")),
+    ("(`received_after_decision`; {} on a ps of 2 before, {} now", "records_lock/transfers_{before,after}.json",
+     lambda: (max(len(ps["received_after_decision"]) for ps in _json("records_lock/transfers_before.json")[
+         "variants"]["fit"]["ps"]), "none" if not any(ps["received_after_decision"] for counted in _json(
+             "records_lock/transfers_after.json")["variants"].values() for ps in counted["ps"]) else "some")),
     ("{:.2f}-{:.2f}x the examples/s at 2 ps + 2 workers, {:.2f}-{:.2f}x at 1 + 1, batch 256, the ps's CPU per step "
      "{:.2f}-{:.2f}x", "records_lock/{before,after}*", _lock_cost),
 )
