@@ -68,6 +68,7 @@ _LAST_LINE = """
 import os, sys
 from tfps.errors import last_line_on_stderr
 print("an earlier line", file=sys.stderr, flush=True)
+os.write(2, b"an unfinished line")
 last_line_on_stderr("train.py: the line that says why")
 os.write(2, b"a TensorFlow thread's later line\\n")
 print("a later Python line", file=sys.stderr, flush=True)
@@ -77,9 +78,10 @@ os._exit(3)
 
 def test_the_line_a_task_exits_with_stays_the_last_on_stderr(subprocess_env):
   """A lost task ends the chief with one line naming it (`errors.exit_now`); TensorFlow's threads go on writing gRPC
-  errors to stderr until the process is gone, and one of them once came after that line in a test's log. After the
-  line, nothing written to stderr shows."""
+  errors to stderr until the process is gone: one once came after that line in a test's log, and another thread's
+  unfinished line once began it. The line is on a line of its own, and nothing written to stderr after it shows."""
   result = subprocess.run([sys.executable, "-c", _LAST_LINE], env=subprocess_env, capture_output=True, text=True,
                           timeout=120)
   assert result.returncode == 3, result.stderr[-2000:]
-  assert result.stderr.splitlines() == ["an earlier line", "train.py: the line that says why"], result.stderr
+  lines = [line for line in result.stderr.splitlines() if line]
+  assert lines == ["an earlier line", "an unfinished line", "train.py: the line that says why"], result.stderr

@@ -30,12 +30,14 @@ def exit_now(status: int, line: Optional[str] = None) -> NoReturn:
 
 
 def last_line_on_stderr(line: str) -> None:
-  """Writes `line` to stderr as the last of it: stderr (the file descriptor, which TensorFlow's threads write to
-  too) is pointed at /dev/null first, and the line goes to the stream it was."""
+  """Writes `line` to stderr as the last of it, on a line of its own: stderr (the file descriptor, which TensorFlow's
+  threads write to too) is pointed at /dev/null first, and the line goes to the stream it was, after a line break
+  (another thread may have left a line unfinished there: a chief's log once ended "^train_keras.py: task ps:1 ...",
+  a traceback's caret cut off)."""
   sys.stderr.flush()
   own = os.dup(2)
   os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
-  os.write(own, (line + "\n").encode())
+  os.write(own, ("\n" + line + "\n").encode())
   os.close(own)
 
 
