@@ -48,6 +48,7 @@ _PATHS = {"fit": "tfps.fit", "estimator": "Estimator path", "keras_pss": "plain 
 _PEERS = {"min_size": "the tutorial's peer", "fixed": "the FixedShards peer"}
 _OPTIONS = {"unpacked": "`--nopacked_reads`", "packed": "`--packed_reads`", "pipelined": "`--pipelined_updates`",
             "spin": "`--thread_spinning`", "lockfree": "`--lockfree_row_updates`", "bf16": "`--bf16_rows`",
+            "nolock": "`--norecords_lock`",
             "per_feature": "a table per feature", "unroll1": "`--unrolled_steps=1`",
             "unroll4": "`--unrolled_steps=4`"}
 # (switch, results file, variant with it, variant without it): each pair ran side by side in one series.

@@ -59,7 +59,8 @@ _VARIANTS = flags.DEFINE_list(
     "threads of ps and workers spin, TensorFlow's default; `+nospin`: they sleep, tfps's default), `+lockfree` "
     "for --lockfree_row_updates (a legacy Adagrad's table rows updated without a lock), `+pipelined` for "
     "--pipelined_updates (a step's updates applied while the next step computes), `+bf16` for --bf16_rows (table "
-    "rows and their gradients cross as bfloat16), `+intra<N>` / `+inter<N>` for N intra-op / inter-op threads in "
+    "rows and their gradients cross as bfloat16), `+nolock` for --norecords_lock (no ps holds a lock from its "
+    "decision on a step to its record), `+intra<N>` / `+inter<N>` for N intra-op / inter-op threads in "
     "every process of the run (TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS; TensorFlow's default: one per "
     "core). `ps_floor_<ps>x<workers>`: the workload trained by a loop written "
     "directly in TensorFlow, nothing on the ps but the work it must do, its variables laid out over the ps as "
@@ -80,7 +81,8 @@ _OUT = flags.DEFINE_string("out", "bench/results",
 # with the peer of its shape.
 _FLAG_OPTIONS = {"packed": "--packed_reads", "unpacked": "--nopacked_reads", "spin": "--thread_spinning",
                  "nospin": "--nothread_spinning",
-                 "lockfree": "--lockfree_row_updates", "pipelined": "--pipelined_updates", "bf16": "--bf16_rows"}
+                 "lockfree": "--lockfree_row_updates", "pipelined": "--pipelined_updates", "bf16": "--bf16_rows",
+                 "nolock": "--norecords_lock"}
 
 
 # `+option<N>` -> the environment variable it sets to N in every process of the run.

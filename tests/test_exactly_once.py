@@ -269,13 +269,15 @@ def test_a_step_run_again_skips_the_updates_a_ps_applied_already(cluster):
       device: 11 for device in devices}
 
 
-def test_two_runs_of_one_step_at_once_apply_it_once_on_its_ps(cluster):
+@pytest.mark.parametrize("lock", [True, False])
+def test_two_runs_of_one_step_at_once_apply_it_once_on_its_ps(cluster, lock):
   """A step's function can run twice at once: run again on another worker while the first run's part on a ps, which
   had all it needed, still applies it. The ps decides, applies and records the step holding a lock, so one of two runs
-  at once applies it and the other skips it. Each step here is scheduled twice in a row (both workers run it at once)
-  and its update is slow, so that without the lock both runs read no record before either writes one."""
+  at once applies it and the other skips it. Each step here is scheduled twice once both workers are idle (both run it
+  at once) and its update is slow, so that without the lock (`records_lock=False`) both runs of some steps read no
+  record before either writes one, and those steps are applied twice."""
   strategy, coordinator = tfps.build_strategy(cluster)
-  records = ps_records.PsRecords()
+  records = ps_records.PsRecords(lock=lock)
   with strategy.scope():
     applied = tf.Variable(0, dtype=tf.int64)  # on its ps: the updates it applied
     records.make_for([applied])
@@ -295,12 +297,12 @@ def test_two_runs_of_one_step_at_once_apply_it_once_on_its_ps(cluster):
     with tf.control_dependencies(once.records()):
       return tf.constant(0)
 
-  steps = 8
+  steps = 16
   for mark in range(1, steps + 1):
     for _ in range(2):
       coordinator.schedule(step, args=(tf.constant(mark, tf.int64),))
-  coordinator.join()
-  assert int(applied.numpy()) == steps
+    coordinator.join()  # both workers idle: the next step's two runs start together
+  assert int(applied.numpy()) == steps if lock else int(applied.numpy()) > steps
   assert int(records.vectors[applied.device][0].numpy()) == steps
 
 
@@ -377,6 +379,22 @@ def _loops(runner, args) -> list:
           if op.type in ("While", "StatelessWhile")]
 
 
+def _records_lock_ops(runner, args) -> dict:
+  """`{op type: {ps task}}` of the records lock's takes (`MutexLock`) and releases (`ConsumeMutexLock`) in the function
+  `runner` traced for `args`, its loops' bodies too; each ps as `(job, task)`."""
+  graph_def = runner.function.get_concrete_function(*args).graph.as_graph_def()
+  found = {}
+  for node in list(graph_def.node) + [node for function in graph_def.library.function for node in function.node_def]:
+    if node.op in ("MutexLock", "ConsumeMutexLock"):
+      found.setdefault(node.op, set()).add(_task(node.device))
+  return found
+
+
+def _task(device: str) -> tuple:
+  spec = tf.DeviceSpec.from_string(device)
+  return spec.job, spec.task
+
+
 def test_unrolled_steps_end_where_the_same_steps_in_one_process_do(cluster):
   """`unrolled_steps=3`, a function of 7 steps: two loop iterations of 3 steps traced one after another, then the step
   left over. Each step reads the previous step's updates (the weights end where 7 steps in one process leave them),
@@ -390,6 +408,20 @@ def test_unrolled_steps_end_where_the_same_steps_in_one_process_do(cluster):
   assert int(model.optimizer.iterations.numpy()) == 7
   assert all((again == before).all() for again, before in zip(model.get_weights(), trained))
   assert len(_loops(runner, args)) == 2  # 3 steps per iteration, then the step left over
+  # By default each ps that records takes the records lock and releases it (`TrainingMode.records_lock`).
+  recording = {_task(device) for device in runner.progress.ps_records.vectors}
+  assert len(recording) == 2 and sorted(runner.progress.ps_records.locks) == sorted(runner.progress.ps_records.vectors)
+  assert _records_lock_ops(runner, args) == {"MutexLock": recording, "ConsumeMutexLock": recording}
+
+
+def test_without_the_records_lock_no_ps_takes_it_and_each_step_is_applied_once(cluster):
+  """`records_lock=False`: no ps makes, takes or releases the records lock, and a run without failures still applies
+  each step once (the weights end where as many steps in one process leave them, each step counted once)."""
+  features = tf.reshape(tf.range(24, dtype=tf.float32) / 24.0, (8, 3))
+  labels = tf.reduce_sum(features, axis=1, keepdims=True)
+  _, _, runner, args = _unrolled_run(cluster, tfps.TrainingMode(records_lock=False), 5, features, labels)
+  assert len(runner.progress.ps_records.vectors) == 2 and runner.progress.ps_records.locks == {}
+  assert _records_lock_ops(runner, args) == {}
 
 
 _AUTO = tfps.TrainingMode(unrolled_steps="auto")

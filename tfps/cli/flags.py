@@ -152,7 +152,7 @@ def server_options_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> di
 
 def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """--sync_mode, --geo_steps, --replicas_to_aggregate, --packed_reads, --lockfree_row_updates, --pipelined_updates,
-  --unrolled_steps and --bf16_rows (`tfps.training.modes`); calling it again is harmless."""
+  --unrolled_steps, --bf16_rows and --records_lock (`tfps.training.modes`); calling it again is harmless."""
   if "sync_mode" in flag_values:
     return
   flags.DEFINE_string("sync_mode", "async", f"How the ps applies the workers' work: {', '.join(modes.MODES)}.",
@@ -177,6 +177,11 @@ def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                       "on several workers, a longer trace at every start and restart.", flag_values=flag_values)
   flags.DEFINE_boolean("bf16_rows", False, "async: table rows and their gradients cross the network as bfloat16 "
                        "(half their bytes; rows rounded to 8 significant bits).", flag_values=flag_values)
+  flags.DEFINE_boolean("records_lock", True, "async: each ps holds a lock from its decision on a step's updates to "
+                       "its record of them (default). --norecords_lock: a few percent more examples/s at 2 ps + 2 "
+                       "workers (bench/results/records_lock/), but a step whose function runs again while its first "
+                       "run still applies it on a ps (its worker died at that moment) can be applied twice there.",
+                       flag_values=flag_values)
   declare_program_flags(flag_values, __name__)
 
 

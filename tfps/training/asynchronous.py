@@ -7,7 +7,8 @@ legacy Adagrad updates a batch's table rows all at once, under a lock of each ta
 (`tfps.training.distinct_rows`); a scheduled function's loop runs `unrolled_steps` steps per iteration (by default
 4 with batches of a static size up to 1024, else 1); with `pipelined_updates` a step's updates are applied while the
 next step computes (`tfps.training.modes`); with `bf16_rows` table rows and their gradients cross the network as
-bfloat16 (`tfps.training.wire`)."""
+bfloat16 (`tfps.training.wire`); with `records_lock=False` no ps holds a lock from its decision on a step to its
+record (`tfps.training.ps_records.PsRecords`)."""
 
 import contextlib
 
@@ -36,7 +37,7 @@ class AsyncRunner(steps_lib.Runner):
     super().__init__(step, **kwargs)
     with self.strategy.scope():
       self.progress = exactly_once.StepProgress(self.steps_per_execution, step.counter)
-    self.progress.ps_records = ps_records.PsRecords()
+    self.progress.ps_records = ps_records.PsRecords(lock=self.mode.records_lock)
     self.progress.ps_records.make_for(step.variables())  # those of variables made by the first trace: made then
     self.table_marks = tables.StepMarks(self.strategy)  # table layers' bookkeeping, once per step and shard
     # opt-in: the small dense variables of a ps read in one transfer per step

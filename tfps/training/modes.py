@@ -82,6 +82,15 @@ class TrainingMode:
       over run one per iteration), at every start and restart of a task. Each step still reads the parameters after
       the previous step's updates (with `pipelined_updates`, after the updates of the step before that, as without
       unrolling).
+    records_lock: async: each ps decides on a step's updates, applies them and records them holding a lock of its own
+      (`tfps.training.ps_records.PsRecords`; True, the default), so that a step whose function runs again while its
+      first run still applies it on a ps (its worker died after sending that ps all it needed) is applied there once.
+      False takes no such lock, for speed: the steps of different workers no longer take turns on a ps from decision
+      to record (measured with the lock: a few percent fewer examples/s at 2 ps + 2 workers, at most a few at 1 + 1:
+      docs/failures.md, bench/results/records_lock/NOTES.md); such a step can then be applied twice on that ps, and
+      with `lockfree_row_updates` as well two workers updating one table row at once may each overwrite the other's
+      update of it. Sync and geo always take it (not measured there: a sync step's updates run one step at a time, a
+      geo push once per `geo_steps` steps).
   """
 
   sync_mode: str = "async"
@@ -92,6 +101,7 @@ class TrainingMode:
   pipelined_updates: bool = False
   unrolled_steps: Union[int, str, None] = None
   bf16_rows: bool = False
+  records_lock: bool = True
 
   def __post_init__(self):
     checks.one_of("sync_mode", self.sync_mode, MODES)
@@ -111,6 +121,10 @@ class TrainingMode:
         raise UsageError(f"`{name}` ({getattr(self, name)!r}) must be True or False")
       if getattr(self, name) and self.sync_mode != "async":
         raise UsageError(f"`{name}` (True) applies only to sync_mode=async, not {self.sync_mode}")
+    if not isinstance(self.records_lock, bool):
+      raise UsageError(f"`records_lock` ({self.records_lock!r}) must be True or False")
+    if not self.records_lock and self.sync_mode != "async":
+      raise UsageError(f"`records_lock` (False) applies only to sync_mode=async, not {self.sync_mode}")
     if self.unrolled_steps is not None and self.sync_mode != "async":
       raise UsageError(f"`unrolled_steps` ({self.unrolled_steps}) applies only to sync_mode=async, not "
                        f"sync_mode={self.sync_mode}")
@@ -169,6 +183,7 @@ class TrainingMode:
          "dense reads packed per ps" if self.packed_reads else "dense variables read one by one"),
         (self.lockfree_row_updates, "row updates without a lock"),
         (self.bf16_rows, "rows as bfloat16"),
+        (not self.records_lock, "no records lock"),
     ]
     return ", ".join(["async"] + [name for on, name in switches if on])
 

@@ -201,9 +201,15 @@ class SlotOfMark:
 class PsRecords:
   """On every ps that holds variables, the steps of each scheduled function that this ps has applied (absolute marks, as
   in the progress vector). A step run again skips, on each ps, the updates that ps applied already: a dead worker's
-  step can have reached one ps and not another, or all of them without its record."""
+  step can have reached one ps and not another, or all of them without its record.
 
-  def __init__(self):
+  Args:
+    lock: each ps decides, applies and records holding a lock of its own (`OncePerPs`); False: no lock
+      (`tfps.TrainingMode.records_lock`).
+  """
+
+  def __init__(self, lock: bool = True):
+    self.lock = lock
     self.vectors: Dict[str, tf.Variable] = {}
     # Each ps's lock (a mutex beside its vector), which a ps holds from its decision on a step's updates to its record
     # of them (`OncePerPs`). Named for these records alone: the functions of another run on the same ps (another
@@ -220,8 +226,9 @@ class PsRecords:
         self.vectors[variable.device] = tf.Variable(tf.zeros([exactly_once.SLOTS], tf.int64), trainable=False,
                                                     name="tfps_applied_steps",
                                                     aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-      with tf.init_scope(), tf.device(variable.device):
-        self.locks[variable.device] = tf.raw_ops.MutexV2(shared_name=self._lock_name)
+      if self.lock:
+        with tf.init_scope(), tf.device(variable.device):
+          self.locks[variable.device] = tf.raw_ops.MutexV2(shared_name=self._lock_name)
     return self.vectors[variable.device]
 
   def make_for(self, variables: Iterable[tf.Variable]) -> None:
@@ -318,7 +325,8 @@ class OncePerPs:
     with tf.device(device):
       if device not in self._already:
         with tf.control_dependencies(self._after.get(device, [])):
-          self._locks[device] = tf.raw_ops.MutexLock(mutex=self._records.locks[device])
+          self._locks[device] = (tf.raw_ops.MutexLock(mutex=self._records.locks[device]) if self._records.lock
+                                 else tf.no_op())  # without the lock: what the decision waits for
         with tf.control_dependencies([self._locks[device]]):
           self._already[device] = tf.greater_equal(vector.sparse_read(self._slot_on(device))[0], self._mark,
                                                    name=DECISION)
@@ -369,5 +377,5 @@ class OncePerPs:
           record = self._records.vectors[device].scatter_max(
               tf.IndexedSlices(tf.reshape(self._mark, [1]), self._slot_on(device)), name=RECORD)
         with tf.device(device), tf.control_dependencies([record]):
-          self._made += [record, _tf_private.released(self._locks[device])]
+          self._made += [record] + ([_tf_private.released(self._locks[device])] if self._records.lock else [])
     return self._made
