@@ -63,6 +63,15 @@ def test_mode_flags_read_dense_variables_packed_by_default_with_async():
   assert mode("--sync_mode=geo", "--nopacked_reads").describe(2) == "geo, 10 local steps per push"
 
 
+def test_records_lock_flag_is_on_by_default_off_with_norecords_lock_and_refused_off_outside_async():
+  assert _mode().records_lock is True and _mode("--sync_mode=geo").records_lock is True
+  off = _mode("--norecords_lock")
+  assert off.records_lock is False and off.describe(2) == "async, no records lock"  # the run's start line
+  assert _mode("--norecords_lock", "--pipelined_updates").describe(2) == "async, updates pipelined, no records lock"
+  with pytest.raises(UsageError, match=re.escape("`records_lock` (False) applies only to sync_mode=async, not sync")):
+    _mode("--sync_mode=sync", "--norecords_lock")
+
+
 def test_unrolled_steps_flag_takes_a_number_or_auto_and_refuses_anything_else_in_one_line():
   assert _mode().unrolled_steps == 1
   assert _mode("--unrolled_steps=4").unrolled_steps == 4

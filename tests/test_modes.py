@@ -188,6 +188,8 @@ def test_geo_estimator_round_matches_single_process_on_one_worker_batch(cluster,
     (dict(unrolled_steps="4"), "`unrolled_steps` ('4') must be a positive integer, \"auto\" or None"),
     (dict(sync_mode="geo", bf16_rows=True), "`bf16_rows` (True) applies only to sync_mode=async, not geo"),
     (dict(bf16_rows="yes"), "`bf16_rows` ('yes') must be True or False"),
+    (dict(sync_mode="sync", records_lock=False), "`records_lock` (False) applies only to sync_mode=async, not sync"),
+    (dict(records_lock="off"), "`records_lock` ('off') must be True or False"),
 ])
 def test_modes_that_make_no_sense_are_refused(mode, message):
   with pytest.raises(tfps.UsageError, match=re.escape(message)):
@@ -203,6 +205,7 @@ def test_a_mode_names_the_switches_set_otherwise_than_by_default_in_the_run_log_
   assert tfps.TrainingMode(unrolled_steps=4, packed_reads=False, lockfree_row_updates=True, bf16_rows=True).describe(
       2) == ("async, 4 steps per loop iteration, dense variables read one by one, row updates without a lock, rows as "
              "bfloat16")
+  assert tfps.TrainingMode(records_lock=False).describe(2) == "async, no records lock"
   assert tfps.TrainingMode("sync").describe(2) == "sync, 2 worker batches per step"
   assert tfps.TrainingMode("geo").describe(2) == "geo, 10 local steps per push"
   # With "auto" the run's start line gives a worker's static batch size: the steps per loop iteration chosen for it.
@@ -222,6 +225,14 @@ def test_async_reads_dense_variables_packed_by_default_and_only_there():
   for mode in ("sync", "geo"):  # nothing to pack there; saying False is allowed
     assert tfps.TrainingMode(mode).packed_reads is False
     assert tfps.TrainingMode(mode, packed_reads=False).packed_reads is False
+
+
+def test_each_ps_takes_the_records_lock_by_default_and_async_may_drop_it_on_both_paths():
+  assert tfps.TrainingMode().records_lock is True and tfps.RunConfig().training_mode.records_lock is True
+  assert tfps.TrainingMode(records_lock=False).records_lock is False
+  assert tfps.RunConfig(records_lock=False).training_mode.records_lock is False  # the Estimator path's mode
+  for mode in ("sync", "geo"):  # always locked there; saying True is allowed
+    assert tfps.TrainingMode(mode, records_lock=True).records_lock is True
 
 
 def test_async_runs_one_step_per_loop_iteration_by_default_chooses_with_auto_and_unrolls_only_there():
