@@ -161,4 +161,4 @@ def test_an_unknown_variant_option_is_refused_before_any_training(subprocess_env
   assert result.returncode == 1
   assert result.stderr.strip().splitlines()[-1] == (
       "--variants: 'fit+bf61' has the option 'bf61'; allowed: unroll<N>, packed, unpacked, bf16, per_feature, "
-      "pipelined")
+      "pipelined, current, adam")
