@@ -302,7 +302,11 @@ def test_a_current_optimizer_updates_from_the_step_values_copied_before_them_and
   """`step_values_on_each_ps`: a current optimizer's updates read the learning rate and `iterations` copied on each
   variable's device when the block opened (a learning rate assigned later is not read), and apply the values its
   own updates apply: Adam with a schedule and weight decay, a dense and a sparse gradient with a row twice. Its
-  methods and attributes are its own again after; a legacy optimizer is left as it is."""
+  methods and attributes are its own again after; a legacy optimizer is left as it is. `identity_gradient_aggregation`
+  replaces a current optimizer's `aggregate_gradients` while it is open."""
+  for method, parameters in (("update_step", 2), ("_apply_weight_decay", 1), ("_deduplicate_sparse_grad", 1)):
+    assert len(_parameters(getattr(tf_keras.optimizers.Adam, method))) == 1 + parameters, method
+  assert {"_learning_rate", "_iterations"} <= set(vars(tf_keras.optimizers.Adam(0.1)))
   schedule = lambda: tf_keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5)
   gradients = [tf.constant([[1.0, -2.0], [0.5, 0.25]]),
                tf.IndexedSlices(tf.constant([[1.0, 2.0], [3.0, 4.0]]), tf.constant([1, 1]), tf.constant([3, 2]))]
@@ -328,6 +332,10 @@ def test_a_current_optimizer_updates_from_the_step_values_copied_before_them_and
     sgd.learning_rate.assign(5.0)
     sgd.apply_gradients([(tf.constant([1.0]), variable)])
   assert abs(float(variable[0]) - 0.9) < 1e-7 and sgd._learning_rate is sgd.learning_rate
+  assert _parameters(sgd.aggregate_gradients) == ["grads_and_vars"]
+  with _tf_private.identity_gradient_aggregation(sgd):
+    assert sgd.aggregate_gradients([1]) == [1]  # its own would all-reduce each pair
+  assert "aggregate_gradients" not in vars(sgd)
   legacy, seen = tf_keras.optimizers.legacy.Adagrad(0.1), []
   with _tf_private.step_values_on_each_ps(legacy, [variable], seen.append):
     assert "update_step" not in vars(legacy) and "_resource_apply_dense" not in vars(legacy)
