@@ -54,8 +54,8 @@ _PER_FEATURE = flags.DEFINE_boolean("per_feature_tables", False, "A tf-keras Emb
                                     "instead of the stacked tables.")
 _VARIANTS = flags.DEFINE_list("variants", None, "Configurations to count in one child, each PATH[+option...] with "
                                "the options unroll<N>, packed, unpacked, bf16, per_feature, pipelined, current, "
-                               "adam (e.g. fit+bf16); instead of --path, --unrolled_steps, --packed_reads, --bf16_rows and "
-                               "--per_feature_tables.")
+                               "adam (e.g. fit+bf16); instead of --path, --unrolled_steps, --packed_reads, "
+                               "--bf16_rows and --per_feature_tables.")
 _CHILD_DIR = flags.DEFINE_string("child_dump_dir", None, "(internal) train and dump into this folder.")
 _JSON = flags.DEFINE_string("json_out", None, "Also write the counts here.")
 _LIST_OPS = flags.DEFINE_boolean("list_ops", False, "Also print each ps partition's ops by type and by name prefix "

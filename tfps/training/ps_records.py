@@ -154,7 +154,8 @@ def updates_after_every_gradient(optimizer, once: "OncePerPs", bf16_rows: bool =
     # coefficients do (read outside the gate above: they wait for no gradient). Under ParameterServerStrategy a worker
     # is one replica: aggregating its gradients is the identity, and an aggregation op left to the worker's default
     # device would send each gradient back there.
-    with _tf_private.step_values_on_each_ps(optimizer, [v for g, v in moved if g is not None], once.decide_after), \
+    updated = [variable for gradient, variable in moved if gradient is not None]
+    with _tf_private.step_values_on_each_ps(optimizer, updated, once.decide_after), \
         tf.control_dependencies(everywhere), _tf_private.identity_gradient_aggregation(optimizer), \
         _tf_private.prepared_coefficients(optimizer, once.decide_after_coefficients):
       return apply_gradients(moved, *args, **kwargs)
