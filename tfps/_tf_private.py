@@ -221,7 +221,6 @@ def step_values_on_each_ps(optimizer, variables, seen: Callable[[dict], None]):
     return stack
 
   update_step, weight_decay = optimizer.update_step, optimizer._apply_weight_decay  # pylint: disable=protected-access
-  deduplicated = optimizer._deduplicate_sparse_grad  # pylint: disable=protected-access
 
   def update_reading_copies(gradient, variable):
     with reading_copies(variable):
@@ -232,17 +231,24 @@ def step_values_on_each_ps(optimizer, variables, seen: Callable[[dict], None]):
       with reading_copies(variable):
         weight_decay([variable])
 
-  def deduplicated_on_their_ps(gradients):
+  with swapped(optimizer, "update_step", update_reading_copies), \
+      swapped(optimizer, "_apply_weight_decay", weight_decay_reading_copies), \
+      swapped(optimizer, "_deduplicate_sparse_grad", _each_on_its_ps(
+          optimizer._deduplicate_sparse_grad)):  # pylint: disable=protected-access
+    yield
+
+
+def _each_on_its_ps(deduplicate: Callable) -> Callable:
+  """`deduplicate` (a current tf-keras optimizer's `_deduplicate_sparse_grad`, gradients -> gradients) for one gradient
+  at a time, under the device of a sparse gradient's values (its ps)."""
+  def deduplicated(gradients):
     summed = []
     for gradient in gradients:
       with tf.device(gradient.values.device if isinstance(gradient, tf.IndexedSlices) else ""):
-        summed += deduplicated([gradient])
+        summed += deduplicate([gradient])
     return summed
 
-  with swapped(optimizer, "update_step", update_reading_copies), \
-      swapped(optimizer, "_apply_weight_decay", weight_decay_reading_copies), \
-      swapped(optimizer, "_deduplicate_sparse_grad", deduplicated_on_their_ps):
-    yield
+  return deduplicated
 
 
 def _step_value_copies(optimizer, devices) -> dict:
