@@ -16,7 +16,9 @@ that need a tensor from another task which the ps's decision on the step did not
 `tfps/training/ps_records.py`, rule 1).
 
 `--variants=fit,estimator,fit+bf16,...` counts several configurations in one child, one after another on the same
-cluster (each dumps into a folder of its own): the output is `{"variants": {variant: counts}}`.
+cluster (each dumps into a folder of its own): the output is `{"variants": {variant: counts}}`. The workload's
+optimizer is a tf-keras legacy Adagrad; the option `current` trains with a current `tf_keras.optimizers.Adagrad`
+instead, `adam` with a current `tf_keras.optimizers.Adam` (what `optimizer="adam"` compiles to).
 """
 
 import collections
@@ -51,9 +53,9 @@ _BF16 = flags.DEFINE_boolean("bf16_rows", False, "Table rows and their gradients
 _PER_FEATURE = flags.DEFINE_boolean("per_feature_tables", False, "A tf-keras Embedding per feature (deep and wide) "
                                     "instead of the stacked tables.")
 _VARIANTS = flags.DEFINE_list("variants", None, "Configurations to count in one child, each PATH[+option...] with "
-                               "the options unroll<N>, packed, unpacked, bf16, per_feature, pipelined (e.g. "
-                               "fit+bf16); instead of --path, --unrolled_steps, --packed_reads, --bf16_rows and "
-                               "--per_feature_tables.")
+                               "the options unroll<N>, packed, unpacked, bf16, per_feature, pipelined, current, "
+                               "adam (e.g. fit+bf16); instead of --path, --unrolled_steps, --packed_reads, "
+                               "--bf16_rows and --per_feature_tables.")
 _CHILD_DIR = flags.DEFINE_string("child_dump_dir", None, "(internal) train and dump into this folder.")
 _JSON = flags.DEFINE_string("json_out", None, "Also write the counts here.")
 _LIST_OPS = flags.DEFINE_boolean("list_ops", False, "Also print each ps partition's ops by type and by name prefix "
@@ -76,6 +78,13 @@ class Variant:
   bf16_rows: bool = False
   per_feature_tables: bool = False
   pipelined_updates: bool = False
+  optimizer: str = "legacy"  # a key of `_optimizers()`
+
+
+def _optimizers() -> dict:
+  """The optimizers a variant can train with: `{option: class}` (None: the workload's legacy Adagrad)."""
+  import tf_keras  # pylint: disable=g-import-not-at-top  (TensorFlow only in the child)
+  return {"legacy": None, "current": tf_keras.optimizers.Adagrad, "adam": tf_keras.optimizers.Adam}
 
 
 def parse_variant(variant: str) -> Variant:
@@ -92,9 +101,11 @@ def parse_variant(variant: str) -> Variant:
     elif option in ("bf16", "per_feature", "pipelined"):
       field = {"bf16": "bf16_rows", "per_feature": "per_feature_tables", "pipelined": "pipelined_updates"}[option]
       fields[field] = True
+    elif option in ("current", "adam"):
+      fields["optimizer"] = option
     else:
       raise app.UsageError(f"--variants: {variant!r} has the option {option!r}; allowed: unroll<N>, packed, unpacked, "
-                           "bf16, per_feature, pipelined")
+                           "bf16, per_feature, pipelined, current, adam")
   return Variant(path, **fields)
 
 
@@ -127,14 +138,15 @@ def _train(variant: Variant, cluster) -> None:
                                    stack_tables=not variant.per_feature_tables)
   settings = {"unrolled_steps": variant.unrolled_steps, "packed_reads": variant.packed_reads,
               "bf16_rows": variant.bf16_rows, "pipelined_updates": variant.pipelined_updates}
+  optimizer = _optimizers()[variant.optimizer]
   if variant.path == "fit":
-    tfps.fit(lambda: workload_lib.build_model(workload), workload_lib.dataset_fn(workload), epochs=1,
+    tfps.fit(lambda: workload_lib.build_model(workload, optimizer), workload_lib.dataset_fn(workload), epochs=1,
              steps_per_epoch=40, steps_per_execution=_SPE.value, cluster=cluster, batch_size=_BATCH.value,
              sync_mode=tfps.TrainingMode(**settings))
     return
   with tempfile.TemporaryDirectory(prefix="tfps_transfers_") as model_dir:
     options = {} if _SPE.value is None else {"steps_per_execution": _SPE.value}
-    estimator = tfps.Estimator(workload_lib.build_model_fn(workload), model_dir=model_dir, cluster=cluster,
+    estimator = tfps.Estimator(workload_lib.build_model_fn(workload, optimizer), model_dir=model_dir, cluster=cluster,
                                config=tfps.RunConfig(save_checkpoints_steps=1000, **settings, **options))
     estimator.train(lambda: workload_lib.dataset(workload), max_steps=40)
 

@@ -1,4 +1,5 @@
-"""The benchmark workload: Wide&Deep over in-memory Criteo-schema batches, legacy Adagrad, the same in every variant.
+"""The benchmark workload: Wide&Deep over in-memory Criteo-schema batches, legacy Adagrad (unless a driver picks
+another optimizer), the same in every variant.
 
 The input is generated once per worker and cached in memory (`NUM_DISTINCT_BATCHES` batches, repeated), so input
 parsing is not what the benchmarks measure. Ids are log-uniform over each feature's vocabulary (heavy-tailed like
@@ -7,7 +8,7 @@ click logs: a batch touches few distinct rows of a large table).
 
 import dataclasses
 import math
-from typing import Dict
+from typing import Callable, Dict, Optional
 
 from tfps.data import schema
 
@@ -96,17 +97,28 @@ def dataset_fn(workload: Workload):
   return fn
 
 
-def build_model(workload: Workload):
-  """The compiled Wide&Deep model (legacy Adagrad) of `workload`."""
+def build_model(workload: Workload, optimizer: Optional[Callable[[float], object]] = None):
+  """The compiled Wide&Deep model of `workload`, with a legacy Adagrad or `optimizer(LEARNING_RATE)`."""
   from tfps import models  # pylint: disable=g-import-not-at-top
   model = models.build_model("wide_deep", workload.categorical(), workload.dense(), embedding_dim=EMBEDDING_DIM,
                              deep_layers=DEEP_LAYERS, stack_tables=workload.stack_tables)
-  return models.compile_model(model, optimizer="adagrad", learning_rate=LEARNING_RATE, metrics=[])
+  chosen = "adagrad" if optimizer is None else optimizer(LEARNING_RATE)
+  return models.compile_model(model, optimizer=chosen, learning_rate=LEARNING_RATE, metrics=[])
 
 
-def build_model_fn(workload: Workload):
+def build_model_fn(workload: Workload, optimizer: Optional[Callable[[float], object]] = None):
   """The same model and optimizer as an Estimator-style model_fn."""
   from tfps.models import model_fns  # pylint: disable=g-import-not-at-top
-  return model_fns.build_model_fn("wide_deep", workload.categorical(), workload.dense(), optimizer="adagrad",
-                                  learning_rate=LEARNING_RATE, embedding_dim=EMBEDDING_DIM, deep_layers=DEEP_LAYERS,
-                                  stack_tables=workload.stack_tables)
+  model_fn = model_fns.build_model_fn("wide_deep", workload.categorical(), workload.dense(), optimizer="adagrad",
+                                      learning_rate=LEARNING_RATE, embedding_dim=EMBEDDING_DIM,
+                                      deep_layers=DEEP_LAYERS, stack_tables=workload.stack_tables)
+  if optimizer is None:
+    return model_fn
+
+  def with_optimizer(features, labels, mode):
+    spec = model_fn(features, labels, mode)
+    if spec.optimizer is not None:
+      spec.optimizer = optimizer(LEARNING_RATE)
+    return spec
+
+  return with_optimizer

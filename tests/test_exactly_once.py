@@ -344,14 +344,20 @@ def test_a_sync_update_run_again_applies_the_step_only_where_it_is_missing(clust
       device: 2 for device in devices}
 
 
-def _unrolled_run(cluster, mode, num_steps, features, labels, dataset_fn=None):
+_LEGACY_ADAGRAD = lambda: tf_keras.optimizers.legacy.Adagrad(0.1)
+# Adam reads `iterations` in its updates; the learning rate halves at every step.
+_CURRENT_ADAM = lambda: tf_keras.optimizers.Adam(tf_keras.optimizers.schedules.ExponentialDecay(0.1, 1, 0.5))
+
+
+def _unrolled_run(cluster, mode, num_steps, features, labels, dataset_fn=None, optimizer=_LEGACY_ADAGRAD):
   """One function of `num_steps` async steps of a small model in `mode` on batches of `dataset_fn` (default: the batch
-  `(features, labels)` repeated); checks that the weights end where as many steps on it in one process leave them and
-  that each step is counted once. Returns `(model, coordinator, runner, args)`, `args` the function's arguments."""
+  `(features, labels)` repeated), compiled with `optimizer()`; checks that the weights end where as many steps on it in
+  one process leave them and that each step is counted once. Returns `(model, coordinator, runner, args)`, `args` the
+  function's arguments."""
   def build():
     model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(4, activation="tanh"),
                                  tf_keras.layers.Dense(1)])
-    model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "mse")
+    model.compile(optimizer(), "mse")
     return model
 
   strategy, coordinator = tfps.build_strategy(cluster)
@@ -395,13 +401,17 @@ def _task(device: str) -> tuple:
   return spec.job, spec.task
 
 
-def test_unrolled_steps_end_where_the_same_steps_in_one_process_do(cluster):
+@pytest.mark.parametrize("optimizer", [_LEGACY_ADAGRAD, _CURRENT_ADAM], ids=["legacy", "current_adam"])
+def test_unrolled_steps_end_where_the_same_steps_in_one_process_do(cluster, optimizer):
   """`unrolled_steps=3`, a function of 7 steps: two loop iterations of 3 steps traced one after another, then the step
   left over. Each step reads the previous step's updates (the weights end where 7 steps in one process leave them),
-  each is counted once, and the same function run again applies nothing."""
+  each is counted once, and the same function run again applies nothing. So with a current Adam whose learning rate
+  follows a schedule: its updates read the learning rate and `iterations` copied onto their ps before it decides,
+  the values its own reads give in one process."""
   features = tf.reshape(tf.range(24, dtype=tf.float32) / 24.0, (8, 3))
   labels = tf.reduce_sum(features, axis=1, keepdims=True)
-  model, coordinator, runner, args = _unrolled_run(cluster, tfps.TrainingMode(unrolled_steps=3), 7, features, labels)
+  model, coordinator, runner, args = _unrolled_run(cluster, tfps.TrainingMode(unrolled_steps=3), 7, features, labels,
+                                                   optimizer=optimizer)
   trained = model.get_weights()
   coordinator.schedule(runner.function, args=args)  # the same function again
   coordinator.join()

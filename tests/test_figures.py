@@ -658,6 +658,20 @@ def _lock_cost() -> tuple:
   return min(two), max(two), min(one), max(one), min(cpu), max(cpu)
 
 
+def _current_optimizers() -> tuple:
+  """The bounds over each ps of every variant with 2 and 4 ps (`bench/results/current_optimizers/`) of the updates
+  awaiting another task's tensor after the decision before and after, and of the tensors moved per step after and
+  before."""
+  def every_ps(side):
+    return [ps for num_ps in (2, 4) for counted in _json(f"current_optimizers/{side}_{num_ps}ps.json")[
+        "variants"].values() for ps in counted["ps"]]
+
+  late = lambda side: [len(ps["received_after_decision"]) for ps in every_ps(side)]
+  moved = lambda side: [ps["per_step"].get("send", 0) + ps["per_step"].get("recv", 0) for ps in every_ps(side)]
+  return (min(late("before")), max(late("before")), "none" if not any(late("after")) else "some",
+          min(moved("after")), max(moved("after")), min(moved("before")), max(moved("before")))
+
+
 # Figures in docs/failures.md: (quoted text, results files, values).
 FAILURES_PROSE = (
     ("3 of 24 runs ended with 401 of 400 steps on a ps before both changes, {} of {} with the lock alone, {} of {} "
@@ -669,6 +683,9 @@ FAILURES_PROSE = (
              "records_lock/transfers_after.json")["variants"].values() for ps in counted["ps"]) else "some")),
     ("{:.2f}-{:.2f}x the examples/s at 2 ps + 2 workers, {:.2f}-{:.2f}x at 1 + 1, batch 256, the ps's CPU per step "
      "{:.2f}-{:.2f}x", "records_lock/{before,after}*", _lock_cost),
+    ("{}-{} updates and records per ps awaited a tensor from another task after the ps's decision before, {} now; "
+     "each ps moves {:.0f}-{:.0f} tensors per step instead of {:.0f}-{:.0f}", "current_optimizers/{before,after}_*",
+     _current_optimizers),
 )
 # Figures in docs/modes.md: the records lock's cost, where its switch is described.
 MODES_PROSE = FAILURES_PROSE[-1:]

@@ -1,6 +1,7 @@
 """Pins every tf-keras / TensorFlow name and call pattern that `tfps/_tf_private.py` relies on, in one process without
 a cluster: a TensorFlow or tf-keras upgrade that changes one fails here."""
 
+import contextlib
 import inspect
 import threading
 import types
@@ -295,3 +296,47 @@ def test_a_legacy_optimizer_hands_its_coefficients_over_before_its_updates(legac
   [(device, dtype)] = coefficients
   assert (device, dtype) == (variable.device, tf.float32)
   assert abs(float(coefficients[(device, dtype)]["lr_t"]) - 0.1) < 1e-7
+
+
+def test_a_current_optimizer_updates_from_the_step_values_copied_before_them_and_changes_no_value():
+  """`step_values_on_each_ps`: a current optimizer's updates read the learning rate and `iterations` copied on each
+  variable's device when the block opened (a learning rate assigned later is not read), and apply the values its
+  own updates apply: Adam with a schedule and weight decay, a dense and a sparse gradient with a row twice. Its
+  methods and attributes are its own again after; a legacy optimizer is left as it is. `identity_gradient_aggregation`
+  replaces a current optimizer's `aggregate_gradients` while it is open."""
+  for method, parameters in (("update_step", 2), ("_apply_weight_decay", 1), ("_deduplicate_sparse_grad", 1)):
+    assert len(_parameters(getattr(tf_keras.optimizers.Adam, method))) == 1 + parameters, method
+  assert {"_learning_rate", "_iterations"} <= set(vars(tf_keras.optimizers.Adam(0.1)))
+  schedule = lambda: tf_keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5)
+  gradients = [tf.constant([[1.0, -2.0], [0.5, 0.25]]),
+               tf.IndexedSlices(tf.constant([[1.0, 2.0], [3.0, 4.0]]), tf.constant([1, 1]), tf.constant([3, 2]))]
+  results = []
+  for copied in (False, True):
+    optimizer = tf_keras.optimizers.Adam(schedule(), weight_decay=0.01)
+    variables = [tf.Variable(tf.ones([2, 2])), tf.Variable(tf.ones([3, 2]))]
+    seen = []
+    for _ in range(2):
+      with (_tf_private.step_values_on_each_ps(optimizer, variables, seen.append) if copied
+            else contextlib.nullcontext()):
+        optimizer.apply_gradients(zip(gradients, variables))
+    results.append([variable.numpy() for variable in variables])
+  assert all(np.array_equal(plain, copied) for plain, copied in zip(*results)), results
+  assert [sorted(devices) for devices in seen] == [[variables[0].device]] * 2
+  for name in ("update_step", "_apply_weight_decay", "_deduplicate_sparse_grad"):
+    assert name not in vars(optimizer), name
+  assert isinstance(optimizer._learning_rate, tf_keras.optimizers.schedules.LearningRateSchedule)
+  assert optimizer._iterations is optimizer.iterations and int(optimizer.iterations) == 2
+
+  sgd, variable = tf_keras.optimizers.SGD(0.1), tf.Variable([1.0])
+  with _tf_private.step_values_on_each_ps(sgd, [variable], lambda ops: None):
+    sgd.learning_rate.assign(5.0)
+    sgd.apply_gradients([(tf.constant([1.0]), variable)])
+  assert abs(float(variable[0]) - 0.9) < 1e-7 and sgd._learning_rate is sgd.learning_rate
+  assert _parameters(sgd.aggregate_gradients) == ["grads_and_vars"]
+  with _tf_private.identity_gradient_aggregation(sgd):
+    assert sgd.aggregate_gradients([1]) == [1]  # its own would all-reduce each pair
+  assert "aggregate_gradients" not in vars(sgd)
+  legacy, seen = tf_keras.optimizers.legacy.Adagrad(0.1), []
+  with _tf_private.step_values_on_each_ps(legacy, [variable], seen.append):
+    assert "update_step" not in vars(legacy) and "_resource_apply_dense" not in vars(legacy)
+  assert not seen

@@ -157,16 +157,19 @@ def intercepting_updates(strategy, wrapper: Callable):
 
 
 def identity_gradient_aggregation(optimizer):
-  """While tracing: a tf-keras legacy optimizer's aggregation of gradients across replicas is the identity.
+  """While tracing: a tf-keras optimizer's aggregation of gradients across replicas is the identity.
 
-  `apply_gradients` calls `self.gradient_aggregator(grads_and_vars)` (a constructor argument, kept on the instance);
-  under ParameterServerStrategy a worker is one replica, so it is the identity anyway, but it asks each variable for
-  its device, which a worker-local copy (geo) leaves to the worker that runs the function. (A current tf-keras
-  optimizer has no `gradient_aggregator`; nothing is changed on it.)
+  A legacy optimizer's `apply_gradients` calls `self.gradient_aggregator(grads_and_vars)` (a constructor argument,
+  kept on the instance), a current one's `self.aggregate_gradients(grads_and_vars)` (a method meant to be
+  overridden); under ParameterServerStrategy a worker is one replica, so it is the identity anyway, but the legacy one
+  asks each variable for its device, which a worker-local copy (geo) leaves to the worker that runs the function, and
+  the current one returns each gradient from an op on the worker: a gradient already on its ps went back to the
+  worker and, after the ps's decision on the step, to the ps again (`bench/transfers.py`).
   """
-  if not hasattr(optimizer, "gradient_aggregator"):
+  name = "gradient_aggregator" if hasattr(optimizer, "gradient_aggregator") else "aggregate_gradients"
+  if not callable(getattr(optimizer, name, None)):
     return contextlib.nullcontext()
-  return swapped(optimizer, "gradient_aggregator", lambda grads_and_vars: grads_and_vars)
+  return swapped(optimizer, name, lambda grads_and_vars: grads_and_vars)
 
 
 def prepared_coefficients(optimizer, seen: Callable[[dict], None]):
@@ -184,6 +187,83 @@ def prepared_coefficients(optimizer, seen: Callable[[dict], None]):
     return coefficients
 
   return swapped(optimizer, "_prepare", prepared)
+
+
+@contextlib.contextmanager
+def step_values_on_each_ps(optimizer, variables, seen: Callable[[dict], None]):
+  """While tracing: a current (not legacy) tf-keras optimizer's updates of `variables` read its learning rate and step
+  count from copies made now on each variable's device, and sum a sparse gradient's duplicate rows there; `seen` gets
+  `{device: op}`, one op per device that runs once its copies are there. Nothing changes for another optimizer (a
+  legacy one prepares its coefficients before its updates: `prepared_coefficients`).
+
+  A current optimizer reads `self.learning_rate` (a variable on one ps; with a `LearningRateSchedule`, the value
+  `apply_gradients` assigns from `self.iterations` first) in each variable's `update_step` and `_apply_weight_decay`,
+  and Adam and others `self.iterations` in `update_step`, and `_deduplicate_sparse_grad` runs on the worker: each
+  tensor a ps then received inside an update it runs conditionally (`tfps.training.ps_records.OncePerPs`), after its
+  decision. The copies hold the values it reads there: `iterations` before `apply_gradients` increments it (the
+  increment follows this read of the variable, as it followed the reads inside the updates), the schedule's value of
+  it. No public hook reaches these reads: `_learning_rate` and `_iterations` are swapped on the instance while each
+  variable's update is traced (`update_step`, `_apply_weight_decay` called for one variable at a time), and
+  `_deduplicate_sparse_grad` runs under each gradient's device.
+  """
+  if not isinstance(optimizer, tf_keras.optimizers.Optimizer):
+    yield
+    return
+  copies = _step_value_copies(optimizer, sorted({variable.device for variable in variables}))
+  seen({device: tf.group(*values) for device, values in copies.items()})
+
+  def reading_copies(variable):
+    if variable.device not in copies:
+      return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(swapped(optimizer, "_learning_rate", copies[variable.device][0]))
+    stack.enter_context(swapped(optimizer, "_iterations", copies[variable.device][1]))
+    return stack
+
+  update_step, weight_decay = optimizer.update_step, optimizer._apply_weight_decay  # pylint: disable=protected-access
+
+  def update_reading_copies(gradient, variable):
+    with reading_copies(variable):
+      return update_step(gradient, variable)
+
+  def weight_decay_reading_copies(decayed):
+    for variable in decayed:
+      with reading_copies(variable):
+        weight_decay([variable])
+
+  with swapped(optimizer, "update_step", update_reading_copies), \
+      swapped(optimizer, "_apply_weight_decay", weight_decay_reading_copies), \
+      swapped(optimizer, "_deduplicate_sparse_grad", _each_on_its_ps(
+          optimizer._deduplicate_sparse_grad)):  # pylint: disable=protected-access
+    yield
+
+
+def _each_on_its_ps(deduplicate: Callable) -> Callable:
+  """`deduplicate` (a current tf-keras optimizer's `_deduplicate_sparse_grad`, gradients -> gradients) for one gradient
+  at a time, under the device of a sparse gradient's values (its ps)."""
+  def deduplicated(gradients):
+    summed = []
+    for gradient in gradients:
+      with tf.device(gradient.values.device if isinstance(gradient, tf.IndexedSlices) else ""):
+        summed += deduplicate([gradient])
+    return summed
+
+  return deduplicated
+
+
+def _step_value_copies(optimizer, devices) -> dict:
+  """`{device: (learning rate, iterations)}`: a current tf-keras optimizer's learning rate and step count as its
+  updates would read them now, a copy on each of `devices`."""
+  with tf.device(optimizer.iterations.device):
+    step = tf.convert_to_tensor(optimizer.iterations)
+    rate = optimizer._learning_rate  # pylint: disable=protected-access
+    rate = tf.convert_to_tensor(rate(step) if isinstance(rate, tf_keras.optimizers.schedules.LearningRateSchedule)
+                                else rate)
+  copies = {}
+  for device in devices:
+    with tf.device(device):
+      copies[device] = (tf.identity(rate, name="tfps_learning_rate"), tf.identity(step, name="tfps_iterations"))
+  return copies
 
 
 def embedding_calls(answer: Callable):

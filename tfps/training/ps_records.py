@@ -150,9 +150,13 @@ def updates_after_every_gradient(optimizer, once: "OncePerPs", bf16_rows: bool =
     # optimizer's `iterations`), not through the strategy's update that `once` makes conditional, would write it before
     # the gradients arrive: every op of such an optimizer waits for every ps's gradients instead.
     everywhere = [] if _tf_private.writes_through_the_strategy(optimizer) else list(gates.values())
-    # Under ParameterServerStrategy a worker is one replica: aggregating its gradients is the identity, and an
-    # aggregation op left to the worker's default device would send each gradient back there.
-    with tf.control_dependencies(everywhere), _tf_private.identity_gradient_aggregation(optimizer), \
+    # A current tf-keras optimizer's learning rate and step count reach each ps before it decides, as a legacy one's
+    # coefficients do (read outside the gate above: they wait for no gradient). Under ParameterServerStrategy a worker
+    # is one replica: aggregating its gradients is the identity, and an aggregation op left to the worker's default
+    # device would send each gradient back there.
+    updated = [variable for gradient, variable in moved if gradient is not None]
+    with _tf_private.step_values_on_each_ps(optimizer, updated, once.decide_after), \
+        tf.control_dependencies(everywhere), _tf_private.identity_gradient_aggregation(optimizer), \
         _tf_private.prepared_coefficients(optimizer, once.decide_after_coefficients):
       return apply_gradients(moved, *args, **kwargs)
 
