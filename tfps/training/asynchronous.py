@@ -5,7 +5,7 @@ per ps and step, and by default (`packed_reads`) its small dense variables are r
 legacy Adagrad updates a batch's table rows all at once, under a lock of each table shard (without it with
 `lockfree_row_updates`), and a stacked table's gradient, summed per row on the worker, is not summed again on the ps
 (`tfps.training.distinct_rows`); a scheduled function's loop runs `unrolled_steps` steps per iteration (by default
-4 with batches of a static size up to 1024, else 1); with `pipelined_updates` a step's updates are applied while the
+1; "auto": 4 with batches of a static size up to 1024, else 1); with `pipelined_updates` a step's updates are applied while the
 next step computes (`tfps.training.modes`); with `bf16_rows` table rows and their gradients cross the network as
 bfloat16 (`tfps.training.wire`); with `records_lock=False` no ps holds a lock from its decision on a step to its
 record (`tfps.training.ps_records.PsRecords`)."""
