@@ -130,7 +130,7 @@ def test_throughput_compares_fit_with_the_plain_pss_peer_one_process_and_the_ps_
 def test_an_unknown_variant_option_is_refused_before_any_run(subprocess_env):
   assert _refused(subprocess_env, "fit_1x1,fit_1x1+pipelind") == (
       "--variants: 'fit_1x1+pipelind' has the option 'pipelind'; allowed: per_feature, spe<N>, unroll<N>, intra<N>, "
-      "inter<N>, packed, unpacked, spin, nospin, lockfree, pipelined, bf16")
+      "inter<N>, packed, unpacked, spin, nospin, lockfree, pipelined, bf16, nolock")
 
 
 def test_the_ps_floor_on_two_ps_is_laid_out_as_tfps_lays_out_the_workload():
