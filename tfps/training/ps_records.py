@@ -307,10 +307,9 @@ class OncePerPs:
       self._emit_held()
 
   def expect(self, variables: Iterable[tf.Variable]) -> None:
-    """The next update (`run`) of each of `variables` is held back until every expected variable of its ps has its
-    update, then all of them run in one conditional on the ps's decision (a `tf.cond` per ps instead of one per
-    variable: fewer ops on the ps in every step). `run` returns an op that waits for nothing in place of a held
-    update, and the conditional's output for the last one."""
+    """The next update (`run`) of each of `variables` is held back (`run` returns an op that waits for nothing) until
+    each expected variable of its ps has its update; then all run in one conditional on the ps's decision, not one
+    each (fewer ops on the ps in every step), whose output `run` returns for the last."""
     for variable in variables:
       self._expected.setdefault(variable.device, set()).add(strategy_lib.variable_id(variable))
 
@@ -362,12 +361,10 @@ class OncePerPs:
     return done
 
   def _emit_held(self) -> None:
-    """Runs the updates still held back (an expected variable whose update never came): each ps's in one
-    conditional; no update is expected any more."""
+    """The updates still held back (an expected update never came), each ps's in one conditional; none expected."""
     self._expected.clear()
     for device in sorted(self._held):
-      if self._held[device]:
-        self._conditional(device)
+      self._conditional(device)
 
   def step_applied(self, variables: Iterable[tf.Variable]) -> List[tf.Operation]:
     """What a record of the whole step waits for (rule 2): each ps's record (`records`), made after the updates `run`
@@ -388,7 +385,8 @@ class OncePerPs:
     """`run` for each `(variable, inputs, update)` of `updates`: `update(*inputs)`, reading copies of `inputs` made on
     the variable's ps. A ps starts its updates once all of its inputs are there, so a worker that dies while sending
     them leaves none of that ps's updates applied (not some of them, which a run again would apply twice). An update
-    given as `(variable, [values, rows], update, True)` changes rows `rows` only (marked as a sparse gradient's)."""
+    given as `(variable, [values, rows], update, True)` changes rows `rows` only (marked as a sparse gradient's). All
+    are `expect`ed: each ps's run in one conditional."""
     moved, arrived = [], {}
     for variable, inputs, update, *sparse in updates:
       with tf.device(variable.device):
