@@ -306,6 +306,47 @@ def test_two_runs_of_one_step_at_once_apply_it_once_on_its_ps(cluster, lock):
   assert int(records.vectors[applied.device][0].numpy()) == steps
 
 
+def test_a_ps_applies_its_expected_updates_in_one_conditional_and_any_other_after_them(cluster):
+  """`OncePerPs.expect`: the expected updates of a ps run in one conditional on its decision; an update not expected
+  runs in one of its own after those held before it (in program order), and one still held when the records are made
+  runs before them. A step run again skips them all."""
+  strategy, coordinator = tfps.build_strategy(cluster)
+  records = ps_records.PsRecords()
+  with strategy.scope():
+    first = tf.Variable(0, dtype=tf.int64)
+    with strategy.extended.colocate_vars_with(first):
+      second, never = tf.Variable(0, dtype=tf.int64), tf.Variable(0, dtype=tf.int64)
+    records.make_for([first])
+  conditionals = lambda graph: [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
+
+  @tf.function
+  def common(mark):
+    once = records.once_per_ps(tf.constant([0]), mark)
+    once.expect([first, second])
+    once.run(first, lambda: first.assign_add(1))
+    once.run(second, lambda: second.assign_add(1))
+    with tf.control_dependencies(once.records()):
+      return tf.constant(0)
+
+  @tf.function
+  def mixed(mark):
+    once = records.once_per_ps(tf.constant([0]), mark)
+    once.expect([first, second, never])
+    once.run(first, lambda: first.assign_add(1))
+    once.run(first, lambda: first.assign(first * 10))  # not expected: after the held one, ((x + 1) * 10)
+    once.run(second, lambda: second.assign_add(1))  # held until the records: `never` is never updated
+    with tf.control_dependencies(once.records()):
+      return tf.constant(0)
+
+  assert len(conditionals(common.get_concrete_function(tf.TensorSpec([], tf.int64)).graph)) == 1
+  assert len(conditionals(mixed.get_concrete_function(tf.TensorSpec([], tf.int64)).graph)) == 3
+  for function, mark in ((common, 1), (common, 1), (mixed, 2), (mixed, 2), (mixed, 3)):
+    coordinator.schedule(function, args=(tf.constant(mark, tf.int64),))
+    coordinator.join()
+  assert (int(first.numpy()), int(second.numpy()), int(never.numpy())) == (((1 + 1) * 10 + 1) * 10, 3, 0)
+  assert int(records.vectors[first.device][0].numpy()) == 3
+
+
 @pytest.mark.parametrize("reached_holds_the_counter", [True, False])
 def test_a_sync_update_run_again_applies_the_step_only_where_it_is_missing(cluster, info_log, reached_holds_the_counter):
   """Sync: a worker that dies during a step's update can leave it applied on one ps and not the other, the step

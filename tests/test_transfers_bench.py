@@ -59,6 +59,14 @@ def test_estimator_step_moves_no_more_tensors_than_the_keras_step(counts, defaul
   assert not [name for name in estimator["per_step_names"] if name.startswith("_Recv") and "/Cast" in name]
 
 
+def test_a_ps_applies_a_steps_updates_in_one_conditional(counts):
+  """The ps skips or applies all of a step's updates in one `tf.cond` on its decision (`ps_records.OncePerPs`), not one
+  per variable: its partition holds at most 4 `Merge`s (3 on fit; 25 while each variable's update had a conditional
+  of its own, `bench/results/ps_floor/one_cond/`)."""
+  for name in ("fit", "estimator", "fit+unpacked", "fit+bf16"):
+    assert 0 < counts[name]["op_types"].get("Merge", 0) <= 4, (name, counts[name]["op_types"])
+
+
 def test_with_four_ps_no_ps_waits_for_another_ps_gradients(tmp_path, subprocess_env):
   """tfps.fit and the Estimator path with 4 ps (a legacy optimizer): each ps decides on its updates after its own
   gradients, so no ps receives another's gradient signal; each ps moves at most 20 tensors per step (20 on the

@@ -146,6 +146,7 @@ def updates_after_every_gradient(optimizer, once: "OncePerPs", bf16_rows: bool =
   def gated(apply_gradients, grads_and_vars, *args, **kwargs):
     moved, gates = _on_their_ps(grads_and_vars, bf16_rows)
     once.decide_after(gates)
+    once.expect(variable for gradient, variable in moved if gradient is not None)
     # An optimizer that also writes a variable directly and without waiting for its updates (a current tf-keras
     # optimizer's `iterations`), not through the strategy's update that `once` makes conditional, would write it before
     # the gradients arrive: every op of such an optimizer waits for every ps's gradients instead.
@@ -271,6 +272,8 @@ class OncePerPs:
     self._applied: Dict[str, list] = {}
     self._updated = set()  # the variables `run` updated (`strategy_lib.variable_id`)
     self._locks: Dict[str, tf.Tensor] = {}  # each ps's lock, held from its decision to its record
+    self._expected: Dict[str, set] = {}  # each ps's variables whose next update `run` holds back (`expect`)
+    self._held: Dict[str, list] = {}  # each ps's updates held back for its one conditional
     self._made: Optional[List[tf.Operation]] = None  # `records()`, made once
 
   def decide_after(self, ops: Dict[str, tf.Operation]) -> None:
@@ -312,19 +315,26 @@ class OncePerPs:
 
     with _tf_private.intercepting_updates(strategy, conditional):
       yield
+      self._emit_held()
+
+  def expect(self, variables: Iterable[tf.Variable]) -> None:
+    """The next update (`run`) of each of `variables` is held back (`run` returns an op that waits for nothing) until
+    each expected variable of its ps has its update; then all run in one conditional on the ps's decision, not one
+    each (fewer ops on the ps in every step), whose output `run` returns for the last."""
+    for variable in variables:
+      self._expected.setdefault(variable.device, set()).add(strategy_lib.variable_id(variable))
 
   def run(self, variable, update, gradient=None) -> tf.Tensor:
     """`update()` (the ops updating `variable`, made on its ps) unless its ps applied the mark; True where it ran.
-    Where the update applies a sparse `gradient`, its rows are marked touched with it (`touched_rows`)."""
+    Where the update applies a sparse `gradient`, its rows are marked touched with it (`touched_rows`). An update
+    `expect`ed is held back (see there); any other runs in a conditional of its own, after those held before it."""
     device, vector = variable.device, self._records.vector_for(variable)
     self._updated.add(strategy_lib.variable_id(variable))
 
     def apply():
-      result = update()
-      with tf.control_dependencies([r for r in tf.nest.flatten(result) if r is not None]):
-        marks = touched_rows.mark_updated(variable, gradient)
-      with tf.control_dependencies([r for r in tf.nest.flatten(result) if r is not None] + marks):
-        return tf.constant(True)
+      result = [r for r in tf.nest.flatten(update()) if r is not None]
+      with tf.control_dependencies(result):
+        return result + touched_rows.mark_updated(variable, gradient)
 
     with tf.device(device):
       if device not in self._already:
@@ -334,9 +344,39 @@ class OncePerPs:
         with tf.control_dependencies([self._locks[device]]):
           self._already[device] = tf.greater_equal(vector.sparse_read(self._slot_on(device))[0], self._mark,
                                                    name=DECISION)
+    expected = self._expected.get(device, set())
+    if strategy_lib.variable_id(variable) in expected:
+      expected.remove(strategy_lib.variable_id(variable))
+      self._held.setdefault(device, []).append(apply)
+      if expected:
+        with tf.device(device):
+          return tf.no_op()
+      return self._conditional(device)
+    before = [self._conditional(device)] if self._held.get(device) else []
+    self._held[device] = [apply]
+    with tf.control_dependencies(before):
+      return self._conditional(device)
+
+  def _conditional(self, device: str) -> tf.Tensor:
+    """The updates held back on `device` (`run`), in one conditional on its decision: they run unless it applied the
+    mark (True where they ran)."""
+    held = self._held.pop(device)
+
+    def apply():
+      ran = [op for update in held for op in update()]
+      with tf.control_dependencies(ran):
+        return tf.constant(True)
+
+    with tf.device(device):
       done = tf.cond(self._already[device], lambda: tf.constant(False), apply)
     self._applied.setdefault(device, []).append(done)
     return done
+
+  def _emit_held(self) -> None:
+    """The updates still held back (an expected update never came), each ps's in one conditional; none expected."""
+    self._expected.clear()
+    for device in sorted(self._held):
+      self._conditional(device)
 
   def step_applied(self, variables: Iterable[tf.Variable]) -> List[tf.Operation]:
     """What a record of the whole step waits for (rule 2): each ps's record (`records`), made after the updates `run`
@@ -347,6 +387,7 @@ class OncePerPs:
   def after_updates_on(self, device: str, parts: Iterable[tf.Variable]) -> list:
     """What runs after the updates so far of `parts` (shards on `device`): those `run` made on `device`, and
     `after_updates` of the parts it did not update."""
+    self._emit_held()
     return self._applied.get(device, []) + self._after_other_updates(parts)
 
   def _after_other_updates(self, parts) -> List[tf.Operation]:
@@ -356,7 +397,8 @@ class OncePerPs:
     """`run` for each `(variable, inputs, update)` of `updates`: `update(*inputs)`, reading copies of `inputs` made on
     the variable's ps. A ps starts its updates once all of its inputs are there, so a worker that dies while sending
     them leaves none of that ps's updates applied (not some of them, which a run again would apply twice). An update
-    given as `(variable, [values, rows], update, True)` changes rows `rows` only (marked as a sparse gradient's)."""
+    given as `(variable, [values, rows], update, True)` changes rows `rows` only (marked as a sparse gradient's). All
+    are `expect`ed: each ps's run in one conditional."""
     moved, arrived = [], {}
     for variable, inputs, update, *sparse in updates:
       with tf.device(variable.device):
@@ -364,6 +406,7 @@ class OncePerPs:
       arrived.setdefault(variable.device, []).extend(copies)
       moved.append((variable, copies, update, tf.IndexedSlices(*copies) if sparse and sparse[0] else None))
     done = []
+    self.expect(variable for variable, *_ in moved)
     for variable, copies, update, rows in moved:
       with tf.control_dependencies(arrived[variable.device]):
         done.append(self.run(variable, lambda update=update, copies=copies: update(*copies), rows))
@@ -375,6 +418,7 @@ class OncePerPs:
   def records(self) -> List[tf.Operation]:
     """Each ps's record of the mark, made after that ps's updates, and the release of its lock after it."""
     if self._made is None:
+      self._emit_held()
       self._made = []
       for device, done in sorted(self._applied.items()):
         with tf.device(device), tf.control_dependencies(done):
