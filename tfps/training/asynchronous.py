@@ -21,6 +21,7 @@ from tfps.training import distinct_rows
 from tfps.training import exactly_once
 from tfps.training import packing
 from tfps.training import ps_records
+from tfps.training import step_order
 from tfps.training import steps as steps_lib
 from tfps.training import tables
 
@@ -103,7 +104,7 @@ class AsyncRunner(steps_lib.Runner):
       loss, count, computed = self._computed(iterator, self._mark(seq, index))
       # After the computation in program order: each ps reads this step's parameters before it applies the last one's,
       # and decides on its updates of the last step once all those reads are done (`ps_records.OncePerPs`).
-      reads = ps_records.after_reads(self.step.variables())
+      reads = step_order.after_reads(self.step.variables())
       self._apply(held, pending, self._mark(seq, index - 1), reads)
       flat, _ = _flat_gradients(computed[0])
       return (index + 1, self._loss_sum(loss_sum, loss), examples + tf.cast(count, tf.int64), *flat)

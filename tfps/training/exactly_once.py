@@ -16,7 +16,7 @@ ps's updates of a step and its record of them, are `tfps.training.ps_records`; r
    leaves each ps with all or none of its updates of that step applied (a ps does not wait for another's gradients;
    rule 3 applies the rest). (Not for an optimizer that clips or scales its gradients: see
    `ps_records.updates_after_every_gradient`.) With pipelined updates a ps also waits for its reads of the next step,
-   which the updates follow (`ps_records.after_reads`): an embedding lookup there awaits the worker's ids, and a ps
+   which the updates follow (`step_order.after_reads`): an embedding lookup there awaits the worker's ids, and a ps
    that applied its dense layers' updates while the table's awaited them was left with the step applied in part when
    the worker died, and the re-run applied that part again.
 2. A step is recorded only after the updates of every variable of the model, on every ps, so a re-run never skips a
@@ -92,7 +92,7 @@ class StepProgress:
 
   def record(self, slot, mark, after):
     """In a scheduled function: its step `mark` (`seq * stride + step index + 1`) is applied, once the ops or tensors
-    in `after` have run (the step's updates: `ps_records.after_updates`). Recording a step again changes nothing."""
+    in `after` have run (the step's updates: `step_order.after_updates`). Recording a step again changes nothing."""
     with tf.device(self.variable.device), tf.control_dependencies(after):
       return self.variable.scatter_max(tf.IndexedSlices(tf.reshape(tf.cast(mark, tf.int64), [1]), slot))
 

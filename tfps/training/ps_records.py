@@ -5,7 +5,7 @@
 `exactly_once.StepProgress`'s progress vector). While a step's updates are traced, `applying_once_per_ps` makes each
 ps start them only once all the step's gradients for that ps are there (rule 1, `updates_after_every_gradient`) and
 skip them where it applied the step already (rule 3, `OncePerPs`); what a record of the whole step waits for (rule 2)
-is `OncePerPs.step_applied`, or `after_updates`.
+is `OncePerPs.step_applied`, or `step_order.after_updates`.
 """
 
 import contextlib
@@ -17,6 +17,7 @@ import tensorflow as tf
 from tfps import _tf_private
 from tfps.training import exactly_once
 from tfps.training import packing
+from tfps.training import step_order
 from tfps.training import strategy as strategy_lib
 from tfps.training import touched_rows
 from tfps.training import wire
@@ -25,45 +26,6 @@ from tfps.training import wire
 # The names of each ps's decision on a step's updates and of its record of them (`OncePerPs`), as found in a
 # partitioned graph (`bench/transfers.py`).
 DECISION, RECORD = "tfps_decision", "tfps_record"
-
-
-def after_updates(variables: Iterable[tf.Variable]) -> List[tf.Operation]:
-  """In a tf.function: one op per ps that runs after the updates so far (in program order) of every one of
-  `variables` on it. A record made after these is made after the whole step."""
-  by_device = {}
-  for variable in variables:
-    for part in strategy_lib.shards_of(variable):
-      # Any op taking the variable's handle is ordered after the variable's earlier updates by tf.function's automatic
-      # control dependencies; this one reads nothing but the shape.
-      by_device.setdefault(part.device, []).append(tf.raw_ops.VariableShape(input=part.handle))
-  return _grouped(by_device)
-
-
-def after_reads(variables: Iterable[tf.Variable]) -> Dict[str, tf.Operation]:
-  """In a tf.function: for each ps, one op (on it) that runs after every op traced so far in the current graph that
-  takes the handle of one of `variables` on that ps (in a loop body: that iteration's reads of them, an embedding
-  lookup among them, which also waits for the ids the worker sends)."""
-  graph = tf.compat.v1.get_default_graph()
-  by_device = {}
-  for variable in variables:
-    for part in strategy_lib.shards_of(variable):
-      handle = _captured(graph, part.handle)
-      if handle is not None and handle.consumers():
-        by_device.setdefault(part.device, []).extend(handle.consumers())
-  return dict(zip(sorted(by_device), _grouped(by_device)))
-
-
-def _captured(graph, tensor):
-  """`tensor` (a variable's handle) as `graph`, a function graph maybe nested in others, captured it (directly, or
-  as the graph around it did); None where it did not."""
-  captures = getattr(graph, "captures", None)
-  if captures is None:
-    return None
-  outer = _captured(getattr(graph, "outer_graph", None), tensor)
-  for external, internal in captures:
-    if external is tensor or (outer is not None and external is outer):
-      return internal
-  return None
 
 
 def counted_after_updates(step, once: "OncePerPs" = None) -> List[tf.Operation]:
@@ -82,17 +44,9 @@ def counted_after_updates(step, once: "OncePerPs" = None) -> List[tf.Operation]:
     return []
   device = step.counter.device
   local = [part for variable in step.variables() for part in strategy_lib.shards_of(variable) if part.device == device]
-  after = after_updates(local) if once is None else once.after_updates_on(device, local)
+  after = step_order.after_updates(local) if once is None else once.after_updates_on(device, local)
   with tf.device(device), tf.control_dependencies(after):
     return [step.count(1)]
-
-def _grouped(by_device: Dict[str, list]) -> List[tf.Operation]:
-  """One op on each device that runs after that device's ops."""
-  groups = []
-  for device, ops in sorted(by_device.items()):
-    with tf.device(device):
-      groups.append(tf.group(*ops))
-  return groups
 
 
 def _on_their_ps(grads_and_vars, bf16_rows: bool = False):
@@ -124,7 +78,7 @@ def _on_their_ps(grads_and_vars, bf16_rows: bool = False):
     for position, part in zip(positions, parts):
       moved[position] = (part, moved[position][1])
     by_device.setdefault(device, []).append(packed)
-  return moved, dict(zip(sorted(by_device), _grouped(by_device)))
+  return moved, dict(zip(sorted(by_device), step_order.grouped(by_device)))
 
 
 @contextlib.contextmanager
@@ -380,18 +334,18 @@ class OncePerPs:
 
   def step_applied(self, variables: Iterable[tf.Variable]) -> List[tf.Operation]:
     """What a record of the whole step waits for (rule 2): each ps's record (`records`), made after the updates `run`
-    made there, and `after_updates` of the shards of `variables` that no `run` updated."""
+    made there, and `step_order.after_updates` of the shards of `variables` that no `run` updated."""
     return self.records() + self._after_other_updates(
         part for variable in variables for part in strategy_lib.shards_of(variable))
 
   def after_updates_on(self, device: str, parts: Iterable[tf.Variable]) -> list:
     """What runs after the updates so far of `parts` (shards on `device`): those `run` made on `device`, and
-    `after_updates` of the parts it did not update."""
+    `step_order.after_updates` of the parts it did not update."""
     self._emit_held()
     return self._applied.get(device, []) + self._after_other_updates(parts)
 
   def _after_other_updates(self, parts) -> List[tf.Operation]:
-    return after_updates(part for part in parts if strategy_lib.variable_id(part) not in self._updated)
+    return step_order.after_updates(part for part in parts if strategy_lib.variable_id(part) not in self._updated)
 
   def run_all(self, updates) -> List[tf.Tensor]:
     """`run` for each `(variable, inputs, update)` of `updates`: `update(*inputs)`, reading copies of `inputs` made on
