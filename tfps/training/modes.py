@@ -87,7 +87,8 @@ class TrainingMode:
       first run still applies it on a ps (its worker died after sending that ps all it needed) is applied there once.
       False takes no such lock, for speed: the steps of different workers no longer take turns on a ps from decision
       to record (measured with the lock and the ps's wait for the learning rate, which stays: a few percent fewer
-      examples/s at 2 ps + 2 workers, at most a few at 1 + 1: docs/failures.md, bench/results/records_lock/NOTES.md);
+      examples/s at 2 ps + 2 workers, at most a few at 1 + 1; switched off alone, side by side, nothing measurable on 2
+      cores: docs/failures.md, bench/results/records_lock/NOTES.md);
       such a step can then be applied twice on that ps, and with `lockfree_row_updates` as well two workers updating
       one table row at once may each overwrite the other's update of it. Sync and geo always take it (not measured
       there: a sync step's updates run one step at a time, a geo push once per `geo_steps` steps).
