@@ -178,10 +178,10 @@ def define_mode_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_boolean("bf16_rows", False, "async: table rows and their gradients cross the network as bfloat16 "
                        "(half their bytes; rows rounded to 8 significant bits).", flag_values=flag_values)
   flags.DEFINE_boolean("records_lock", True, "async: each ps holds a lock from its decision on a step's updates to "
-                       "its record of them (default; switched off side by side with it on, nothing measurable was gained "
-                       "on 2 cores: bench/results/records_lock/NOTES.md). --norecords_lock takes none: a step whose "
-                       "function runs again while its first run still applies it on a ps (its worker died then) can "
-                       "then be applied twice there.", flag_values=flag_values)
+                       "its record of them (default; switched off side by side with it on, nothing measurable was "
+                       "gained on 2 cores: bench/results/records_lock/NOTES.md). --norecords_lock takes none: a step "
+                       "whose function runs again while its first run still applies it on a ps (its worker died then) "
+                       "can then be applied twice there.", flag_values=flag_values)
   declare_program_flags(flag_values, __name__)
 
 
