@@ -100,7 +100,8 @@ def updates_after_every_gradient(optimizer, once: "OncePerPs", bf16_rows: bool =
   def gated(apply_gradients, grads_and_vars, *args, **kwargs):
     moved, gates = _on_their_ps(grads_and_vars, bf16_rows)
     once.decide_after(gates)
-    once.expect(variable for gradient, variable in moved if gradient is not None)
+    updated = [variable for gradient, variable in moved if gradient is not None]
+    once.expect(updated)
     # An optimizer that also writes a variable directly and without waiting for its updates (a current tf-keras
     # optimizer's `iterations`), not through the strategy's update that `once` makes conditional, would write it before
     # the gradients arrive: every op of such an optimizer waits for every ps's gradients instead.
@@ -109,7 +110,6 @@ def updates_after_every_gradient(optimizer, once: "OncePerPs", bf16_rows: bool =
     # coefficients do (read outside the gate above: they wait for no gradient). Under ParameterServerStrategy a worker
     # is one replica: aggregating its gradients is the identity, and an aggregation op left to the worker's default
     # device would send each gradient back there.
-    updated = [variable for gradient, variable in moved if gradient is not None]
     with _tf_private.step_values_on_each_ps(optimizer, updated, once.decide_after), \
         tf.control_dependencies(everywhere), _tf_private.identity_gradient_aggregation(optimizer), \
         _tf_private.prepared_coefficients(optimizer, once.decide_after_coefficients):
