@@ -97,6 +97,16 @@ def test_fit_keeps_its_steps_per_execution_on_the_chief(trained):
   assert tf.DeviceSpec.from_string(variable.device).job == "chief", variable.device
 
 
+def test_fit_places_each_metrics_variables_on_one_ps(trained):
+  """The loss metric's `total` and `count` (made by compile) and the AUC's four variables (made as the step is traced)
+  each on one ps, not one variable per ps in turn: one ps receives a metric's values each step, and no ps another's."""
+  history, _ = trained
+  devices = {metric.name: {variable.device for variable in metric.variables} for metric in history.model.metrics}
+  assert {"loss", "auc"} <= set(devices), devices
+  for name in ("loss", "auc"):
+    assert len(devices[name]) == 1 and "/job:ps/" in devices[name].copy().pop(), (name, devices)
+
+
 def test_fit_takes_the_strategy_options(cluster):
   """What a notebook sets without flags: one shard, and every variable of two rows or more sharded."""
   history = tfps.fit(build_model, train_fn, epochs=1, steps_per_epoch=2, cluster=cluster, num_shards=1)

@@ -343,6 +343,13 @@ def sparse_updates_unsummed(optimizer, distinct: Callable[[tf.Tensor], bool]):
   return swapped(optimizer, "_resource_apply_sparse_duplicate_indices", apply)
 
 
+def colocated_with(kwargs: dict, variable) -> dict:
+  """A variable creator's `kwargs` asking ParameterServerStrategy to place the new variable with `variable` (what
+  `strategy.extended.colocate_vars_with(variable)` sets: its creator scope cannot be entered from inside another
+  creator, which is where tfps decides this)."""
+  return dict(kwargs, colocate_with=variable, use_resource=True)
+
+
 def swapped_handle(variable, handle):
   """While tracing: every op on `variable` (reads, the optimizer's updates) uses `handle` instead of its own.
 

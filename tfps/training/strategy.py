@@ -15,6 +15,7 @@ from tfps.cluster import options as options_lib
 from tfps.cluster import reach
 from tfps.cluster.reach import wait_for_tasks  # pylint: disable=unused-import  (its home before tfps.cluster.reach)
 from tfps.training import initialization
+from tfps.training import metric_placement
 
 DEFAULT_MIN_SHARD_BYTES = options_lib.DEFAULT_MIN_SHARD_BYTES
 _CLUSTERS = weakref.WeakKeyDictionary()  # strategy -> the ClusterConfig it was built for
@@ -44,10 +45,11 @@ class ShardLargeVariables(tf.distribute.experimental.partitioners.Partitioner):
 
 class ParameterServerStrategy(tf.distribute.experimental.ParameterServerStrategy):
   """TensorFlow's strategy, whose scope also creates large variables in place on their ps
-  (`tfps.training.initialization`): each ps then holds one copy of its share of a table, not three while it is created."""
+  (`tfps.training.initialization`): each ps then holds one copy of its share of a table, not three while it is created;
+  and places each metric's variables on one ps (`tfps.training.metric_placement`)."""
 
   def scope(self):
-    return initialization.around(super().scope())
+    return metric_placement.together(initialization.around(super().scope()))
 
 
 def build_cluster_resolver(config: cluster_lib.ClusterConfig) -> tf.distribute.cluster_resolver.ClusterResolver:
