@@ -107,6 +107,33 @@ def test_fit_places_each_metrics_variables_on_one_ps(trained):
     assert len(devices[name]) == 1 and "/job:ps/" in devices[name].copy().pop(), (name, devices)
 
 
+def test_fit_logs_the_mean_of_its_steps_losses_with_the_loss_metric_updated_once_per_function(cluster):
+  """Every batch the same and nothing learned (learning rate 0): each step's loss is the same value, so the epoch's
+  logged loss is that value exactly when the metric took each function's summed loss weighted by its examples (an
+  update left out or weighted wrongly moves it)."""
+  features, labels = examples(64, seed=3)
+  bias = -0.7
+
+  def build():
+    ids = tf_keras.Input((NUM_IDS,), dtype="int64", name="ids")
+    dense = tf_keras.Input((1,), name="dense_in")
+    flat = tf_keras.layers.Flatten()(tf_keras.layers.Embedding(VOCAB, 2)(ids))
+    logit = tf_keras.layers.Dense(1, kernel_initializer="zeros", bias_initializer=tf_keras.initializers.Constant(bias))(
+        tf_keras.layers.Concatenate()([flat, dense]))
+    model = tf_keras.Model({"ids": ids, "dense_in": dense}, tf_keras.layers.Activation("sigmoid")(logit))
+    model.compile(tf_keras.optimizers.legacy.SGD(0.0), "binary_crossentropy")
+    return model
+
+  def train(input_context):
+    del input_context
+    return tf.data.Dataset.from_tensors((features, labels)).repeat()
+
+  history = tfps.fit(build, train, epochs=2, steps_per_epoch=7, cluster=cluster, steps_per_execution=3)
+  p = 1 / (1 + np.exp(-bias))
+  expected = -np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p))
+  np.testing.assert_allclose(history.history["loss"], [expected, expected], rtol=1e-5)
+
+
 def test_fit_takes_the_strategy_options(cluster):
   """What a notebook sets without flags: one shard, and every variable of two rows or more sharded."""
   history = tfps.fit(build_model, train_fn, epochs=1, steps_per_epoch=2, cluster=cluster, num_shards=1)

@@ -51,6 +51,27 @@ def test_steps_per_execution_is_set_on_a_compiled_model():
   assert _tf_private.steps_per_execution(model) == 7
 
 
+def test_a_train_step_updates_the_loss_metric_once_through_its_own_update_state_which_can_be_held_back():
+  model = _model()
+  metric = _tf_private.loss_metric(model)
+  assert isinstance(metric, tf_keras.metrics.Mean) and "update_state" in vars(metric)
+  assert _tf_private.loss_metric(tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(1)])) is None
+
+  @tf.function
+  def step(x, y):
+    updates = []
+    with _tf_private.updates_held(metric, updates):
+      logs = model.train_step((x, y))
+    return len(updates), updates[0][1], logs["loss"]
+
+  held, weight, loss = step(*_data())
+  assert int(held) == 1 and int(weight) == 8  # one update per step, the step's loss weighted by its batch size
+  assert float(metric.count) == 0.0 and float(loss) == 0.0  # held back: the metric never saw the step
+  assert "update_state" in vars(metric) and metric.update_state is not None
+  metric.update_state(2.0, sample_weight=8)
+  assert float(metric.result()) == 2.0
+
+
 def test_exact_evaluation_shards_are_set_and_drop_the_cached_test_function():
   model = _model()
   assert _tf_private.exact_evaluation_shards(model) == 0

@@ -64,6 +64,26 @@ def is_compiled(model) -> bool:
   return bool(model.compiled_loss) or bool(getattr(model, "_is_compiled", False))
 
 
+def loss_metric(model):
+  """The `Mean` tf-keras's compiled loss updates in every step and `fit` logs as "loss" (`compiled_loss`'s private
+  `_total_loss_mean`), or None where the model has none."""
+  return getattr(model.compiled_loss, "_total_loss_mean", None) if model.compiled_loss else None
+
+
+def updates_held(metric, updates: list):
+  """While a step is traced: each `metric.update_state(value, sample_weight=...)` appends `(value, sample_weight)` to
+  `updates` instead of updating the metric (its `update_state` is the instance's own attribute: tf-keras wraps it per
+  instance). Nothing changes where `metric` is None."""
+  if metric is None:
+    return contextlib.nullcontext()
+
+  def held(values, sample_weight=None):
+    updates.append((values, sample_weight))
+    return tf.no_op()
+
+  return swapped(metric, "update_state", held)
+
+
 def set_exact_evaluation_shards(model, shards: int) -> None:
   """Turns on tf-keras's exactly-once evaluation under ParameterServerStrategy (`pss_evaluation_shards` in compile).
 

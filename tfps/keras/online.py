@@ -182,8 +182,7 @@ def _prepare(chief: chief_lib.Chief, build_model: Callable, batches, model_dir: 
 def stream_step(model: tf_keras.Model):
   """The Keras step (`tfps.keras.steps.keras_step`) returning each function's summed loss and examples (the
   loop's `(loss, count)`), where `fit` takes the model's metrics."""
-  return dataclasses.replace(keras_steps.keras_step(model), outputs=lambda loss_sum, examples: (loss_sum, examples),
-                             outputs_use_loss=True)
+  return keras_steps.keras_step(model, metric_results=False)
 
 
 class KerasStreamLoop(online.StreamLoop):

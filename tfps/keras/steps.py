@@ -12,25 +12,47 @@ from tfps.training import steps as steps_lib
 from tfps.training import tables
 
 
-def keras_step(model: tf_keras.Model) -> steps_lib.Step:
-  """The model's `train_step` as a Step; its optimizer counts the steps in `iterations`."""
+def keras_step(model: tf_keras.Model, metric_results: bool = True) -> steps_lib.Step:
+  """The model's `train_step` as a Step; its optimizer counts the steps in `iterations`. Its outputs: the model's
+  metric results (what `fit` logs), or with `metric_results=False` the function's summed loss and examples.
+
+  The loss metric (`fit`'s "loss") is updated once per scheduled function instead of once per step: the update
+  tf-keras's compiled loss makes in each step (the step's loss, weighted by its batch size) is held back, the step
+  returns the weighted loss, the function sums it over its steps on the worker, and after them the metric takes the
+  sum at once (weighted by the function's examples). The metric's ps receives one update per function, not two
+  tensors per step, and the mean `fit` logs is the same. Where a step makes no such update, or more than one (a
+  `train_step` or `compute_loss` of the user's own), each is made in its step as tf-keras makes it."""
+  held_back = []  # whether the trace of the step being built held its loss metric's update back
+
   def run(batch):
-    logs = model.train_step(batch)
-    return logs["loss"], tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
+    updates, metric = [], _tf_private.loss_metric(model)
+    with _tf_private.updates_held(metric, updates):
+      logs = model.train_step(batch)
+    count = tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
+    held_back[:] = [len(updates) == 1 and updates[0][1] is not None]
+    if held_back[0]:
+      value, weight = updates[0]
+      return tf.cast(value, tf.float32) * tf.cast(weight, tf.float32), count
+    for value, weight in updates:
+      metric.update_state(value, sample_weight=weight)
+    return (logs.get("loss", 0.0) if not metric_results else 0.0), count
 
   def forward(batch):
     features, _, _ = tf_keras.utils.unpack_x_y_sample_weight(batch)
     model(features, training=True)
 
   def outputs(loss_sum, examples):
-    del examples  # tf-keras reports the metrics' running results; a re-run may have had no step left to run
-    with tf.control_dependencies([loss_sum]):
-      return model.get_metrics_result()
+    updated = []
+    if held_back and held_back[0]:
+      weight = tf.cast(examples, tf.float32)
+      updated = [_tf_private.loss_metric(model).update_state(tf.math.divide_no_nan(loss_sum, weight),
+                                                             sample_weight=weight)]
+    with tf.control_dependencies([loss_sum] + updated):
+      return model.get_metrics_result() if metric_results else (tf.identity(loss_sum), tf.identity(examples))
 
   return steps_lib.Step(run=run, forward=forward, optimizer=lambda: model.optimizer, variables=lambda: model.variables,
                         trainable_variables=lambda: model.trainable_variables, counter=model.optimizer.iterations,
-                        counts_itself=True, outputs=outputs, tables=lambda: tables.tables_of(model),
-                        outputs_use_loss=False)
+                        counts_itself=True, outputs=outputs, tables=lambda: tables.tables_of(model))
 
 
 def drive_fit(model: tf_keras.Model, runner: steps_lib.Runner, iterator,

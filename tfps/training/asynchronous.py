@@ -70,7 +70,7 @@ class AsyncRunner(steps_lib.Runner):
         loss, count = self._run(self.step.run, batch, slots, mark)
         counted = ps_records.counted_after_updates(self.step, once)
       self._record(slots, mark, once, counted)
-      return index + 1, self._loss_sum(loss_sum, loss), examples + tf.cast(count, tf.int64)
+      return index + 1, loss_sum + tf.cast(loss, tf.float32), examples + tf.cast(count, tf.int64)
 
     state = (first, tf.constant(0.0, tf.float32), tf.constant(0, tf.int64))
     if unrolled > 1:
@@ -107,10 +107,10 @@ class AsyncRunner(steps_lib.Runner):
       reads = step_order.after_reads(self.step.variables())
       self._apply(held, pending, self._mark(seq, index - 1), reads)
       flat, _ = _flat_gradients(computed[0])
-      return (index + 1, self._loss_sum(loss_sum, loss), examples + tf.cast(count, tf.int64), *flat)
+      return (index + 1, loss_sum + tf.cast(loss, tf.float32), examples + tf.cast(count, tf.int64), *flat)
 
     unrolled = self.mode.steps_per_iteration(self.steps_per_execution, _batch_size(iterator))
-    loop = (start + 1, self._loss_sum(tf.constant(0.0, tf.float32), tf.where(ran, tf.cast(loss, tf.float32), 0.0)),
+    loop = (start + 1, tf.where(ran, tf.cast(loss, tf.float32), 0.0),
             tf.where(ran, tf.cast(count, tf.int64), tf.constant(0, tf.int64)), *pending)
     shapes = (tf.TensorShape([]),) * 3 + tuple(invariants)
     if unrolled > 1:
@@ -201,10 +201,6 @@ class AsyncRunner(steps_lib.Runner):
       self.strategy.run(lambda: optimizer.apply_gradients(pairs, *args, **kwargs))
       counted = ps_records.counted_after_updates(self.step, once)
     return self._record(slots, mark, once, counted)
-
-  def _loss_sum(self, loss_sum, loss):
-    # Where the loss is not an output (tf-keras, whose loss is a metric on a ps), it is not read back every step.
-    return loss_sum + tf.cast(loss, tf.float32) if self.step.outputs_use_loss else loss_sum
 
   def schedule(self, iterator, num_steps: int):
     return self.coordinator.schedule(self.function, args=(iterator, tf.constant(num_steps, tf.int64),

@@ -32,8 +32,6 @@ class Step:
       steps and their examples (tf-keras: the model's metric results, which `fit` takes as its logs).
     tables: `fn() -> list`, the model's layers (or their states) that keep tables of their own on the ps
       (`tfps.training.tables`), known once the model is built.
-    outputs_use_loss: whether `outputs` uses `loss_sum`; where it does not (tf-keras, whose loss is a metric on a ps),
-      the async runner does not read each step's loss back from the ps.
   """
 
   run: Callable
@@ -45,7 +43,6 @@ class Step:
   counts_itself: bool
   outputs: Callable[[tf.Tensor, tf.Tensor], Any] = lambda loss_sum, examples: (loss_sum, examples)
   tables: Callable[[], list] = lambda: []
-  outputs_use_loss: bool = True
 
   def count(self, steps) -> Optional[tf.Operation]:
     """Adds `steps` to the counter unless `run` counts itself (then None)."""
