@@ -311,14 +311,15 @@ def modes_table(name: str) -> str:
 
 PROFILE = "loop_index/profile/profile.json"
 SCALE = "scale/quiet/scale.json"  # a quiet hour, 2026-11-28 (the series before it: scale/scale.json)
+DYNAMIC_AGAIN = "scale/dynamic_again/scale.json"  # the dynamic table alone, 3 repetitions, a later hour of 2026-11-28
 RESTORE = {"before": "scale/restore_before/scale.json", "after": "scale/restore_same_ps/scale.json"}  # piecewise restore
 
 
-def scale_targets() -> str:
-  """The aims of the scale series over every size measured, each verdict as bench/scale_summary.py computed it from
-  the unrounded value."""
+def scale_targets(name: str = SCALE) -> str:
+  """The aims of the scale series `name` over every size measured, each verdict as bench/scale_summary.py computed it
+  from the unrounded value."""
   lines = ["| aimed at, over every size of one table | measured | holds |", "| --- | --- | --- |"]
-  for aim, (value, holds) in load(SCALE)["summary"]["targets"].items():
+  for aim, (value, holds) in load(name)["summary"]["targets"].items():
     lines.append(f"| {aim} | {value:.3f} | {'yes' if holds else 'no'} |")
   return "\n".join(lines)
 
@@ -341,6 +342,8 @@ BLOCKS = {
     "modes": lambda: modes_table("modes.json"),
     "scale": lambda: report.scale_table(load(SCALE)["summary"]),
     "scale_targets": scale_targets,
+    "scale_dynamic_again": lambda: report.scale_table(load(DYNAMIC_AGAIN)["summary"]),
+    "scale_dynamic_again_targets": lambda: scale_targets(DYNAMIC_AGAIN),
     "scale_checkpoint": lambda: report.checkpoint_table(load(SCALE)["summary"]),
     "scale_advice": scale_advice,
     "scale_restore_after": lambda: report.checkpoint_table(load(RESTORE["after"])["summary"]),

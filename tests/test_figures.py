@@ -342,6 +342,15 @@ BOUNDS = (
 _D1, _DA = "defaults_1/b256", "defaults_auto/b256"
 
 
+
+def _dynamic_again() -> tuple:
+  """The load range of the dynamic table's series again, and its step medians' median over the quiet hour's."""
+  again = [row for row in _json("scale/dynamic_again/scale.json")["summary"]["rows"] if row["table"] == "dynamic"]
+  quiet = [row for row in _json("scale/quiet/scale.json")["summary"]["rows"] if row["table"] == "dynamic"]
+  loads = [value for row in again for value in row["load_runs"]]
+  return (min(loads), max(loads), statistics.median(row["step_secs"] for row in again)
+          / statistics.median(row["step_secs"] for row in quiet))
+
 PERFORMANCE_PROSE = (
     ("every start and restart traces {:.1f}x as long", "unrolled_steps/first_trace_again.json",
      lambda: _first_trace("unrolled_steps/first_trace_again.json")[:1]),
@@ -360,6 +369,8 @@ PERFORMANCE_PROSE = (
      "defaults_auto/b256", lambda: (_ratio(_D1, "fit_1x1+unroll4", "fit_1x1"), _ratio(_DA, "fit_1x1", "fit_1x1+unroll1"),
                                     _ratio(_D1 + "_4x2", "fit_4x2+unroll4", "fit_4x2"))),
     ("one process ran {:,.0f} ex/s at batch 256", _TP + "b256_1x1", lambda: (_rate(_TP + "b256_1x1", "single"),)),
+    ("(2026-11-28 20:36-20:41 UTC, load {:.1f}-{:.1f}, on a machine whose cores ran every step ~{:.1f}x slower than the quiet hour's",
+     "scale/dynamic_again/scale.json, scale/quiet/scale.json", lambda: _dynamic_again()),
     ("the rows' update arithmetic itself is {:.0f}%", "loop_index/profile/profile.json",
      lambda: (_json("loop_index/profile/profile.json")["tasks"]["ps:0"]["kinds"]
               ["optimizer: sparse Adagrad on table rows"],)),
