@@ -30,18 +30,16 @@ DOC = os.path.join(ROOT, "docs", "performance.md")
 
 _CHECK = flags.DEFINE_boolean("check", False, "Only compare: exit 1 if a block differs from its results.")
 
-# The series of the defaults measured today (3 alternating repetitions each, medians).
-DEFAULTS = ("tutorial_peer/b256_1x1", "tutorial_peer/b256_more", "tutorial_peer/b4096")
+# Today's defaults (each metric's variables on one ps, the loss metric updated once per scheduled function), 2026-11-28
+# evening: tfps.fit and the Estimator path beside the tutorial's peer, the FixedShards peer, one process and the
+# ps's floor, 3 alternating repetitions each, at every shape and both batches (and `--unrolled_steps=4` at 1x1).
+DEFAULTS = ("defaults_3/b256_1x1", "defaults_3/b256_more", "defaults_3/b4096")
 # Pipelined updates beside the default and the tutorial's peer at 1x1 and 2x2, batch 256: two series of 3
 # alternating repetitions, one after the other.
 OVERLAP = ("overlap/b256", "overlap/b256_again")
-# Today's defaults (one step per loop iteration, the ps's fewer ops per step), 2026-11-28: the aims at every shape and
-# both batches, the 1x1 CPU aim beside `--unrolled_steps=4`, and the ps's floor at 2x2. Batch 4096 from
-# `defaults_auto`, whose "auto" chose one step per loop iteration there too (1x1 from its own series, `b4096_1x1`:
-# in `b4096` other work took the core of its 1x1 runs); batch 256 from `defaults_1`, 4x2 from the series that ran the
-# 4x2 variants alone (`b256_4x2`; in `b256` 1.084 and 1.117 at the same load: NOTES.md there).
-CURRENT = ("defaults_auto/b4096", "defaults_auto/b4096_1x1", "defaults_1/b256", "defaults_1/b256_4x2")
-_CURRENT_B256 = "defaults_1/b256"
+# The aims are judged on the same series.
+CURRENT = DEFAULTS
+_CURRENT_B256 = {"1x1": DEFAULTS[0], "2x2": DEFAULTS[1]}
 _PATHS = {"fit": "tfps.fit", "estimator": "Estimator path", "keras_pss": "plain PSS `Model.fit`",
           "keras_pss_fixed": "plain PSS `Model.fit`, FixedShards", "ps_floor": "the ps's floor",
           "single": "one process"}
@@ -54,10 +52,6 @@ _OPTIONS = {"unpacked": "`--nopacked_reads`", "packed": "`--packed_reads`", "pip
 # (switch, results file, variant with it, variant without it): each pair ran side by side in one series.
 SWITCHES = (
     ("`--nopacked_reads`", "packed_default/b256_1x1", "fit_1x1+unpacked", "fit_1x1"),
-    ("`--pipelined_updates`", "sleeping_default", "fit_1x1+pipelined", "fit_1x1"),
-    ("`--pipelined_updates`", "sleeping_default", "estimator_1x1+pipelined", "estimator_1x1"),
-    ("`--pipelined_updates`", "sleeping_default/more", "fit_2x2+pipelined", "fit_2x2"),
-    ("`--pipelined_updates`", "sleeping_default/more", "fit_4x2+pipelined", "fit_4x2"),
     ("`--pipelined_updates`", "sleeping_default/b4096", "fit_1x1+pipelined", "fit_1x1"),
     ("`--pipelined_updates`", OVERLAP[0], "fit_1x1+pipelined", "fit_1x1"),
     ("`--pipelined_updates`", OVERLAP[0], "fit_2x2+pipelined", "fit_2x2"),
@@ -66,14 +60,11 @@ SWITCHES = (
     ("`--unrolled_steps=4`", "unrolled_steps/ab", "fit_1x1", "fit_1x1+unroll1"),
     ("`--unrolled_steps=4`", "unrolled_steps/b4096_2x2", "fit_2x2", "fit_2x2+unroll1"),
     ("`--unrolled_steps=4`", "one_box/b4096_2x2", "fit_2x2+unroll4", "fit_2x2"),
+    ("`--unrolled_steps=4`", DEFAULTS[0], "fit_1x1+unroll4", "fit_1x1"),
     ("`--bf16_rows`", "bf16_rows/b256", "fit_1x1+bf16", "fit_1x1"),
-    ("`--bf16_rows`", "bf16_rows/b256", "estimator_1x1+bf16", "estimator_1x1"),
-    ("`--bf16_rows`", "bf16_rows/b4096", "fit_1x1+bf16", "fit_1x1"),
     ("`--bf16_rows`", "bf16_rows/b4096", "fit_2x2+bf16", "fit_2x2"),
     ("`--lockfree_row_updates`", "defaults_locked_rows/b256_1x1.json", "fit_1x1+lockfree", "fit_1x1"),
-    ("`--lockfree_row_updates`", "loop_index/lock2x2", "fit_2x2+lockfree", "fit_2x2"),
     ("`--thread_spinning`", "sleeping_default", "fit_1x1+spin", "fit_1x1"),
-    ("`--thread_spinning`", "sleeping_default/more", "fit_2x2+spin", "fit_2x2"),
 )
 
 
@@ -245,8 +236,8 @@ def recent_targets() -> str:
   """The aims against today's defaults (`CURRENT`): tfps.fit and the Estimator path at every shape and both batches,
   the 1x1 CPU aim with each run's own CPU beside 4 steps per loop iteration (`--unrolled_steps=4`), and the ps's
   floor at 2x2."""
-  return "\n".join([targets_table(CURRENT)] + cpu_target_rows((_CURRENT_B256,), "fit_1x1+unroll4")
-                   + floor_target_rows((_CURRENT_B256,)))
+  return "\n".join([targets_table(CURRENT)] + cpu_target_rows((_CURRENT_B256["1x1"],), "fit_1x1+unroll4")
+                   + floor_target_rows((_CURRENT_B256["2x2"],)))
 
 
 def switches_table() -> str:
@@ -336,7 +327,7 @@ BLOCKS = {
     "recent_targets": recent_targets,
     "tasks": lambda: tasks_table(DEFAULTS, [("fit_1x1", 256), ("estimator_1x1", 256), ("keras_pss_1x1", 256),
                                             ("ps_floor_1x1", 256), ("single", 256), ("fit_1x1", 4096),
-                                            ("keras_pss_1x1", 4096), ("single", 4096)]),
+                                            ("single", 4096)]),
     "profile": lambda: profile_table(PROFILE),
     "switches": switches_table,
     "modes": lambda: modes_table("modes.json"),

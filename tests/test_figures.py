@@ -166,7 +166,7 @@ class Bound:
 
 
 _PD = "packed_default/"
-_TP = "tutorial_peer/"  # the series against TensorFlow's tutorial peer: bench/tables.py's DEFAULTS
+_TP = "defaults_3/"  # the series against TensorFlow's tutorial peer: bench/tables.py's DEFAULTS
 _THROUGHPUT = "`tfps.fit` against plain tf-keras"
 _OVERLAP = ("overlap/b256", "overlap/b256_again")  # pipelined updates, the default and the tutorial's peer
 FIGURES = (
@@ -339,9 +339,29 @@ BOUNDS = (
           ('assert top_k["top_100"] > 0.08', '"--steps_per_epoch=40"')),
 )
 # Figures in the prose of docs/performance.md (its tables are generated): (quoted text, results file, values).
-_D1, _DA = "defaults_1/b256", "defaults_auto/b256"
 
 
+
+def _scale_flatness(name: str, table: str) -> float:
+  """A scale series' slowest step median over its fastest, for `table`."""
+  return next(value for aim, (value, _) in _json(name)["summary"]["targets"].items()
+              if aim.startswith(f"{table}: slowest step"))
+
+
+def _side_by_side_floor(folder: str) -> tuple:
+  """fit_2x2's ps CPU per step, per ps, over the floor's, in the old and the new runs of a side-by-side folder (the
+  medians of each side's runs)."""
+  def ps_ms(run):
+    cores = [task["cores"] for name, task in run["tasks"].items() if name.startswith("ps")]
+    return 1000 * run["step_secs"] * sum(cores) / len(cores)
+
+  ratios = []
+  for side in ("old", "new"):
+    runs = [run for path in sorted((RESULTS / folder).glob(f"{side}_*.json"))
+            for run in json.loads(path.read_text())["runs"]["results"]]
+    ratios.append(statistics.median(ps_ms(r) for r in runs if r["variant"] == "fit_2x2")
+                  / statistics.median(ps_ms(r) for r in runs if r["variant"] == "ps_floor_2x2"))
+  return tuple(ratios)
 
 def _dynamic_again() -> tuple:
   """The load range of the dynamic table's series again, and its step medians' median over the quiet hour's."""
@@ -354,20 +374,23 @@ def _dynamic_again() -> tuple:
 PERFORMANCE_PROSE = (
     ("every start and restart traces {:.1f}x as long", "unrolled_steps/first_trace_again.json",
      lambda: _first_trace("unrolled_steps/first_trace_again.json")[:1]),
-    ("256 at the edge: {:.2f} in a series of the 4x2 variants alone, {:.2f}-{:.2f} in the full series",
-     "defaults_1/b256{,_4x2}", lambda: (_row(_D1 + "_4x2", "fit_4x2")["vs_keras_pss"],
-                                        *sorted(_row(_D1, f"{path}_4x2")["vs_keras_pss"]
-                                                for path in ("fit", "estimator")))),
-    ("({:,.0f} against {:,.0f} ex/s; {:.2f} against {:.2f} ms of CPU per step) while tfps.fit's CPU per step stayed "
-     "where it was ({:.1f} against {:.1f} ms", "defaults_1/b256, defaults_auto/b256",
-     lambda: (_rate(_D1, "single"), _rate(_DA, "single"), _row(_D1, "single")["cpu_ms_per_step"]["total"],
-              _row(_DA, "single")["cpu_ms_per_step"]["total"], _row(_D1, "fit_1x1")["cpu_ms_per_step"]["total"],
-              _row(_DA, "fit_1x1")["cpu_ms_per_step"]["total"])),
-    ("over the two series tfps.fit's CPU per example is {:.2f}-{:.2f}x one process's", "defaults_1/b256, "
-     "defaults_auto/b256", lambda: tuple(sorted(_row(name, "fit_1x1")["cpu_vs_single"] for name in (_D1, _DA)))),
-    ("measured {:.2f}x and {:.2f}x one step's examples/s at 1x1 and {:.2f}x at 4x2", "defaults_1/b256{,_4x2}, "
-     "defaults_auto/b256", lambda: (_ratio(_D1, "fit_1x1+unroll4", "fit_1x1"), _ratio(_DA, "fit_1x1", "fit_1x1+unroll1"),
-                                    _ratio(_D1 + "_4x2", "fit_4x2+unroll4", "fit_4x2"))),
+    ("tfps.fit ran {:.3f}x one process's examples/s and {:.3f}x its CPU per example", _TP + "b256_1x1",
+     lambda: (_row(_TP + "b256_1x1", "fit_1x1+unroll4")["vs_single"],
+              _row(_TP + "b256_1x1", "fit_1x1+unroll4")["cpu_vs_single"])),
+    ("The ps's floor itself ran {:.3f}x one process's examples/s here", _TP + "b256_1x1",
+     lambda: (_row(_TP + "b256_1x1", "ps_floor_1x1")["vs_single"],)),
+    ("fit_2x2's ps CPU {:.3f}x -> {:.3f}x the floor's side by side", "ps_floor/cross_ps/side_by_side",
+     lambda: _side_by_side_floor("ps_floor/cross_ps/side_by_side")),
+    ("met by the hashed table ({:.3f}); the dynamic one missed it in the quiet series ({:.3f}) and met it in a series "
+     "of its sizes alone at today's code ({:.3f})", "scale/quiet/scale.json, scale/dynamic_again/scale.json",
+     lambda: (_scale_flatness("scale/quiet/scale.json", "hashed"), _scale_flatness("scale/quiet/scale.json", "dynamic"),
+              _scale_flatness("scale/dynamic_again/scale.json", "dynamic"))),
+    ("the ps's CPU per step: {:.2f} ms against the peer's {:.2f} at 1x1", _TP + "b256_1x1",
+     lambda: (_row(_TP + "b256_1x1", "fit_1x1")["cpu_ms_per_step"]["ps"],
+              _row(_TP + "b256_1x1", "keras_pss_1x1")["cpu_ms_per_step"]["ps"])),
+    ("tfps.fit reaches {:.3f}x its examples/s at batch 256 and {:.3f}x at batch 4096", _TP + "b256_1x1, b4096",
+     lambda: (_row(_TP + "b256_1x1", "fit_1x1")["vs_single"], _row(_TP + "b4096", "fit_1x1")["vs_single"])),
+    ("series before it ({:,.0f} ex/s:", "tutorial_peer/b256_1x1", lambda: (_rate("tutorial_peer/b256_1x1", "single"),)),
     ("one process ran {:,.0f} ex/s at batch 256", _TP + "b256_1x1", lambda: (_rate(_TP + "b256_1x1", "single"),)),
     ("(2026-11-28 20:36-20:41 UTC, load {:.1f}-{:.1f}, on a machine whose cores ran every step ~{:.1f}x slower than the quiet hour's",
      "scale/dynamic_again/scale.json, scale/quiet/scale.json", lambda: _dynamic_again()),
