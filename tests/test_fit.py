@@ -107,6 +107,19 @@ def test_fit_places_each_metrics_variables_on_one_ps(trained):
     assert len(devices[name]) == 1 and "/job:ps/" in devices[name].copy().pop(), (name, devices)
 
 
+def test_metrics_made_where_every_variable_is_sharded_are_left_to_the_strategy(cluster):
+  """With `min_shard_bytes=0` a metric's vector variables are sharded too: such a run is placed as the strategy places
+  it (a sharded variable has no one device to place others with), and a scalar metric's still sit together."""
+  strategy, _ = tfps.build_strategy(cluster, min_shard_bytes=0)
+  with strategy.scope():
+    auc = tf_keras.metrics.AUC(num_thresholds=200)
+    copy = auc.__class__.from_config(auc.get_config())  # what tf-keras's evaluation does to compiled metrics
+    mean = tf_keras.metrics.Mean()
+  for metric in (auc, copy):  # four vectors of 200, each in two parts, one on each ps
+    assert len(metric.variables) == 8 and len({v.device for v in metric.variables}) == 2, metric.variables
+  assert len({v.device for v in mean.variables}) == 1
+
+
 def test_fit_logs_the_mean_of_its_steps_losses_with_the_loss_metric_updated_once_per_function(cluster):
   """Every batch the same and nothing learned (learning rate 0): each step's loss is the same value, so the epoch's
   logged loss is that value exactly when the metric took each function's summed loss weighted by its examples (an
