@@ -37,9 +37,6 @@ DEFAULTS = ("defaults_3/b256_1x1", "defaults_3/b256_more", "defaults_3/b4096")
 # Pipelined updates beside the default and the tutorial's peer at 1x1 and 2x2, batch 256: two series of 3
 # alternating repetitions, one after the other.
 OVERLAP = ("overlap/b256", "overlap/b256_again")
-# The aims are judged on the same series.
-CURRENT = DEFAULTS
-_CURRENT_B256 = {"1x1": DEFAULTS[0], "2x2": DEFAULTS[1]}
 _PATHS = {"fit": "tfps.fit", "estimator": "Estimator path", "keras_pss": "plain PSS `Model.fit`",
           "keras_pss_fixed": "plain PSS `Model.fit`, FixedShards", "ps_floor": "the ps's floor",
           "single": "one process"}
@@ -233,11 +230,11 @@ def floor_target_rows(names, size: str = "2x2", batch: int = 256) -> list:
 
 
 def recent_targets() -> str:
-  """The aims against today's defaults (`CURRENT`): tfps.fit and the Estimator path at every shape and both batches,
+  """The aims against today's defaults (`DEFAULTS`): tfps.fit and the Estimator path at every shape and both batches,
   the 1x1 CPU aim with each run's own CPU beside 4 steps per loop iteration (`--unrolled_steps=4`), and the ps's
   floor at 2x2."""
-  return "\n".join([targets_table(CURRENT)] + cpu_target_rows((_CURRENT_B256["1x1"],), "fit_1x1+unroll4")
-                   + floor_target_rows((_CURRENT_B256["2x2"],)))
+  return "\n".join([targets_table(DEFAULTS)] + cpu_target_rows(DEFAULTS[:1], "fit_1x1+unroll4")
+                   + floor_target_rows(DEFAULTS[1:2]))
 
 
 def switches_table() -> str:
