@@ -147,6 +147,37 @@ def test_fit_logs_the_mean_of_its_steps_losses_with_the_loss_metric_updated_once
   np.testing.assert_allclose(history.history["loss"], [expected, expected], rtol=1e-5)
 
 
+def test_a_learning_rate_a_callback_sets_reaches_every_ps(cluster):
+  """The rate 0.1, 0 in the second epoch, 0.1 again in the third (`LearningRateScheduler`, on the chief between
+  scheduled functions): in the second epoch no variable moves on either ps, in the third every one does. The rate's
+  variable sits on one ps; the other reads a copy of it that each scheduled function sets
+  (`tfps.training.rate_copies`), so a copy left behind freezes or moves that ps's variables when it should not."""
+  weights = []
+
+  class Weights(tf_keras.callbacks.Callback):
+
+    def on_train_begin(self, logs=None):
+      weights.append([tf.convert_to_tensor(v).numpy() for v in self.model.trainable_variables])
+
+    def on_epoch_end(self, epoch, logs=None):
+      self.on_train_begin()
+
+  rates = tf_keras.callbacks.LearningRateScheduler(lambda epoch: [0.1, 0.0, 0.1][epoch])
+  history = tfps.fit(build_model, train_fn, epochs=3, steps_per_epoch=6, cluster=cluster, steps_per_execution=3,
+                     callbacks=[rates, Weights()])
+  model = history.model
+  rate = model.optimizer.learning_rate
+  assert float(rate.numpy()) == pytest.approx(0.1)
+  shards = [shard for variable in model.trainable_variables for shard in strategy_lib.shards_of(variable)]
+  assert {tf.DeviceSpec.from_string(shard.device).task for shard in shards} == {0, 1}, [s.device for s in shards]
+  assert tf.DeviceSpec.from_string(rate.device).job == "ps", rate.device
+  names = [variable.name for variable in model.trainable_variables]
+  for name, before, after_1, after_2, after_3 in zip(names, *weights):
+    assert not np.array_equal(before, after_1), f"{name} did not move in epoch 1 (rate 0.1)"
+    np.testing.assert_array_equal(after_1, after_2, err_msg=f"{name} moved in epoch 2 (rate 0)")
+    assert not np.array_equal(after_2, after_3), f"{name} did not move in epoch 3 (rate 0.1 again)"
+
+
 def test_fit_takes_the_strategy_options(cluster):
   """What a notebook sets without flags: one shard, and every variable of two rows or more sharded."""
   history = tfps.fit(build_model, train_fn, epochs=1, steps_per_epoch=2, cluster=cluster, num_shards=1)

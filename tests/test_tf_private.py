@@ -319,6 +319,29 @@ def test_a_legacy_optimizer_hands_its_coefficients_over_before_its_updates(legac
   assert abs(float(coefficients[(device, dtype)]["lr_t"]) - 0.1) < 1e-7
 
 
+def test_a_legacy_optimizers_coefficients_take_the_learning_rate_given_for_their_device():
+  """`learning_rate_variable` and `learning_rate_read`: a legacy optimizer's rate is a variable in `_hyper` once made;
+  while reading, its coefficients (`_prepare_local`, made per device) take the rate given for that device, and its
+  own rate where none is given; after, its own again. None for a schedule or a current optimizer."""
+  optimizer, variable = tf_keras.optimizers.legacy.SGD(0.5), tf.Variable([1.0, 2.0])
+  assert _tf_private.learning_rate_variable(optimizer) is None  # not made yet
+  optimizer.apply_gradients([(tf.constant([1.0, 1.0]), variable)])
+  rate = _tf_private.learning_rate_variable(optimizer)
+  assert isinstance(rate, tf.Variable) and float(rate.numpy()) == 0.5
+  given = {variable.device: tf.constant(0.25)}
+  with _tf_private.learning_rate_read(optimizer, given.get):
+    optimizer.apply_gradients([(tf.constant([1.0, 1.0]), variable)])
+  np.testing.assert_allclose(variable.numpy(), [0.25, 1.25])
+  with _tf_private.learning_rate_read(optimizer, lambda device: None):
+    optimizer.apply_gradients([(tf.constant([1.0, 1.0]), variable)])
+  np.testing.assert_allclose(variable.numpy(), [-0.25, 0.75])
+  assert "_prepare_local" not in vars(optimizer)
+  assert optimizer._hyper["learning_rate"] is rate  # pylint: disable=protected-access
+  schedule = tf_keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
+  assert _tf_private.learning_rate_variable(tf_keras.optimizers.legacy.SGD(schedule)) is None
+  assert _tf_private.learning_rate_variable(tf_keras.optimizers.SGD(0.5)) is None
+
+
 def test_a_current_optimizer_updates_from_the_step_values_copied_before_them_and_changes_no_value():
   """`step_values_on_each_ps`: a current optimizer's updates read the learning rate and `iterations` copied on each
   variable's device when the block opened (a learning rate assigned later is not read), and apply the values its

@@ -75,7 +75,8 @@ def test_with_four_ps_no_ps_waits_for_another_ps_gradients(tmp_path, subprocess_
   ps's gradients). No ps receives a function input in every step (the slot, each ps now makes its own from the
   step's mark), nor sends the optimizer's update group (its `iterations` follows its own ps's updates). The
   Estimator path's step count waits for the updates on its own ps alone (while it waited for every ps's, its ps
-  received 3 signals more per step), so it moves no more than fit (64 and 69 tensors per step over the 4 ps).
+  received 3 signals more per step), so it moves no more than fit (64 and 69 tensors per step over the 4 ps). No ps
+  receives a legacy optimizer's learning rate in a step (each ps but the one holding it did).
 
   Once a ps decided on a step's updates, none of them needs a tensor from another task (on each path, pipelined
   updates too): each ps decided before the learning rate read from the ps holding it had arrived, and a worker that
@@ -106,6 +107,12 @@ def test_with_four_ps_no_ps_waits_for_another_ps_gradients(tmp_path, subprocess_
       assert total(one) <= 20, (name, one["per_step_names"])
       assert not [step for step in one["per_step_names"] if "Func/while/" in step or "/group_deps" in step], (
           name, one["per_step_names"])
+  # A legacy optimizer's learning rate is read on each ps from a copy set once per function (`rate_copies`): no ps
+  # receives it in a step (each ps but its own did, from the ps holding it).
+  for name in ("fit", "estimator", "fit+pipelined"):
+    rate_reads = [step for one in variants[name] for step in one["per_step_names"]
+                  if re.match(r"_Recv \S*/Cast(_\d+)?/ReadVariableOp/", step)]
+    assert not rate_reads, (name, rate_reads)
   # The count (`Cast` of its increment) takes no control signal from another ps.
   count_signal = re.compile(r"_Recv GroupCrossDeviceControlEdges\S*/Cast(_\d+)?/")
   for one in variants["estimator"]:

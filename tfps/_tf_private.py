@@ -209,6 +209,39 @@ def prepared_coefficients(optimizer, seen: Callable[[dict], None]):
   return swapped(optimizer, "_prepare", prepared)
 
 
+def learning_rate_variable(optimizer):
+  """A tf-keras legacy optimizer's `learning_rate` variable, once made (its first `apply_gradients`, or
+  `create_optimizer_slots`); None for another optimizer, or a rate that is a schedule or a callable. Its hyperparameter
+  variables are kept in `_hyper`, made by `_create_hypers`; `optimizer.learning_rate` makes them if they are not."""
+  if not isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer):
+    return None
+  rate = optimizer._hyper.get("learning_rate")  # pylint: disable=protected-access
+  return rate if isinstance(rate, tf.Variable) else None
+
+
+def learning_rate_read(optimizer, read: Callable[[str], object]):
+  """While tracing: a tf-keras legacy optimizer's coefficients on a variable's device (`_prepare_local`, under that
+  device, which reads the learning rate from `_hyper`) take the rate `read(device)` gives, where it gives one (a
+  tensor), else its variable's value as before. No public hook reaches that read: `_hyper["learning_rate"]` is replaced
+  while each device's coefficients are made."""
+  prepare_local = getattr(optimizer, "_prepare_local", None)
+  if learning_rate_variable(optimizer) is None or prepare_local is None:
+    return contextlib.nullcontext()
+
+  def local(var_device, var_dtype, apply_state):
+    value = read(var_device)
+    if value is None:
+      return prepare_local(var_device, var_dtype, apply_state)
+    hyper = optimizer._hyper  # pylint: disable=protected-access
+    rate, hyper["learning_rate"] = hyper["learning_rate"], value
+    try:
+      return prepare_local(var_device, var_dtype, apply_state)
+    finally:
+      hyper["learning_rate"] = rate
+
+  return swapped(optimizer, "_prepare_local", local)
+
+
 @contextlib.contextmanager
 def step_values_on_each_ps(optimizer, variables, seen: Callable[[dict], None]):
   """While tracing: a current (not legacy) tf-keras optimizer's updates of `variables` read its learning rate and step

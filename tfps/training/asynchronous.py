@@ -4,11 +4,12 @@ once per step and shard: `tfps.training.tables.StepMarks`). The dense gradients 
 per ps and step, and by default (`packed_reads`) its small dense variables are read in one (`tfps.training.packing`); a
 legacy Adagrad updates a batch's table rows all at once, under a lock of each table shard (without it with
 `lockfree_row_updates`), and a stacked table's gradient, summed per row on the worker, is not summed again on the ps
-(`tfps.training.distinct_rows`); a scheduled function's loop runs `unrolled_steps` steps per iteration (by default
-1; "auto": 4 with batches of a static size up to 1024, else 1); with `pipelined_updates` a step's updates are applied while the
-next step computes (`tfps.training.modes`); with `bf16_rows` table rows and their gradients cross the network as
-bfloat16 (`tfps.training.wire`); with `records_lock=False` no ps holds a lock from its decision on a step to its
-record (`tfps.training.ps_records.PsRecords`)."""
+(`tfps.training.distinct_rows`); a legacy optimizer's learning rate is read on each ps from a copy there, set once per
+scheduled function (`tfps.training.rate_copies`); a scheduled function's loop runs `unrolled_steps` steps per
+iteration (by default 1; "auto": 4 with batches of a static size up to 1024, else 1); with `pipelined_updates` a
+step's updates are applied while the next step computes (`tfps.training.modes`); with `bf16_rows` table rows and
+their gradients cross the network as bfloat16 (`tfps.training.wire`); with `records_lock=False` no ps holds a lock
+from its decision on a step to its record (`tfps.training.ps_records.PsRecords`)."""
 
 import contextlib
 
@@ -21,8 +22,10 @@ from tfps.training import distinct_rows
 from tfps.training import exactly_once
 from tfps.training import packing
 from tfps.training import ps_records
+from tfps.training import rate_copies
 from tfps.training import step_order
 from tfps.training import steps as steps_lib
+from tfps.training import strategy as strategy_lib
 from tfps.training import tables
 
 
@@ -43,6 +46,8 @@ class AsyncRunner(steps_lib.Runner):
     self.table_marks = tables.StepMarks(self.strategy)  # table layers' bookkeeping, once per step and shard
     # opt-in: the small dense variables of a ps read in one transfer per step
     self.packed_reads = packing.PackedReads() if self.mode.packed_reads else None
+    # a legacy optimizer's learning rate read on each ps from a copy there, set once per function
+    self.rate_copies = rate_copies.RateCopies(strategy_lib.cluster_of(self.strategy).num_ps)
     self._tables = None  # the variables a step gathers rows from, found at the first trace (`_gathered`)
     steps = self._pipelined_steps if self.mode.pipelined_updates else self._steps
     self.function = tf.function(steps, autograph=False)  # a step's errors surface unwrapped
@@ -61,6 +66,7 @@ class AsyncRunner(steps_lib.Runner):
     progress = self.progress
     num_steps = tf.cast(num_steps, tf.int64)
     _, first = progress.begin(seq, num_steps)
+    self.rate_copies.set(self.step.optimizer())
     unrolled = self.mode.steps_per_iteration(self.steps_per_execution, _batch_size(iterator))
 
     def step(index, loss_sum, examples):
@@ -90,6 +96,7 @@ class AsyncRunner(steps_lib.Runner):
     progress = self.progress
     num_steps = tf.cast(num_steps, tf.int64)
     _, first = progress.begin(seq, num_steps)
+    self.rate_copies.set(self.step.optimizer())
     start = tf.minimum(first, num_steps - 1)
     ran = first < num_steps  # else every step was applied already, and the last one is computed for nothing
 
@@ -140,7 +147,7 @@ class AsyncRunner(steps_lib.Runner):
     bf16_rows = self.mode.bf16_rows
     once = ps_records.applying_once_per_ps(optimizer, self.progress.ps_records, self.strategy, slots, mark, after,
                                              bf16_rows)
-    with rows, distinct_rows.applying(optimizer, bf16_rows), once as applying:
+    with rows, distinct_rows.applying(optimizer, bf16_rows), self.rate_copies.reading(optimizer), once as applying:
       yield applying
 
   def _reading(self, batch):

@@ -240,9 +240,10 @@ class OncePerPs:
   def decide_after_coefficients(self, coefficients: dict) -> None:
     """Each ps decides only once the coefficients an optimizer prepared for its updates there are on it
     (`{(device, dtype): {name: value}}`, made on that device: `_tf_private.prepared_coefficients`). The learning
-    rate comes from the ps that holds its variable. Arriving after the decision, it can be lost with a dying worker's
-    step once the ps ran the updates that do not read it (a legacy Adagrad's accumulator rows) and not those that do,
-    nor the record: the step run again then applies that part twice (`bench/transfers.py` lists such updates)."""
+    rate comes from the ps that holds its variable, or a copy on this ps (`tfps.training.rate_copies`). Arriving after
+    the decision, it can be lost with a dying worker's step once the ps ran the updates that do not read it (a legacy
+    Adagrad's accumulator rows) and not those that do, nor the record: the step run again then applies that part
+    twice (`bench/transfers.py` lists such updates)."""
     for (device, _), values in sorted(coefficients.items(), key=lambda item: (item[0][0], item[0][1].name)):
       with tf.device(device):
         self.decide_after({device: tf.group(*[value for value in values.values() if isinstance(value, tf.Tensor)])})
