@@ -65,7 +65,7 @@ class AsyncRunner(steps_lib.Runner):
     step's update of it, and each ps decides on a step's updates after its record of the previous step)."""
     progress = self.progress
     num_steps = tf.cast(num_steps, tf.int64)
-    _, first = progress.begin(seq, num_steps)
+    slot, first = progress.begin(seq, num_steps)
     self.rate_copies.set(self.step.optimizer())
     unrolled = self.mode.steps_per_iteration(self.steps_per_execution, _batch_size(iterator))
 
@@ -74,8 +74,8 @@ class AsyncRunner(steps_lib.Runner):
       slots = ps_records.SlotOfMark(mark, progress.stride)
       with self._applying(slots, mark) as once, self._reading(batch):
         loss, count = self._run(self.step.run, batch, slots, mark)
-        counted = ps_records.counted_after_updates(self.step, once)
-      self._record(slots, mark, once, counted)
+        ps_records.counted_after_updates(self.step, once)
+      once.records()
       return index + 1, loss_sum + tf.cast(loss, tf.float32), examples + tf.cast(count, tf.int64)
 
     state = (first, tf.constant(0.0, tf.float32), tf.constant(0, tf.int64))
@@ -83,6 +83,7 @@ class AsyncRunner(steps_lib.Runner):
       state = tf.while_loop(lambda index, *_: index + unrolled <= num_steps, _repeated(step, unrolled), state,
                             parallel_iterations=1)
     _, loss_sum, examples = tf.while_loop(lambda index, *_: index < num_steps, step, state, parallel_iterations=1)
+    self._record(slot, seq, num_steps, [loss_sum, examples])
     return self.step.outputs(loss_sum, examples)
 
   def _pipelined_steps(self, iterator, num_steps, seq):
@@ -95,9 +96,9 @@ class AsyncRunner(steps_lib.Runner):
     that step's updates (recorded there), and its loss and examples are not counted."""
     progress = self.progress
     num_steps = tf.cast(num_steps, tf.int64)
-    _, first = progress.begin(seq, num_steps)
+    slot, first = progress.begin(seq, num_steps)
     self.rate_copies.set(self.step.optimizer())
-    start = tf.minimum(first, num_steps - 1)
+    start =  tf.minimum(first, num_steps - 1)
     ran = first < num_steps  # else every step was applied already, and the last one is computed for nothing
 
     loss, count, held = self._computed(iterator, self._mark(seq, start))
@@ -125,7 +126,7 @@ class AsyncRunner(steps_lib.Runner):
                            shape_invariants=shapes, parallel_iterations=1)
     _, loss_sum, examples, *pending = tf.while_loop(lambda index, *_: index < num_steps, body, loop,
                                                     shape_invariants=shapes, parallel_iterations=1)
-    self._apply(held, pending, self._mark(seq, num_steps - 1))
+    self._record(slot, seq, num_steps, self._apply(held, pending, self._mark(seq, num_steps - 1)) + [loss_sum, examples])
     return self.step.outputs(loss_sum, examples)
 
   def _mark(self, seq, index):
@@ -174,12 +175,13 @@ class AsyncRunner(steps_lib.Runner):
     tf.function(step, autograph=False).get_concrete_function(tf.nest.map_structure(tf.type_spec_from_value, batch))
     return found
 
-  def _record(self, slots, mark, once, counted):
-    """Records step `mark` (its slot from `slots`, a `SlotOfMark`) applied once its updates (those `once` made, and
-    the others of the step's variables) and its count `counted` have run."""
-    step = self.step
-    after = once.step_applied(step.variables() + [step.counter]) + counted
-    return self.progress.record(slots.on(self.progress.variable.device), mark, after)
+  def _record(self, slot, seq, num_steps, after):
+    """Records all `num_steps` steps of function `seq` (its `slot`, as `progress.begin` gave it) applied, after `after`
+    (the loop's outputs: a loop ends once every op of its last iteration has run, on every ps). Rule 2 once per
+    function, not per step: each step's record waited for every ps's, a control signal from each ps to the one holding
+    the progress in every step. A function run again after a worker died mid-way starts at its first step, and each
+    ps skips the steps it applied (rule 3): those steps are computed again, not applied again."""
+    return self.progress.record(slot, seq * self.progress.stride + tf.cast(num_steps, tf.int64), after)
 
   def _computed(self, iterator, mark):
     """A step's computation alone: `(loss, count, held)`, `held` its `apply_gradients` call held back, as
@@ -200,14 +202,14 @@ class AsyncRunner(steps_lib.Runner):
 
   def _apply(self, held, gradients, mark, after=None):
     """The updates of step `mark`: the `apply_gradients` call `held` (`_computed`) made with `gradients` (flat, as
-    `_flat_gradients` gives them), each ps's after its op in `after`, then the step's records."""
+    `_flat_gradients` gives them), each ps's after its op in `after`, then each ps's record of it (returned)."""
     (grads_and_vars, args, kwargs), optimizer = held, self.step.optimizer()
     pairs = _packed_gradients(grads_and_vars, gradients)
     slots = ps_records.SlotOfMark(mark, self.progress.stride)
     with self._applying(slots, mark, after) as once:
       self.strategy.run(lambda: optimizer.apply_gradients(pairs, *args, **kwargs))
-      counted = ps_records.counted_after_updates(self.step, once)
-    return self._record(slots, mark, once, counted)
+      ps_records.counted_after_updates(self.step, once)
+    return once.records()
 
   def schedule(self, iterator, num_steps: int):
     return self.coordinator.schedule(self.function, args=(iterator, tf.constant(num_steps, tf.int64),

@@ -2,9 +2,9 @@
 
 ParameterServerStrategy runs a function that was on a failed worker again, in full, on another worker, although it
 may already have applied some of its steps to the ps. `StepProgress` records on a ps how many of its steps each
-scheduled function has applied, and a function run again starts after those. Scheduled function number `seq` owns
-slot `seq % SLOTS` of a progress vector and holds absolute values (`seq * stride + steps done`), so a slot needs no
-reset and a re-run knows exactly where its first run stopped.
+scheduled function has applied (the async runner: all of them once they all ran, rule 2), and a function run again
+starts after those. Scheduled function number `seq` owns slot `seq % SLOTS` of a progress vector and holds absolute
+values (`seq * stride + steps done`), so a slot needs no reset.
 
 Four rules keep a step's effect on the ps whole when its worker dies; `tfps.training.asynchronous.AsyncRunner` applies
 all four on both training paths (tf-keras `Model.fit` and the Estimator path's coordinator loop). Rules 1 to 3, each
@@ -19,8 +19,11 @@ ps's updates of a step and its record of them, are `tfps.training.ps_records`; r
    which the updates follow (`step_order.after_reads`): an embedding lookup there awaits the worker's ids, and a ps
    that applied its dense layers' updates while the table's awaited them was left with the step applied in part when
    the worker died, and the re-run applied that part again.
-2. A step is recorded only after the updates of every variable of the model, on every ps, so a re-run never skips a
-   step that did not reach every ps.
+2. A scheduled function is recorded (all its steps at once) only after its loop ended, every op of its steps run on
+   every ps, so a re-run never skips a step that did not reach every ps. A re-run of a function whose worker died
+   mid-way starts at its first step, and each ps skips the steps it applied (rule 3): those are computed again, not
+   applied again. (Recording each step cost a control signal from every other ps to the progress vector's in every
+   step.)
 3. Each ps records the steps it applied, right after its own updates, and a step run again skips the updates its ps
    applied already (`ps_records.PsRecords`). When a worker dies, a ps still awaiting a tensor of its step cancels that
    step, and the cancellation reaches every ps that awaits a signal from that one: measured with two ps, the ps

@@ -4,8 +4,8 @@
 `PsRecords` keeps, beside the variables on every ps, the steps that ps has applied (absolute marks, as in
 `exactly_once.StepProgress`'s progress vector). While a step's updates are traced, `applying_once_per_ps` makes each
 ps start them only once all the step's gradients for that ps are there (rule 1, `updates_after_every_gradient`) and
-skip them where it applied the step already (rule 3, `OncePerPs`); what a record of the whole step waits for (rule 2)
-is `OncePerPs.step_applied`, or `step_order.after_updates`.
+skip them where it applied the step already (rule 3, `OncePerPs`). Rule 2, a scheduled function's record once its
+steps ran on every ps, is `tfps.training.asynchronous.AsyncRunner`'s.
 """
 
 import contextlib
@@ -37,7 +37,7 @@ def counted_after_updates(step, once: "OncePerPs" = None) -> List[tf.Operation]:
   Counted on the counter's ps after the step's updates there (their conditional branches, whether these applied the
   updates or skipped them), directly, not through the strategy's update, as a tf-keras legacy optimizer's
   `iterations` is: a step run again is counted again, and the counter is settled from the records (rule 4). It
-  waits for no other ps (each would send it a control signal in every step): the step's record waits for them all
+  waits for no other ps (each would send it a control signal in every step): the function's record waits for them all
   (rule 2). Made on the counter's ps from nothing of the worker's: a count built on the worker would wait there for
   the updates and go back to the ps, a round trip in every step."""
   if step.counts_itself:
@@ -123,7 +123,7 @@ def updates_after_every_gradient(optimizer, once: "OncePerPs", bf16_rows: bool =
 def applying_once_per_ps(optimizer, records: "PsRecords", strategy, slot, mark, after=None, bf16_rows=False):
   """While a step's updates are traced: rules 1 and 3, each ps starts them once all its gradients are there (and
   the op of `after`, `{device: op}`, on it), and skips them where it applied step `mark` already. Yields the
-  `OncePerPs` (`records()`, each ps's record; `step_applied()`, what a record of the whole step waits for, rule 2).
+  `OncePerPs` (`records()`, each ps's record).
   With `bf16_rows` the rows of sparse gradients travel to the ps as bfloat16.
 
   A tf-keras legacy optimizer's step count (`iterations`) follows its own ps's updates only, not every ps's
@@ -332,12 +332,6 @@ class OncePerPs:
     self._expected.clear()
     for device in sorted(self._held):
       self._conditional(device)
-
-  def step_applied(self, variables: Iterable[tf.Variable]) -> List[tf.Operation]:
-    """What a record of the whole step waits for (rule 2): each ps's record (`records`), made after the updates `run`
-    made there, and `step_order.after_updates` of the shards of `variables` that no `run` updated."""
-    return self.records() + self._after_other_updates(
-        part for variable in variables for part in strategy_lib.shards_of(variable))
 
   def after_updates_on(self, device: str, parts: Iterable[tf.Variable]) -> list:
     """What runs after the updates so far of `parts` (shards on `device`): those `run` made on `device`, and
