@@ -126,7 +126,8 @@ class AsyncRunner(steps_lib.Runner):
                            shape_invariants=shapes, parallel_iterations=1)
     _, loss_sum, examples, *pending = tf.while_loop(lambda index, *_: index < num_steps, body, loop,
                                                     shape_invariants=shapes, parallel_iterations=1)
-    self._record(slot, seq, num_steps, self._apply(held, pending, self._mark(seq, num_steps - 1)) + [loss_sum, examples])
+    last = self._apply(held, pending, self._mark(seq, num_steps - 1))
+    self._record(slot, seq, num_steps, last + [loss_sum, examples])
     return self.step.outputs(loss_sum, examples)
 
   def _mark(self, seq, index):
