@@ -383,6 +383,8 @@ PERFORMANCE_PROSE = (
      lambda: _side_by_side_floor("ps_floor/cross_ps/side_by_side")),
     ("set once per function: {:.3f}x -> {:.3f}x in a later side by side", "ps_floor/rate_copies",
      lambda: _side_by_side_floor("ps_floor/rate_copies")),
+    ("step record (once per function: {:.3f}x -> {:.3f}x,", "ps_floor/step_record",
+     lambda: _side_by_side_floor("ps_floor/step_record")),
     ("met by the hashed table ({:.3f}); the dynamic one missed it in the quiet series ({:.3f}) and met it in a series "
      "of its sizes alone at today's code ({:.3f})", "scale/quiet/scale.json, scale/dynamic_again/scale.json",
      lambda: (_scale_flatness("scale/quiet/scale.json", "hashed"), _scale_flatness("scale/quiet/scale.json", "dynamic"),
