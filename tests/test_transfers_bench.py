@@ -123,15 +123,15 @@ def test_with_four_ps_no_ps_waits_for_another_ps_gradients(tmp_path, subprocess_
 
 def test_unrolled_steps_move_fewer_tensors_per_step_than_one_step_per_loop_iteration(counts, default_fit):
   """Each iteration of the step loop moves its condition and control signals between the ps and the worker: with 4
-  steps per iteration (`--unrolled_steps=4`, or auto's choice at batch 256) a step moves at least 3.5 tensors fewer
-  than with 1, the default (10.25
-  against 14; 10.5 against 15 while the function's slot was a loop variable on the ps, one signal more per iteration;
-  one step per iteration has one loop only: no second loop for the steps left over)."""
+  steps per iteration (`--unrolled_steps=4`, or auto's choice at batch 256) a step moves at least 3 tensors fewer
+  than with 1, the default (9 against 12; 10.25 against 14 before the loss metric was updated once per function and
+  the progress recorded once per function, 10.5 against 15 while the function's slot was a loop variable on the ps,
+  one signal more per iteration; one step per iteration has one loop only: no second loop for the steps left over)."""
   unrolled = counts["fit+unroll4"]
   single = default_fit
   total = lambda counted: counted["per_step"]["send"] + counted["per_step"]["recv"]
   assert unrolled["unrolled_steps"] == 4 and single["unrolled_steps"] == 1
-  assert total(unrolled) <= total(single) - 3.5, (unrolled["per_step"], single["per_step_names"])
+  assert total(unrolled) <= total(single) - 3, (unrolled["per_step"], single["per_step_names"])
   assert unrolled["per_step"]["send"] >= 3  # still the dense weights and both lookups, every step
   assert not single["per_leftover_step"] and unrolled["per_leftover_step"]
 
