@@ -1,7 +1,7 @@
 """Medians of old and new side by side: python3 compare.py DIR (DIR holds old_N.json and new_N.json, or old_N/ and
 new_N/ folders as series.sh writes them)."""
 import json, statistics, sys, glob, os
-base=sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
+base=sys.argv[1]
 data={}
 for side in ("old","new"):
     for path in sorted(glob.glob(f"{base}/{side}_*/throughput.json") + glob.glob(f"{base}/{side}_*.json")):
