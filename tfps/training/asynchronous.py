@@ -98,7 +98,7 @@ class AsyncRunner(steps_lib.Runner):
     num_steps = tf.cast(num_steps, tf.int64)
     slot, first = progress.begin(seq, num_steps)
     self.rate_copies.set(self.step.optimizer())
-    start =  tf.minimum(first, num_steps - 1)
+    start = tf.minimum(first, num_steps - 1)
     ran = first < num_steps  # else every step was applied already, and the last one is computed for nothing
 
     loss, count, held = self._computed(iterator, self._mark(seq, start))
