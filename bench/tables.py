@@ -33,7 +33,7 @@ _CHECK = flags.DEFINE_boolean("check", False, "Only compare: exit 1 if a block d
 # Today's defaults (each metric's variables on one ps, the loss metric updated once per scheduled function), 2026-11-28
 # evening: tfps.fit and the Estimator path beside the tutorial's peer, the FixedShards peer, one process and the
 # ps's floor, 3 alternating repetitions each, at every shape and both batches (and `--unrolled_steps=4` at 1x1).
-DEFAULTS = ("defaults_3/b256_1x1", "defaults_3/b256_more", "defaults_3/b4096")
+DEFAULTS = ("defaults_4/b256_1x1", "defaults_4/b256_more", "defaults_4/b4096")
 # Pipelined updates beside the default and the tutorial's peer at 1x1 and 2x2, batch 256: two series of 3
 # alternating repetitions, one after the other.
 OVERLAP = ("overlap/b256", "overlap/b256_again")

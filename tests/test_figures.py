@@ -166,7 +166,7 @@ class Bound:
 
 
 _PD = "packed_default/"
-_TP = "defaults_3/"  # the series against TensorFlow's tutorial peer: bench/tables.py's DEFAULTS
+_TP = "defaults_4/"  # the series against TensorFlow's tutorial peer: bench/tables.py's DEFAULTS
 _THROUGHPUT = "`tfps.fit` against plain tf-keras"
 _OVERLAP = ("overlap/b256", "overlap/b256_again")  # pipelined updates, the default and the tutorial's peer
 FIGURES = (
