@@ -9,11 +9,11 @@ loads), then counts in each ps's partition of the training function (that ps's p
 `_Send` and `_Recv` ops, each one tensor moved between that ps and another task, served by one gRPC `RecvTensor`
 call. The first loop of the function (`while/` frames) runs `--unrolled_steps` steps per iteration: its counts
 divided by that are per step; a second loop (`while_1/`, the steps left over, one per iteration) is counted apart
-(`per_leftover_step`); the rest (and a loop's exit) happens once per scheduled function. With one ps the output is
-that partition's counts; with more, `{"ps": [counts of ps 0, ps 1, ...]}`. Each per-step transfer is printed with
-its dtype (FLOAT, BFLOAT16 with `--bf16_rows`, ...). Each partition's `received_after_decision` lists the updates
-that need a tensor from another task which the ps's decision on the step did not wait for (none is allowed:
-`tfps/training/ps_records.py`, rule 1).
+(`per_leftover_step`); the rest (and what a loop runs once: the control inputs it waits for, its exits, the signal
+that it ended) happens once per scheduled function. With one ps the output is that partition's counts; with more,
+`{"ps": [counts of ps 0, ps 1, ...]}`. Each per-step transfer is printed with its dtype (FLOAT, BFLOAT16 with
+`--bf16_rows`, ...). Each partition's `received_after_decision` lists the updates that need a tensor from another
+task which the ps's decision on the step did not wait for (none is allowed: `tfps/training/ps_records.py`, rule 1).
 
 `--variants=fit,estimator,fit+bf16,...` counts several configurations in one child, one after another on the same
 cluster (each dumps into a folder of its own): the output is `{"variants": {variant: counts}}`. The workload's
@@ -236,6 +236,10 @@ def received_after_decision(graph: dict) -> List[str]:
 
 
 _LOOP = re.compile(r"^(?:Func/|GroupCrossDeviceControlEdges_\d+/)*(while(?:_\d+)?)/")
+# What a lowered loop runs once, not per iteration, though named in its frame: the control inputs it waits for before
+# its first iteration (`LoopControlInputs`), its exits after the last one, and the signal that it ended (`LoopExecuted`,
+# which ops after the loop wait for).
+_ONCE_PER_LOOP = re.compile(r"^(?:LoopControlInputs|exit|LoopExecuted)(?:_\d+)?/")
 
 
 # The frames a partitioned function's op names carry: function inputs, grouped control edges, loops, their bodies.
@@ -250,6 +254,15 @@ def op_prefix(name: str, depth: int = 2) -> str:
   return "/".join([part for part in parts if part][:depth]) or "(input)"
 
 
+def runs(name: str) -> str:
+  """How often the op `name` of a partitioned training function runs: "per_step" (in the first loop, per iteration),
+  "per_leftover_step" (in the second loop) or "per_function"."""
+  loop = _LOOP.match(name)
+  if not loop or _ONCE_PER_LOOP.match(name[loop.end():]):
+    return "per_function"
+  return "per_step" if loop.group(1) == "while" else "per_leftover_step"
+
+
 def _counted(path: str, nodes: list, unrolled_steps: Optional[int], batch_size: int) -> dict:
   counts = {"per_step": collections.Counter(), "per_leftover_step": collections.Counter(),
             "per_function": collections.Counter()}
@@ -257,11 +270,7 @@ def _counted(path: str, nodes: list, unrolled_steps: Optional[int], batch_size: 
   for name, op, dtype in nodes:
     if op not in ("_Send", "_Recv", "_HostSend", "_HostRecv"):
       continue
-    loop = _LOOP.match(name)
-    if not loop or name[loop.end():].startswith("exit/"):  # a loop's exit runs once, after its last iteration
-      where = "per_function"
-    else:
-      where = "per_step" if loop.group(1) == "while" else "per_leftover_step"
+    where = runs(name)
     counts[where]["send" if "Send" in op else "recv"] += 1
     if where == "per_step":
       names.append(f"{op} {name} {dtype}".rstrip())
