@@ -61,7 +61,7 @@ _JSON = flags.DEFINE_string("json_out", None, "Also write the counts here.")
 _LIST_OPS = flags.DEFINE_boolean("list_ops", False, "Also print each ps partition's ops by type and by name prefix "
                                  "(`op_types`, `op_prefixes` in the output).")
 _DUMP_DIR = flags.DEFINE_string("dump_dir", None, "Dump the graphs into this folder and keep them (default: a "
-                                "temporary one).")
+                                "temporary one): each function's partitions, at each pass after partitioning.")
 
 _NODE = re.compile(r'^node \{\n  name: "([^"]*)"\n  op: "([^"]*)"', re.M)
 # The dtype of a `_Send` (attr T) or `_Recv` (attr tensor_type) within its node's text.
@@ -308,8 +308,9 @@ def main(argv):
   with tempfile.TemporaryDirectory(prefix="tfps_dump_") as temporary:
     dump_dir = _DUMP_DIR.value or temporary
     os.makedirs(dump_dir, exist_ok=True)
-    env = dict(os.environ, TF_DUMP_GRAPH_PREFIX=dump_dir, TF_DUMP_GRAPH_NAME_FILTER="*", TF_DUMP_GRAPH_GROUPS="main",
-               TF_CPP_MIN_LOG_LEVEL="2")
+    # each function's partitions alone (the passes before partitioning are not read here, and cost seconds to write)
+    env = dict(os.environ, TF_DUMP_GRAPH_PREFIX=dump_dir, TF_DUMP_GRAPH_NAME_FILTER="partition",
+               TF_DUMP_GRAPH_GROUPS="main", TF_CPP_MIN_LOG_LEVEL="2")
     args = [sys.executable, os.path.abspath(__file__), f"--path={_PATH.value}", f"--batch_size={_BATCH.value}",
             f"--num_ps={_NUM_PS.value}", f"--child_dump_dir={dump_dir}"]
     args += [f"--steps_per_execution={_SPE.value}"] if _SPE.value else []
