@@ -37,6 +37,7 @@ from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root, for `bench`
 
+from bench import op_names  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tfps.training import modes  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tfps.training import ps_records  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -235,34 +236,6 @@ def received_after_decision(graph: dict) -> List[str]:
   return late
 
 
-_LOOP = re.compile(r"^(?:Func/|GroupCrossDeviceControlEdges_\d+/)*(while(?:_\d+)?)/")
-# What a lowered loop runs once, not per iteration, though named in its frame: the control inputs it waits for before
-# its first iteration (`LoopControlInputs`), its exits after the last one, and the signal that it ended (`LoopExecuted`,
-# which ops after the loop wait for).
-_ONCE_PER_LOOP = re.compile(r"^(?:LoopControlInputs|exit|LoopExecuted)(?:_\d+)?/")
-
-
-# The frames a partitioned function's op names carry: function inputs, grouped control edges, loops, their bodies.
-_FRAMES = re.compile(r"^(?:(?:Func|ConstantFoldingCtrl|_cloop\w*|GroupCrossDeviceControlEdges_\d+|while(?:_\d+)?|body|"
-                     r"_\d+|input|output)/)*")
-
-
-def op_prefix(name: str, depth: int = 2) -> str:
-  """The first `depth` parts of an op's name past its frames (`while/body/_1/while/...`), their numbers dropped:
-  what made the op, as "Adagrad/Adagrad", "wide_deep/deep_mlp", "VariableShape", "enter" (a loop's input)."""
-  parts = [re.sub(r"_\d+$", "", part) for part in _FRAMES.sub("", name).split("/")]
-  return "/".join([part for part in parts if part][:depth]) or "(input)"
-
-
-def runs(name: str) -> str:
-  """How often the op `name` of a partitioned training function runs: "per_step" (in the first loop, per iteration),
-  "per_leftover_step" (in the second loop) or "per_function"."""
-  loop = _LOOP.match(name)
-  if not loop or _ONCE_PER_LOOP.match(name[loop.end():]):
-    return "per_function"
-  return "per_step" if loop.group(1) == "while" else "per_leftover_step"
-
-
 def _counted(path: str, nodes: list, unrolled_steps: Optional[int], batch_size: int) -> dict:
   counts = {"per_step": collections.Counter(), "per_leftover_step": collections.Counter(),
             "per_function": collections.Counter()}
@@ -270,7 +243,7 @@ def _counted(path: str, nodes: list, unrolled_steps: Optional[int], batch_size: 
   for name, op, dtype in nodes:
     if op not in ("_Send", "_Recv", "_HostSend", "_HostRecv"):
       continue
-    where = runs(name)
+    where = op_names.runs(name)
     counts[where]["send" if "Send" in op else "recv"] += 1
     if where == "per_step":
       names.append(f"{op} {name} {dtype}".rstrip())
@@ -281,7 +254,7 @@ def _counted(path: str, nodes: list, unrolled_steps: Optional[int], batch_size: 
   return {"file": os.path.basename(path), "ops": len(nodes), "unrolled_steps": unrolled,
           "received_after_decision": late,
           "op_types": dict(collections.Counter(op for _, op, _ in nodes).most_common()),
-          "op_prefixes": dict(collections.Counter(op_prefix(name) for name, _, _ in nodes).most_common()),
+          "op_prefixes": dict(collections.Counter(op_names.op_prefix(name) for name, _, _ in nodes).most_common()),
           "per_step": {kind: n / unrolled for kind, n in counts["per_step"].items()},
           "per_leftover_step": dict(counts["per_leftover_step"]), "per_function": dict(counts["per_function"]),
           "per_step_names": sorted(names)}

@@ -13,7 +13,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench import transfers  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bench import op_names  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 pytestmark = pytest.mark.slow
 
@@ -193,7 +193,7 @@ def test_an_unknown_variant_option_is_refused_before_any_training(subprocess_env
 
 def test_what_a_loop_runs_once_is_counted_once_per_function():
   """A lowered loop's control inputs, exits and end signal carry its frame's name but run once per function."""
-  assert [transfers.runs(name) for name in (
+  assert [op_names.runs(name) for name in (
       "while/LoopCond/_57/_115", "while/loop_body_control/_65/_38", "while/body/_1/while/concat/_97",
       "GroupCrossDeviceControlEdges_0/while/body/_1/while/NoOp_1/_107", "while_1/LoopCond/_9/_10",
       "while/LoopControlInputs/_49/_26", "while/LoopExecuted/_73/_54", "while/exit/_3/_4", "while/exit_2/_5/_6",
