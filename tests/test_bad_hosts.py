@@ -197,3 +197,38 @@ def test_the_cause_of_an_error_with_several_roots_is_the_first_roots():
       "failed to connect to all addresses; last error: UNKNOWN: ipv4:10.250.114.2:2222: Failed to connect to remote "
       "host: Connection refused")
 
+
+
+# A ps killed and started again before the chief reached it next (tests/test_k8s_runs.py, TensorFlow 2.21).
+RESTARTED_PS_ERROR = """Graph execution error:
+
+Detected at node Minimum/_35 defined at (most recent call last):
+<stack traces unavailable>
+2 root error(s) found.
+  (0) INVALID_ARGUMENT:  Unable to find the relevant tensor remote_handle: Op ID: 23, Output num: 0. One possible \
+cause is that the tensor was accessed after deallocation in a distributed worker setup.
+Additional GRPC error information from remote target /job:ps/replica:0/task:1/device:CPU:0 while calling \
+/tensorflow.eager.EagerService/RunComponentFunction:
+  (1) CANCELLED:  RecvFromRemoteAsync is cancelled.
+Additional GRPC error information from remote target /job:worker/replica:0/task:0 while calling \
+/tensorflow.eager.EagerService/Enqueue:"""
+
+
+def test_a_ps_started_again_under_the_chief_is_named_in_one_line():
+  import tensorflow as tf
+  from tfps.cluster import failures
+  config = cluster_lib.from_hosts(ps_hosts="ps-0:2222,ps-1:2222", worker_hosts="w-0:2222,w-1:2222",
+                                  chief_hosts="chief-0:2222")
+  message = failures.describe_lost_task(tf.errors.InvalidArgumentError(None, None, RESTARTED_PS_ERROR), config)
+  assert message.startswith("task ps:1 at ps-1:2222 was started again and no longer has what this task made there "
+                            "(Unable to find the relevant tensor remote_handle: Op ID: 23, Output num: 0.")
+  assert "\n" not in message and message.endswith("start this task again: it resumes from the last checkpoint")
+  aborted = ("Unable to find a context_id matching the specified one (15117322520186267765). Perhaps the worker was "
+             "restarted, or the context was GC'd?\nAdditional GRPC error information from remote target "
+             "/job:worker/replica:0/task:1 while calling /tensorflow.eager.EagerService/Enqueue:")
+  assert failures.describe_lost_task(tf.errors.AbortedError(None, None, aborted), config).startswith(
+      "task worker:1 at w-1:2222 was started again and no longer has what this task made there (Unable to find a "
+      "context_id matching")
+  # the same error type without a task started again is the user's own error, not a lost task
+  assert failures.describe_lost_task(tf.errors.InvalidArgumentError(None, None, "indices[3] = 9 is not in [0, 5) "
+                                                                    "/job:ps/replica:0/task:1"), config) is None

@@ -15,6 +15,7 @@ import portpicker
 import pytest
 
 import needs
+from tfps.cluster import config as cluster_lib
 from tfps.cluster import job_end
 from tfps.errors import EXIT_LOST_TASK
 from tfps.testing import host_cluster as host_cluster_lib
@@ -79,6 +80,31 @@ def test_a_chief_that_answers_long_after_final_and_an_unlisted_chief_end_within_
   looks = [(0, None, False), (10, MARKER, False)] + [(t, MARKER, False) for t in range(12, 100, 2)]
   now, (status, message) = run(watch(chief=None), looks)  # nothing to probe: never lost, ends 30 s after FINAL
   assert (now, status) == (40, 0) and "the chief is not listed" in message
+
+
+def test_a_worker_ends_when_a_ps_process_ends_before_training_ended_and_not_after():
+  ps = ["ps-a:2222", "ps-b:2222"]
+  worker = job_end.EndWatch("worker:1", CHIEF, "/m/checkpoints/FINAL", None, 60.0, now=0.0, followed_ps=ps)
+  assert worker.look(None, True, 2.0) is None
+  status, message = worker.look(None, True, 4.0, ended_ps=["ps-b:2222"])
+  assert status == EXIT_LOST_TASK and "\n" not in message
+  assert message.startswith("worker:1: the process of ps:1 at ps-b:2222 ended and training has not ended; stopping "
+                            "with status 3 so that a restart policy starts this task again")
+  # at the end of training the ps exit by themselves: not a failure
+  worker = job_end.EndWatch("worker:1", CHIEF, "/m/checkpoints/FINAL", None, 60.0, now=0.0, followed_ps=ps)
+  assert worker.look(MARKER, False, 2.0, ended_ps=ps) is None
+  # a task that follows no ps (a ps; a worker whose supervisor restarts every task) goes on
+  assert watch().look(None, True, 2.0, ended_ps=ps) is None
+
+
+@pytest.mark.parametrize("task_type,environ,followed", [
+    ("worker", {}, ["a:1", "b:1"]),
+    ("worker", {"TFPS_PS_FAILURE_RESTARTS_ALL": "1"}, []),  # tfps-launch, a JobSet
+    ("ps", {}, [])])
+def test_only_a_worker_follows_its_ps_and_not_where_every_task_restarts(task_type, environ, followed):
+  config = cluster_lib.ClusterConfig(ps_hosts=("a:1", "b:1"), worker_hosts=("c:1",), chief_hosts=("d:1",),
+                                     task_type=task_type, task_index=0)
+  assert job_end.followed_ps_of(config, environ) == followed
 
 
 def test_the_marker_is_read_where_the_chief_writes_it(tmp_path):

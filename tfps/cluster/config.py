@@ -26,6 +26,9 @@ DEFAULT_THREAD_SPINNING = False
 # How long a ps or worker waits for a silent chief before it fails (`tfps.cluster.job_end`): long enough for a chief
 # pod to be scheduled again and its image pulled.
 DEFAULT_LOST_CHIEF_TIMEOUT_SECS = 600.0
+# Set by a supervisor that starts every task again when a ps fails (tfps-launch; a JobSet's failure policy): its
+# workers need not end themselves when a ps's process ends (`tfps.cluster.job_end`).
+PS_FAILURE_RESTARTS_ALL_ENV = "TFPS_PS_FAILURE_RESTARTS_ALL"
 DEFAULT_CONNECT_TIMEOUT_SECS = 60.0  # the chief waits this long for every task; a task for its own name to resolve
 
 Hosts = Union[str, Sequence[str], None]

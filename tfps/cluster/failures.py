@@ -1,7 +1,9 @@
 """A training cluster task lost mid-run, said in one line: which task, its address, what to check.
 
 TensorFlow reports a lost ps as an `UnavailableError` whose text names the task (`/job:ps/replica:0/task:1`) among
-pages of gRPC detail; the chief then cannot go on without a restart from its last checkpoint.
+pages of gRPC detail; the chief then cannot go on without a restart from its last checkpoint. A ps already started
+again when the chief next reaches it answers that what the chief made there is gone (an `InvalidArgumentError` or
+`AbortedError` naming the task); the chief cannot go on either.
 """
 
 import re
@@ -18,16 +20,21 @@ _HEADER = re.compile(r"Graph execution error:|Detected at node .* defined at \(m
 _FRAME = re.compile(r"\s+File \".*\", line \d+, in .*|\s{4}.*")
 _NODE_TAG = re.compile(r"\{\{[^}]*\}\}\s*")
 _ROOT_NUMBER = re.compile(r"^\(\d+\) [A-Z_]+:\s+")
+# What a task started again answers about what the chief made on its previous process (TensorFlow 2.21)
+_RESTARTED = ("Unable to find the relevant tensor remote_handle", "Unable to find a context_id")
 
 
 def describe_lost_task(error: BaseException, config: cluster_lib.ClusterConfig) -> Optional[str]:
-  """The one-line message for `error` if it is TensorFlow's `UnavailableError` naming a task of `config`, else None.
+  """The one-line message for `error` if it is TensorFlow's `UnavailableError` naming a task of `config`, or its
+  error about a task started again (module docstring), else None.
 
   A ps named anywhere in the text is the one reported (a worker's error often relays the ps it could not reach).
   """
-  if type(error).__name__ != "UnavailableError":
-    return None
   text = getattr(error, "message", None) or str(error)
+  restarted = type(error).__name__ in ("InvalidArgumentError", "AbortedError") and any(
+      marker in text for marker in _RESTARTED)
+  if type(error).__name__ != "UnavailableError" and not restarted:
+    return None
   named = _TASK.findall(text)
   if not named:
     return None
@@ -36,6 +43,9 @@ def describe_lost_task(error: BaseException, config: cluster_lib.ClusterConfig) 
   hosts = config.hosts(job)
   address = hosts[index] if index < len(hosts) else "(not in the cluster)"
   detail = cause(text)
+  if restarted:
+    return (f"task {job}:{index} at {address} was started again and no longer has what this task made there "
+            f"({detail}); start this task again: it resumes from the last checkpoint")
   return (f"task {job}:{index} at {address} became unreachable ({detail}); check that it runs and that its host is "
           "reachable, then start this task again: it resumes from the last checkpoint")
 

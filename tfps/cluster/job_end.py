@@ -21,6 +21,14 @@ prints one line naming it and exits with status 3 (`EXIT_LOST_TASK`), a failure,
 again (with the chief, under a JobSet's failure policy) and a job whose chief never comes back fails instead of
 holding its nodes. A chief restarted within that time finds its ps and workers still there.
 
+A worker also follows its ps: where a ps's process ends while training has not ended (`process_watch`: noticed at
+once, however soon the ps is started again), the worker prints one line naming it and exits with status 3, so that
+its restart policy starts it again beside the restarted ps and chief. A worker that served a ps's previous process
+can stall the restarted chief: in a TFJob run (ps and chief started again, workers left running) the chief's first
+steps waited 126 to 206 s, again after each restart, until gRPC ended the stuck calls ("Too many pings"); with the
+workers started again beside them, no run stalled. Where a supervisor already starts every task again when a ps fails
+(tfps-launch, a JobSet's failure policy), it sets `TFPS_PS_FAILURE_RESTARTS_ALL` and workers do not end themselves.
+
 Where the chief is not listed in the cluster (a notebook's coordinator), nothing can be probed: the task exits with 0
 `UNLISTED_CHIEF_GRACE_SECS` after a marker appeared, and never for a lost chief.
 """
@@ -29,13 +37,14 @@ import os
 import sys
 import threading
 import time
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 from absl import logging
 import tensorflow as tf
 
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import ports
+from tfps.cluster import process_watch
 from tfps.errors import EXIT_LOST_TASK
 from tfps.errors import exit_now
 
@@ -74,11 +83,13 @@ class EndWatch:
     initial_marker: the marker's text when this task started (None: none).
     lost_chief_timeout_secs: how long a chief may stay silent while training has not ended.
     now: the time of the start (monotonic seconds).
+    followed_ps: the addresses of the ps whose process ending ends this task (a worker's ps; else none).
   """
 
   def __init__(self, task: str, chief: Optional[str], marker_path: str, initial_marker: Optional[str],
-               lost_chief_timeout_secs: float, now: float):
+               lost_chief_timeout_secs: float, now: float, followed_ps: Sequence[str] = ()):
     self.task, self.chief, self.marker_path = task, chief, marker_path
+    self.followed_ps = list(followed_ps)
     self.initial_marker = initial_marker
     self.timeout_secs = lost_chief_timeout_secs
     self.marker_new = initial_marker is None
@@ -86,9 +97,10 @@ class EndWatch:
     self.last_answer = now
     self.ended_at: Optional[float] = None
 
-  def look(self, marker: Optional[str], chief_answered: bool, now: float) -> Optional[Outcome]:
-    """What one look found: the marker's text (None: none) and whether the chief answered. Returns the outcome
-    once the task should end, else None."""
+  def look(self, marker: Optional[str], chief_answered: bool, now: float,
+           ended_ps: Sequence[str] = ()) -> Optional[Outcome]:
+    """What one look found: the marker's text (None: none), whether the chief answered, and the followed ps whose
+    process ended since the last look. Returns the outcome once the task should end, else None."""
     if marker is None or marker != self.initial_marker:
       self.marker_new = True
     if chief_answered:
@@ -98,7 +110,7 @@ class EndWatch:
       self.ended_at = now
     if not ended:
       self.ended_at = None
-      return self._lost(now)
+      return self._ps_ended(ended_ps) or self._lost(now)
     silent_secs = now - self.last_answer
     if self.chief is None:
       return self._end("the chief is not listed") if now - self.ended_at >= UNLISTED_CHIEF_GRACE_SECS else None
@@ -110,6 +122,16 @@ class EndWatch:
 
   def _end(self, why: str) -> Outcome:
     return 0, f"training ended ({self.marker_path}) and {why}: {self.task} exits"
+
+  def _ps_ended(self, ended_ps: Sequence[str]) -> Optional[Outcome]:
+    followed = [address for address in ended_ps if address in self.followed_ps]
+    if not followed:
+      return None
+    names = ", ".join(f"ps:{self.followed_ps.index(address)} at {address}" for address in followed)
+    return EXIT_LOST_TASK, (
+        f"{self.task}: the process of {names} ended and training has not ended; stopping with status "
+        f"{EXIT_LOST_TASK} so that a restart policy starts this task again beside the restarted ps and chief (a "
+        "worker that served a ps's previous process can stall the restarted chief)")
 
   def _lost(self, now: float) -> Optional[Outcome]:
     if self.chief is None or now - self.last_answer < self.timeout_secs:
@@ -127,14 +149,23 @@ def _exit(outcome: Outcome) -> None:
   exit_now(status, None if status == 0 else f"{os.path.basename(sys.argv[0])}: {message}")
 
 
+def followed_ps_of(config: cluster_lib.ClusterConfig, environ) -> Sequence[str]:
+  """The ps a task follows (module docstring): a worker's, unless `environ` says a ps failure restarts every task."""
+  if config.task_type != "worker" or environ.get(cluster_lib.PS_FAILURE_RESTARTS_ALL_ENV):
+    return []
+  return list(config.ps_hosts)
+
+
 def watch_job_end(config: cluster_lib.ClusterConfig, model_dir: str,
                   lost_chief_timeout_secs: float = DEFAULT_LOST_CHIEF_TIMEOUT_SECS,
                   interval_secs: float = PROBE_INTERVAL_SECS,
                   on_end: Callable[[Outcome], None] = _exit) -> threading.Thread:
   """Starts a daemon thread that ends this ps or worker task as the module docstring says (`on_end(outcome)`)."""
   chief = config.chief_hosts[0] if config.chief_hosts else None
+  followed_ps = followed_ps_of(config, os.environ)
   watch = EndWatch(f"{config.task_type}:{config.task_index}", chief, final_marker_path(model_dir),
-                   read_marker_text(model_dir), lost_chief_timeout_secs, time.monotonic())
+                   read_marker_text(model_dir), lost_chief_timeout_secs, time.monotonic(), followed_ps)
+  processes = process_watch.ProcessWatch(followed_ps)
 
   def run():
     while True:
@@ -145,11 +176,12 @@ def watch_job_end(config: cluster_lib.ClusterConfig, model_dir: str,
           answered = True
         except OSError:
           pass
-      outcome = watch.look(read_marker_text(model_dir), answered, time.monotonic())
+      ended_ps = processes.wait(interval_secs)  # returns at once when a followed ps's process ends
+      outcome = watch.look(read_marker_text(model_dir), answered, time.monotonic(), ended_ps)
       if outcome is not None:
+        processes.close()
         on_end(outcome)
         return
-      time.sleep(interval_secs)
 
   thread = threading.Thread(target=run, name="tfps-job-end", daemon=True)
   thread.start()

@@ -10,8 +10,8 @@ completes. Which to choose, and what each does on each failure: docs/kubernetes.
     evaluator are started again alone (restart policy OnFailure); workers and the chief start once every ps is ready.
   - TFJob: the operator writes each pod's TF_CONFIG (names `<name>-<type>-<index>.<namespace>.svc:2222`, the
     evaluator in the cluster); restart policy OnFailure for every replica type: a failed ps or chief is started
-    again and the chief resumes from its last checkpoint (a lost ps makes the chief exit with status 3), a failed
-    worker is started again alone and rejoins. Pods still running at the end are removed (cleanPodPolicy Running).
+    again and the chief resumes from its last checkpoint (a lost ps makes the chief exit with status 3, and each
+    worker, which follows its ps: `tfps.cluster.job_end`), a failed worker is started again alone and rejoins. Pods still running at the end are removed (cleanPodPolicy Running).
   - Plain Kubernetes: a headless Service `<name>` and an Indexed Job per task type (`<name>-ps`: pods with hostname
     `<name>-ps-0`... in the Service's subdomain), restart policy OnFailure; tfps derives the cluster at start from
     TFPS_ variables and JOB_COMPLETION_INDEX (`tfps.cluster.config.from_pod_environ`).
@@ -165,7 +165,9 @@ def build_jobset(spec: JobSpec) -> dict:
   when a ps fails."""
   replicated = []
   for job in sorted(spec.jobs(), key=START_ORDER.index):
-    container = _container(spec, pod_env(spec, job, JOBSET_HOST_PATTERN))
+    # the failure policy recreates the set when a ps fails: workers need not end themselves then (`job_end`)
+    container = _container(spec, pod_env(spec, job, JOBSET_HOST_PATTERN) + [
+        {"name": cluster_lib.PS_FAILURE_RESTARTS_ALL_ENV, "value": "1"}])
     if job in SERVER_JOBS:  # ready once it serves: the chief and workers start after every ps is
       container["readinessProbe"] = {"tcpSocket": {"port": spec.port}, "periodSeconds": 2}
     ps_job = job == "ps"  # a failed ps has lost its variables: no pod restart, its Job fails and the set restarts

@@ -91,7 +91,7 @@ class NotGrpcError(OSError):
   """A task's address accepts TCP connections but does not answer as a gRPC (HTTP/2) server."""
 
 
-_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # + empty SETTINGS
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # + empty SETTINGS
 _HTTP2_SETTINGS = 4
 
 
@@ -100,7 +100,7 @@ def check_speaks_grpc(connection: socket.socket, timeout_secs: float) -> None:
   every TensorFlow server does at once; another program on the port would make the chief hang in TensorFlow."""
   connection.settimeout(timeout_secs)
   try:
-    connection.sendall(_HTTP2_PREFACE)
+    connection.sendall(HTTP2_PREFACE)
     header = b""
     while len(header) < 9:
       chunk = connection.recv(9 - len(header))

@@ -66,6 +66,7 @@ def shared_environ(base: Optional[Dict[str, str]] = None, verbose: bool = False,
   env["GRPC_FAIL_FAST"] = "use_caller"
   env["TF_USE_LEGACY_KERAS"] = "1"
   env["PYTHONUNBUFFERED"] = "1"
+  env[cluster_lib.PS_FAILURE_RESTARTS_ALL_ENV] = "1"  # tfps-launch starts every task again when a ps fails
   return env
 
 
