@@ -9,8 +9,9 @@ be opened (the server not yet up, a silent host) is tried again at every `wait`;
 Imports no TensorFlow.
 """
 
-import select
+import selectors
 import socket
+import time
 import struct
 from typing import Dict, List, Sequence
 
@@ -82,11 +83,15 @@ class ProcessWatch:
   def wait(self, timeout_secs: float) -> List[str]:
     """Waits up to `timeout_secs`; returns the addresses whose server process ended since it was connected."""
     self._connect()
-    by_socket = {connection.socket: address for address, connection in self.connections.items()}
-    readable = select.select(list(by_socket), [], [], timeout_secs)[0]  # with none held: sleeps
+    if not self.connections:
+      time.sleep(timeout_secs)
+      return []
+    with selectors.DefaultSelector() as selector:  # epoll: a process with 1,024 descriptors open is beyond select()
+      for address, connection in self.connections.items():
+        selector.register(connection.socket, selectors.EVENT_READ, address)
+      ready = [key.data for key, _ in selector.select(timeout_secs)]
     gone = []
-    for sock in readable:
-      address = by_socket[sock]
+    for address in ready:
       connection = self.connections[address]
       if not connection.read():
         connection.close()
