@@ -47,7 +47,9 @@ def test_sync_mode_learns_each_raw_ids_label(cluster):
 
 
 def test_geo_mode_learns_each_raw_ids_label_with_one_row_per_id(cluster):
-  history = tfps.fit(build_model, dataset_fn, epochs=2, steps_per_epoch=60, sync_mode="geo", cluster=cluster)
+  # rounds of 5 steps: a round's steps are traced unrolled, so its function costs CPU per step of the round
+  history = tfps.fit(build_model, dataset_fn, epochs=2, steps_per_epoch=60,
+                     sync_mode=tfps.TrainingMode("geo", geo_steps=5), cluster=cluster)
   model = history.model
   assert history.history["ids_table/occupancy"][-1] == NUM_IDS, history.history
   assert history.history["ids_table/fallbacks"][-1] == 0
@@ -125,7 +127,7 @@ def test_estimator_path_trains_checkpoints_and_exports_the_table(cluster, tmp_pa
 def test_estimator_path_in_geo_mode_learns_each_raw_ids_label_with_exact_clocks(cluster, tmp_path):
   """Geo on the Estimator path: the model_fn's table finds its rows on the ps in each round's discovery (once per
   batch and shard), and the rounds train local copies of those rows."""
-  config = tfps.RunConfig(save_checkpoints_steps=1000, sync_mode="geo", geo_steps=10)
+  config = tfps.RunConfig(save_checkpoints_steps=1000, sync_mode="geo", geo_steps=5)
   estimator = tfps.Estimator(model_fn, model_dir=str(tmp_path / "model"), config=config, cluster=cluster)
   results = tfps.train_and_evaluate(estimator, tfps.TrainSpec(train_input_fn, max_steps=160),
                                     tfps.EvalSpec(eval_input_fn, steps=None, throttle_secs=0))

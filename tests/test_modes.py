@@ -113,29 +113,31 @@ def trained_alone_on(worker, steps):
 
 
 def test_geo_round_trains_a_local_copy_and_pushes_its_difference(cluster):
-  """One round of 10 steps on one worker leaves on the ps exactly what 10 steps of one process on that worker's batch
-  give: the pull, the local steps (dense copies, cached rows of both table shards, Adagrad's slots) and the push."""
-  history = tfps.fit(build_model, per_worker_batches, epochs=1, steps_per_epoch=10,
-                     sync_mode=tfps.TrainingMode("geo", geo_steps=10), cluster=cluster)
-  assert int(history.model.optimizer.iterations.numpy()) == 10
+  """One round of 5 steps on one worker leaves on the ps exactly what 5 steps of one process on that worker's batch
+  give: the pull, the local steps (dense copies, cached rows of both table shards, Adagrad's slots) and the push.
+  (Rounds of 5 steps in these tests: a round's steps are traced unrolled, its function's CPU grows with them.)"""
+  history = tfps.fit(build_model, per_worker_batches, epochs=1, steps_per_epoch=5,
+                     sync_mode=tfps.TrainingMode("geo", geo_steps=5), cluster=cluster)
+  assert int(history.model.optimizer.iterations.numpy()) == 5
   features, _ = combined()
   predictions = history.model(features).numpy()
-  gaps = [np.abs(predictions - trained_alone_on(worker, 10)(features).numpy()).max() for worker in (0, 1)]
+  gaps = [np.abs(predictions - trained_alone_on(worker, 5)(features).numpy()).max() for worker in (0, 1)]
   assert min(gaps) < 1e-5, gaps
   assert max(gaps) > 1e-3  # the two workers' batches train apart: the check tells which one ran
 
 
 def test_geo_fit_learns_with_rounds_on_both_workers_and_records_progress_within_epochs(cluster, tmp_path):
-  history = tfps.fit(build_model, per_worker_batches, epochs=2, steps_per_epoch=100, sync_mode="geo",
-                     cluster=cluster, model_dir=str(tmp_path), log_every_secs=0.05)
+  history = tfps.fit(build_model, per_worker_batches, epochs=2, steps_per_epoch=100,
+                     sync_mode=tfps.TrainingMode("geo", geo_steps=5), cluster=cluster, model_dir=str(tmp_path),
+                     log_every_secs=0.05)
   features, labels = combined()
   assert int(history.model.optimizer.iterations.numpy()) == 200
   assert loss_of(history.model, features, labels) < 0.5 * loss_of(trained_alone(features, labels, steps=0),
                                                                  features, labels)
-  # The step moves at each round's push (10 steps), read by the progress thread between the epochs' ends too.
+  # The step moves at each round's push (5 steps), read by the progress thread between the epochs' ends too.
   train = [r for r in run_records.read_run(str(tmp_path))["progress"] if r["kind"] == "train"]
   within = [r["step"] for r in train if r["step"] % 100]
-  assert within and all(step % 10 == 0 for step in within), [r["step"] for r in train]
+  assert within and all(step % 5 == 0 for step in within), [r["step"] for r in train]
 
 
 def test_pipelined_fit_and_estimator_learn_on_both_workers_each_step_counted_once(cluster, tmp_path, info_log):
@@ -159,12 +161,12 @@ def test_pipelined_fit_and_estimator_learn_on_both_workers_each_step_counted_onc
 
 def test_geo_estimator_round_matches_single_process_on_one_worker_batch(cluster, tmp_path):
   estimator = tfps.Estimator(model_fn, model_dir=str(tmp_path), cluster=cluster,
-                             config=tfps.RunConfig(sync_mode="geo", geo_steps=10, log_step_count_steps=10))
-  estimator.train(per_worker_batches, max_steps=10)
+                             config=tfps.RunConfig(sync_mode="geo", geo_steps=5, log_step_count_steps=10))
+  estimator.train(per_worker_batches, max_steps=5)
   features, labels = combined()
   results = estimator.evaluate(lambda: tf.data.Dataset.from_tensors((features, labels)), steps=None)
-  assert results["global_step"] == 10
-  gaps = [abs(results["loss"] - loss_of(trained_alone_on(worker, 10), features, labels)) for worker in (0, 1)]
+  assert results["global_step"] == 5
+  gaps = [abs(results["loss"] - loss_of(trained_alone_on(worker, 5), features, labels)) for worker in (0, 1)]
   assert min(gaps) < 1e-5, gaps
   estimator.train(per_worker_batches, max_steps=60)  # rounds on both workers
   assert estimator.evaluate(lambda: tf.data.Dataset.from_tensors((features, labels)), steps=None)["loss"] < \
