@@ -11,7 +11,8 @@ completes. Which to choose, and what each does on each failure: docs/kubernetes.
   - TFJob: the operator writes each pod's TF_CONFIG (names `<name>-<type>-<index>.<namespace>.svc:2222`, the
     evaluator in the cluster); restart policy OnFailure for every replica type: a failed ps or chief is started
     again and the chief resumes from its last checkpoint (a lost ps makes the chief exit with status 3, and each
-    worker, which follows its ps: `tfps.cluster.job_end`), a failed worker is started again alone and rejoins. Pods still running at the end are removed (cleanPodPolicy Running).
+    worker, which follows its ps: `tfps.cluster.job_end`), a failed worker is started again alone and rejoins. Pods
+    still running at the end are removed (cleanPodPolicy Running).
   - Plain Kubernetes: a headless Service `<name>` and an Indexed Job per task type (`<name>-ps`: pods with hostname
     `<name>-ps-0`... in the Service's subdomain), restart policy OnFailure; tfps derives the cluster at start from
     TFPS_ variables and JOB_COMPLETION_INDEX (`tfps.cluster.config.from_pod_environ`).
