@@ -98,8 +98,8 @@ def test_each_kind_survives_a_worker_and_a_ps_failure_and_ends_exact(hosts, tmp_
     # ended: `tfps.cluster.job_end`) and the chief (it exits 3 when it loses the ps)
     later = pods.events[1:]
     assert set(later) == {"ps-1 exited -9", "worker-0 exited 3", "worker-1 exited 3", "chief-0 exited 3"}, later
-    assert [later.count(f"{name} exited {code}") for name, code in (("ps-1", -9), ("worker-0", 3), ("worker-1", 3))] == [
-        1, 1, 1], later
+    once = [f"{name} exited {code}" for name, code in (("ps-1", -9), ("worker-0", 3), ("worker-1", 3))]
+    assert [later.count(event) for event in once] == [1, 1, 1], later
     assert pods.set_restarts == 0
     # Workers left running beside the restarted ps stalled the restarted chief's first steps until gRPC ended the
     # stuck calls ("Too many pings", 126-153 s, again after each restart of the chief)
