@@ -729,8 +729,13 @@ FAILURES_PROSE = (
 MODES_PROSE = tuple(prose for prose in FAILURES_PROSE if prose[2] is _lock_cost)
 
 
+GEO_START_PROSE = (
+    ("took {:.2f} CPU-s with rounds of 5 steps, {:.2f} with 10 and {:.2f} with 20: {:.2f} CPU-s per step of the round",
+     "geo_start.json", lambda: tuple(run["fit_cpu_secs"] for run in _json("geo_start.json")["runs"]) + (
+         _json("geo_start.json")["cpu_secs_per_round_step"],)),
+)
 _DOC_PROSE = [("online.md", *p) for p in ONLINE_PROSE] + [("repeatability.md", *p) for p in REPEATABILITY_PROSE] + [
-    ("failures.md", *p) for p in FAILURES_PROSE] + [("modes.md", *p) for p in MODES_PROSE]
+    ("failures.md", *p) for p in FAILURES_PROSE] + [("modes.md", *p) for p in MODES_PROSE + GEO_START_PROSE]
 
 
 @pytest.mark.parametrize("doc,template,source,values", _DOC_PROSE, ids=[f"{p[0]}:{p[1][:40]}" for p in _DOC_PROSE])
