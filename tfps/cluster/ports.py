@@ -92,7 +92,7 @@ class NotGrpcError(OSError):
 
 
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # + empty SETTINGS
-_HTTP2_SETTINGS = 4
+HTTP2_SETTINGS = 4
 
 
 def check_speaks_grpc(connection: socket.socket, timeout_secs: float) -> None:
@@ -109,5 +109,5 @@ def check_speaks_grpc(connection: socket.socket, timeout_secs: float) -> None:
       header += chunk
   except OSError as e:
     raise NotGrpcError(f"no HTTP/2 answer ({e.strerror or 'timed out'})") from None
-  if len(header) < 9 or header[3] != _HTTP2_SETTINGS:
+  if len(header) < 9 or header[3] != HTTP2_SETTINGS:
     raise NotGrpcError(f"answered {header[:9]!r}, not HTTP/2")

@@ -11,14 +11,14 @@ Imports no TensorFlow.
 
 import selectors
 import socket
-import time
 import struct
+import time
 from typing import Dict, List, Sequence
 
 from tfps.cluster import ports
 
 _HEADER = 9  # an HTTP/2 frame: 3 bytes length, type, flags, 4 bytes stream id
-_SETTINGS, _PING, _GOAWAY = 4, 6, 7
+_PING, _GOAWAY = 6, 7
 _ACK = 1
 
 
@@ -51,8 +51,8 @@ class _Connection:
       kind, flags, payload = self.buffer[3], self.buffer[4], self.buffer[_HEADER:_HEADER + length]
       self.buffer = self.buffer[_HEADER + length:]
       try:
-        if kind == _SETTINGS and not flags & _ACK:
-          self.socket.sendall(_frame(_SETTINGS, _ACK))
+        if kind == ports.HTTP2_SETTINGS and not flags & _ACK:
+          self.socket.sendall(_frame(ports.HTTP2_SETTINGS, _ACK))
         elif kind == _PING and not flags & _ACK:
           self.socket.sendall(_frame(_PING, _ACK, payload))
       except OSError:
