@@ -163,7 +163,7 @@ def _recording(record: Callable, rows_of: Callable = lambda layer, ids: ids):
   every table layer with an id map on the ps (`tfps.training.tables.answering`) calls `record(layer, rows_of(layer,
   ids))` (the rows of its ids on the ps, for the round's own trace) and answers zeros."""
   def zeros(ids, width, dtype):
-    return tf.zeros(tf.concat([tf.shape(ids), [width]], 0), dtype)
+    return _each_id(lambda ids: tf.zeros(tf.concat([tf.shape(ids), [width]], 0), dtype), ids)
 
   def answer(layer, ids, original):
     del original
@@ -176,6 +176,11 @@ def _recording(record: Callable, rows_of: Callable = lambda layer, ids: ids):
 
   with _tf_private.embedding_calls(answer), tables_lib.answering(table_answer):
     yield
+
+
+def _each_id(fn: Callable, ids):
+  """`fn(ids)`, or for ragged ids (a tf-keras Embedding takes them) `fn` of their values, in the same rows."""
+  return tf.ragged.map_flat_values(fn, ids) if isinstance(ids, tf.RaggedTensor) else fn(ids)
 
 
 def _key(table) -> tuple:
@@ -201,6 +206,9 @@ class GeoRunner(steps_lib.Runner):
       _tf_private.create_optimizer_slots(optimizer, step.trainable_variables())
       self.progress = exactly_once.StepProgress(1, step.counter)
     self.progress.ps_records = ps_records.PsRecords()  # each ps takes a round's push once
+    # Made now where the variables exist (those of variables made by the first trace are made then, and a tf.function
+    # whose first trace makes variables is traced twice).
+    self.progress.ps_records.make_for([*step.variables(), step.counter])
     self.table_marks = tables_lib.StepMarks(self.strategy)  # table layers' bookkeeping, once per batch and shard
     self._names = _LocalNames()
     self._functions: Dict[object, Callable] = {}
@@ -255,24 +263,32 @@ class GeoRunner(steps_lib.Runner):
     with tf.control_dependencies([recorded]):
       return self.step.outputs(tf.identity(loss), tf.identity(examples))
 
-  def _tables_of(self, batch) -> Dict[tuple, object]:
-    """The tables the step looks up (by tracing the forward pass in a scratch graph, which never runs)."""
-    found = {}
+  def _calls_of(self, batch) -> Dict[tuple, "_Calls"]:
+    """How the step's forward pass calls each table it looks up (by tracing it in a scratch graph, which never runs)."""
+    found: Dict[tuple, _Calls] = {}
+
+    def record(layer, ids):
+      del ids
+      found.setdefault(_key(layer.embeddings), _Calls(layer.embeddings)).per_batch += 1
+
+    def rows_of(layer, ids):  # a table layer's call: `record` follows
+      found.setdefault(_key(layer.embeddings), _Calls(layer.embeddings)).table_layer = True
+      return ids
 
     def forward(batch):
-      with _recording(lambda layer, ids: found.setdefault(_key(layer.embeddings), layer.embeddings)):
+      with _recording(record, rows_of):
         self.step.forward(batch)
 
     def replicated(batch):
       self.strategy.run(forward, args=(batch,))
 
-    tf.function(replicated).get_concrete_function(tf.nest.map_structure(tf.TensorSpec.from_tensor, batch))
+    tf.function(replicated).get_concrete_function(tf.nest.map_structure(tf.type_spec_from_value, batch))
     return found
 
-  def _dense_copies(self, optimizer, batch) -> List[_Dense]:
+  def _dense_copies(self, optimizer, calls: Dict[tuple, "_Calls"]) -> List[_Dense]:
     """Local copies (pulled) of every variable of the model and the optimizer but the tables and their slots."""
     table_parts = set()
-    for table in self._tables_of(batch).values():
+    for table in (entry.table for entry in calls.values()):
       for shard in strategy_lib.shards_of(table):
         table_parts.update([strategy_lib.variable_id(shard)] +
                            [strategy_lib.variable_id(slot) for slot in self._slots(shard)])
@@ -295,48 +311,51 @@ class GeoRunner(steps_lib.Runner):
   def _round(self, iterator, num_steps: int, slot, seq):
     optimizer = self.step.optimizer()
     batches = [steps_lib.next_batch(iterator, index) for index in range(num_steps)]
-    dense = self._dense_copies(optimizer, batches[0])  # 1. Pull.
+    calls = self._calls_of(batches[0])
+    dense = self._dense_copies(optimizer, calls)  # 1. Pull.
+    stack = _Stack(batches)
     with contextlib.ExitStack() as swaps:
       for copy in dense:
         swaps.enter_context(_tf_private.swapped_handle(copy.variable, copy.handle))
       # 2. Discover the ids of every table (on the local dense copies); cache their rows. A table layer with an id
       # map on the ps finds (admits, evicts) the rows of its ids there, once per batch and shard (`table_marks`).
-      tables, table_rows = self._discover(dense, batches, slot, seq)
+      with tf.control_dependencies([copy.pull for copy in dense]):
+        tables, found_rows = self._discover(stack, calls, slot, seq)
       fills = [copy.pull for copy in dense] + [cache[4] for table in tables.values() for cache in table.caches]
       for table in tables.values():
         for variable, handle, *_ in table.caches:
           swaps.enter_context(_tf_private.swapped_handle(variable, handle))
 
       # 3. Train on the local copies.
-      losses, examples = self._train_locally(optimizer, batches, tables, table_rows, fills)
+      loss, examples = self._train_locally(optimizer, stack, tables, found_rows, fills)
     # 4. Push the differences (the variables answer from the ps again), once per ps: each ps adds them once all of its
     # differences are there, and a round run again after its worker died in the middle of its push skips the ps that
     # took it (the round's mark is `seq + 1`).
     once = self.progress.ps_records.once_per_ps(slot, seq + 1)
-    with tf.control_dependencies(losses):
+    with tf.control_dependencies([loss]):
       updates = [update for part in list(dense) + list(tables.values()) for update in part.updates()]
       pushes = [copy.pull for copy in dense if copy.resident] + once.run_all(updates)
     if not self.step.counts_itself:  # where the optimizer does not count (its `iterations` is pushed)
       with tf.control_dependencies(pushes):
         pushes.append(once.run(self.step.counter, lambda: self.step.count(num_steps)))
     with tf.control_dependencies(pushes + once.records()):
-      return tf.add_n(losses), tf.add_n(examples), self.step.counter.read_value()
+      return loss, examples, self.step.counter.read_value()
 
-  def _discover(self, dense, batches, slot, seq):
-    """Step 2 of a round: runs the forward pass of every batch on the local dense copies, recording the ids (and
-    rows) each table layer is called with; returns `(tables, table_rows)`: a `_Table` per table, and the rows of each
-    call of a table layer, in the order of the calls."""
-    seen: Dict[tuple, list] = {}
-    owners: Dict[tuple, Callable] = {}
-    table_rows: Dict[tuple, list] = {}  # the rows of each call of a table layer, in the order of the calls
+  def _discovery_pass(self, batch, mark, slot, owners: Dict[tuple, Callable]):
+    """The forward pass of one batch on the local dense copies, recording each table's calls; returns `(ids, rows)`:
+    per table key, the ids (flat, int64) of each call, and for a table layer the rows each call found on the ps
+    (int64, shaped as its ids; -1: none). Sets `owners[key]` for a table layer (its `row_owners`)."""
+    ids_of: Dict[tuple, list] = {}
+    rows_found: Dict[tuple, list] = {}
 
     def record(layer, ids):
-      seen.setdefault(_key(layer.embeddings), [layer.embeddings]).append(tf.reshape(ids, [-1]))
+      ids_of.setdefault(_key(layer.embeddings), []).append(
+          tf.cast(tf.reshape(ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids, [-1]), tf.int64))
 
     def rows_of(layer, ids):
-      rows = layer.rows_of(ids, training=True)
+      rows = tf.cast(layer.rows_of(ids, training=True), tf.int64)
       owners[_key(layer.embeddings)] = layer.row_owners
-      table_rows.setdefault(_key(layer.embeddings), []).append(rows)
+      rows_found.setdefault(_key(layer.embeddings), []).append(rows)
       flat = tf.reshape(rows, [-1])
       return tf.boolean_mask(flat, flat >= 0)
 
@@ -344,33 +363,102 @@ class GeoRunner(steps_lib.Runner):
       with _recording(record, rows_of), self.table_marks.marking(slot, mark):
         self.step.forward(batch)
 
-    with tf.control_dependencies([copy.pull for copy in dense]):
-      for index, batch in enumerate(batches):
-        self.strategy.run(forward, args=(batch, seq * MARK_STRIDE + index + 1))
-    tables = {key: _Table(entry[0], tf.concat(entry[1:], 0), self._slots, self._names, owners.get(key))
-              for key, entry in seen.items()}
-    return tables, table_rows
+    self.strategy.run(forward, args=(batch, mark))
+    return ids_of, rows_found
 
-  def _train_locally(self, optimizer, batches, tables, table_rows, fills):
-    """Step 3 of a round: trains on every batch against the local copies; returns `(losses, examples)`."""
+  def _discover(self, stack: "_Stack", calls: Dict[tuple, "_Calls"], slot, seq):
+    """Step 2 of a round, in a loop traced once: each iteration runs one batch's `_discovery_pass` and writes its
+    calls' ids and rows into TensorArrays (`calls`: how many calls of each table a pass makes, from `_calls_of`).
+    Returns `(tables, found_rows)`: a `_Table` per table, and `found_rows(index)(key, call)`: the rows call `call` of
+    table layer `key` found for batch `index` (a scalar tensor)."""
+    owners: Dict[tuple, Callable] = {}
+    keys = list(calls)
+    layout = [(key, call, kind) for key in keys for call in range(calls[key].per_batch)
+              for kind in (("ids", "rows") if calls[key].table_layer else ("ids",))]
+
+    def body(index, *arrays):
+      ids_of, rows_found = self._discovery_pass(stack.batch_at(index),
+                                                seq * MARK_STRIDE + tf.cast(index, tf.int64) + 1, slot, owners)
+      made = {"ids": ids_of, "rows": rows_found}
+      if [(key, len(ids_of.get(key, ()))) for key in keys] != [(key, calls[key].per_batch) for key in keys]:
+        raise RuntimeError(f"the forward pass called the tables {ids_of.keys()} otherwise than in its first trace")
+      return (index + 1, *[array.write(index, made[kind][key][call])
+                           for array, (key, call, kind) in zip(arrays, layout)])
+
+    arrays = [tf.TensorArray(tf.int64, size=stack.size, infer_shape=False) for _ in layout]
+    _, *arrays = tf.while_loop(lambda index, *_: index < stack.size, body, (tf.constant(0), *arrays),
+                               parallel_iterations=1)
+    written = dict(zip(layout, arrays))
+    tables = {key: _Table(calls[key].table, tf.concat([written[key, call, "ids"].concat()
+                                                       for call in range(calls[key].per_batch)], 0),
+                          self._slots, self._names, owners.get(key))
+              for key in keys}
+    return tables, lambda index: lambda key, call: written[key, call, "rows"].read(index)
+
+  def _train_locally(self, optimizer, stack: "_Stack", tables, found_rows, fills):
+    """Step 3 of a round: trains on every batch against the local copies, in a loop traced once; returns the summed
+    loss and examples. `found_rows` is `_discover`'s."""
     def lookup(layer, ids, original):
-      return original(layer, tables[_key(layer.embeddings)].virtual_ids(ids))
+      return original(layer, _each_id(tables[_key(layer.embeddings)].virtual_ids, ids))
 
-    def lookup_rows(layer, ids):  # the rows its call of the same batch found in step 2
-      key = _key(layer.embeddings)
-      rows = tf.reshape(table_rows[key].pop(0), [-1])
-      local = tf.where(rows >= 0, tables[key].virtual_ids(tf.maximum(rows, 0)), -1)
-      return tf.reshape(layer.lookup_rows(local), tf.concat([tf.shape(ids), [layer.dim]], 0))
+    def train(batch, rows_of_call):
+      made: Dict[tuple, int] = {}
 
-    def train(batch):
+      def lookup_rows(layer, ids):  # the rows its call of the same batch found in step 2
+        key = _key(layer.embeddings)
+        made[key] = made.get(key, -1) + 1
+        rows = tf.reshape(rows_of_call(key, made[key]), [-1])
+        local = tf.where(rows >= 0, tables[key].virtual_ids(tf.maximum(rows, 0)), -1)
+        return tf.reshape(layer.lookup_rows(local), tf.concat([tf.shape(ids), [layer.dim]], 0))
+
       with tables_lib.answering(lookup_rows):
         return self.step.run(batch)
 
-    losses, examples = [], []
+    def body(index, loss_sum, examples):
+      with tf.control_dependencies([loss_sum]):  # each step after the one before
+        loss, count = self.strategy.run(train, args=(stack.batch_at(index), found_rows(index)))
+      return index + 1, loss_sum + tf.cast(loss, tf.float32), examples + tf.cast(count, tf.int64)
+
     with _tf_private.embedding_calls(lookup), _tf_private.identity_gradient_aggregation(optimizer):
-      for batch in batches:
-        with tf.control_dependencies(fills + losses[-1:]):
-          loss, count = self.strategy.run(train, args=(batch,))
-        losses.append(tf.cast(loss, tf.float32))
-        examples.append(tf.cast(count, tf.int64))
-    return losses, examples
+      with tf.control_dependencies(fills):
+        start = (tf.constant(0), tf.constant(0.0), tf.constant(0, tf.int64))
+      _, loss_sum, examples = tf.while_loop(lambda index, *_: index < stack.size, body, start, parallel_iterations=1)
+    return loss_sum, examples
+
+
+class _Calls:
+  """How a round's forward pass calls one table: `per_batch` calls (a layer may be called more than once), and
+  whether it is a table layer with an id map on the ps (`table_layer`)."""
+
+  def __init__(self, table):
+    self.table = table
+    self.per_batch = 0
+    self.table_layer = False
+
+
+class _Stack:
+  """A round's batches in TensorArrays, one per component tensor of the batch structure (a sparse or ragged tensor
+  has several): `batch_at(index)` reads batch `index` (a scalar tensor) as the most specific type all batches share
+  (a last batch may be smaller)."""
+
+  def __init__(self, batches: list):
+    self.size = len(batches)
+    specs = [tf.nest.map_structure(tf.type_spec_from_value, batch) for batch in batches]
+    self._spec = tf.nest.map_structure(lambda spec, *others: spec.most_specific_common_supertype(others), *specs)
+    flat = [tf.nest.flatten(batch, expand_composites=True) for batch in batches]
+    self._columns = [_tensor_array([batch[k] for batch in flat]) for k in range(len(flat[0]))]
+
+  def batch_at(self, index):
+    return tf.nest.pack_sequence_as(self._spec, [column.read(index) for column in self._columns],
+                                    expand_composites=True)
+
+
+def _tensor_array(tensors: List[tf.Tensor]) -> tf.TensorArray:
+  """The tensors in a TensorArray whose reads have the static shape they share."""
+  shape = tensors[0].shape
+  for tensor in tensors[1:]:
+    shape = shape.most_specific_compatible_shape(tensor.shape)
+  array = tf.TensorArray(tensors[0].dtype, size=len(tensors), element_shape=shape, infer_shape=False)
+  for index, tensor in enumerate(tensors):
+    array = array.write(index, tensor)
+  return array
