@@ -81,6 +81,16 @@ def test_unrolled_steps_flag_takes_a_number_or_auto_and_refuses_anything_else_in
       _mode(f"--unrolled_steps={value}")
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--geo_steps=5"], "`geo_steps` (5) applies only to sync_mode=geo, not async"),
+    (["--sync_mode=sync", "--packed_reads"], "`packed_reads` (True) applies only to sync_mode=async, not sync"),
+    (["--sync_mode=sync", "--bf16_rows"], "`bf16_rows` (True) applies only to sync_mode=async, not sync"),
+])
+def test_mode_flags_a_mode_does_not_take_are_refused_in_one_line(args, message):
+  with pytest.raises(UsageError, match="^" + re.escape(message)):
+    _mode(*args)
+
+
 def test_define_flags_twice_is_harmless():
   flag_values = flags.FlagValues()
   flags_lib.define_flags(flag_values)

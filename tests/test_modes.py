@@ -114,8 +114,7 @@ def trained_alone_on(worker, steps):
 
 def test_geo_round_trains_a_local_copy_and_pushes_its_difference(cluster):
   """One round of 5 steps on one worker leaves on the ps exactly what 5 steps of one process on that worker's batch
-  give: the pull, the local steps (dense copies, cached rows of both table shards, Adagrad's slots) and the push.
-  (Rounds of 5 steps in these tests: a round's steps are traced unrolled, its function's CPU grows with them.)"""
+  give: the pull, the local steps (dense copies, cached rows of both table shards, Adagrad's slots) and the push."""
   history = tfps.fit(build_model, per_worker_batches, epochs=1, steps_per_epoch=5,
                      sync_mode=tfps.TrainingMode("geo", geo_steps=5), cluster=cluster)
   assert int(history.model.optimizer.iterations.numpy()) == 5
@@ -124,6 +123,51 @@ def test_geo_round_trains_a_local_copy_and_pushes_its_difference(cluster):
   gaps = [np.abs(predictions - trained_alone_on(worker, 5)(features).numpy()).max() for worker in (0, 1)]
   assert min(gaps) < 1e-5, gaps
   assert max(gaps) > 1e-3  # the two workers' batches train apart: the check tells which one ran
+
+
+class StepsTraced(tf_keras.Model):
+  """A functional model that counts the traces of its training step."""
+  traces = 0
+
+  def train_step(self, data):
+    StepsTraced.traces += 1
+    return super().train_step(data)
+
+
+def ragged_model():
+  ids = tf_keras.Input((None,), dtype="int64", ragged=True, name="ids")
+  table = tf_keras.layers.Embedding(VOCAB, 4, embeddings_initializer=tf_keras.initializers.Constant(0.05),
+                                    name="table")
+  pooled = tf_keras.layers.Lambda(lambda rows: tf.reduce_mean(rows, axis=1))(table(ids))
+  output = tf_keras.layers.Dense(1, kernel_initializer=tf_keras.initializers.GlorotUniform(seed=2))(pooled)
+  model = StepsTraced({"ids": ids}, output)
+  model.compile(tf_keras.optimizers.legacy.Adagrad(0.5), tf_keras.losses.BinaryCrossentropy(from_logits=True))
+  return model
+
+
+def ragged_batches(input_context=None):
+  """10 examples of 1 to 4 ids each (two of them on both table shards), in batches of 4, 4 and 2."""
+  del input_context
+  rng = np.random.default_rng(5)
+  ids = [rng.choice([3, 7, 11, 40_000, 45_000], size=1 + k % 4, replace=False) for k in range(10)]
+  labels = (np.arange(10) % 3 == 0).astype(np.float32).reshape(-1, 1)
+  return tf.data.Dataset.from_tensor_slices(({"ids": tf.ragged.constant(ids, dtype=tf.int64)}, labels)).batch(4)
+
+
+def test_geo_round_traces_the_step_once_whatever_its_length_and_takes_ragged_batches_of_any_size(cluster):
+  """A round of 3 steps on ragged batches of 4, 4 and 2 examples leaves what 3 steps of one process on them give,
+  and the step was traced once, not once per step: a round's steps run in a loop, so its trace does not grow with
+  `geo_steps`; and the round's function was traced once (a first trace that made variables is made again)."""
+  StepsTraced.traces = 0
+  history = tfps.fit(ragged_model, ragged_batches, epochs=1, steps_per_epoch=3,
+                     sync_mode=tfps.TrainingMode("geo", geo_steps=3), cluster=cluster)
+  assert StepsTraced.traces == 1
+  assert int(history.model.optimizer.iterations.numpy()) == 3
+  alone = ragged_model()
+  for features, labels in ragged_batches():
+    alone.train_on_batch(features, labels)
+  features = next(iter(ragged_batches().unbatch().batch(10)))[0]
+  np.testing.assert_allclose(history.model(features).numpy(), alone(features).numpy(), atol=1e-5)
 
 
 def test_geo_fit_learns_with_rounds_on_both_workers_and_records_progress_within_epochs(cluster, tmp_path):
@@ -277,13 +321,11 @@ def test_sync_with_one_replica_per_step_uses_one_batch_per_update(cluster):
 
 @pytest.mark.parametrize("args, message", [
     (["--sync_mode=fast"], "`sync_mode` ('fast') must be one of async, sync, geo"),
-    (["--geo_steps=5"], "`geo_steps` (5) applies only to sync_mode=geo, not async"),
-    (["--sync_mode=sync", "--packed_reads"], "`packed_reads` (True) applies only to sync_mode=async, not sync"),
     (["--sync_mode=geo", "--pipelined_updates"], "`pipelined_updates` (True) applies only to sync_mode=async, not geo"),
-    (["--unrolled_steps=0"], "`unrolled_steps` (0) must be a positive integer, \"auto\" or None"),
-    (["--sync_mode=sync", "--bf16_rows"], "`bf16_rows` (True) applies only to sync_mode=async, not sync"),
 ])
 def test_a_script_given_a_bad_mode_says_so_in_one_line(args, message, subprocess_env):
+  """A bad value and a flag its mode does not take, from a script's command line (each mode's refusals:
+  `test_modes_that_make_no_sense_are_refused`; the flags' reading of them: tests/test_flags.py)."""
   result = subprocess.run([sys.executable, "scripts/train_keras.py", *args], cwd=REPO, env=subprocess_env,
                           capture_output=True, text=True, timeout=120)
   assert result.returncode == 2
