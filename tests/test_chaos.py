@@ -1,13 +1,14 @@
 """Chaos under tfps-launch with real processes: SIGKILL workers, the ps, the chief; SIGTERM the launcher.
 
 Each run trains scripts/train_keras.py, or a model that counts on every ps the steps applied there
-(bench/worker_kills_train.py, or the example scripts with --count_applied_steps: `tfps.testing.applied_steps`), for 4 epochs; the
-steps it counted are the step counter the chief records in the FINAL marker, the steps applied are each ps's
-counter in the final checkpoint. Runs that claim an exact count under failures run the counting models on 2 ps and
-assert both: the step counter is settled from the ps's records (`tfps.training.exactly_once`), so alone it would not
-show a step applied twice or lost. Each run costs a cluster's start-up: kills that do not interfere share a run (the
-ps, then the chief; the chief while it writes a checkpoint, then the ps after the end), and runs of the same kills in
-two modes go side by side.
+(bench/worker_kills_train.py, or the example scripts with --count_applied_steps: `tfps.testing.applied_steps`), for 4
+epochs (3 in runs whose kills need no fourth, 6 in the run with five kills); the steps it counted are the step counter
+the chief records in the FINAL marker, the steps applied are each ps's counter in the final checkpoint. Runs
+that claim an exact count under failures run the counting models on 2 ps and assert both: the step counter is settled
+from the ps's records (`tfps.training.exactly_once`), so alone it would not show a step applied twice or lost. Each run
+costs a cluster's start-up: kills that do not interfere share a run (3 worker kills, then the ps, then the chief; the
+chief while it writes a checkpoint, then the ps after the end), and runs of the same kills in two modes go side by
+side.
 """
 
 import json
@@ -37,10 +38,12 @@ KERAS_ARGS = ("scripts/train_keras.py", "--", f"--epochs={EPOCHS}", f"--steps_pe
 # A model with a counter on each ps whose Adagrad accumulator counts the step updates that reached it.
 COUNTING_ARGS = ("bench/worker_kills_train.py", "--", f"--epochs={EPOCHS}", f"--steps_per_epoch={STEPS}")
 TWO_PS = "--num_ps=2"
-# The ps is killed after the checkpoint at step 1500 and must be restored from it, not from the next one (2000): the
-# run ends there, so no step runs that the assertions do not need.
-ESTIMATOR_STEPS = 2000
-ESTIMATOR_ARGS = ("scripts/train_estimator.py", "--", f"--max_steps={ESTIMATOR_STEPS}", "--save_checkpoints_steps=500",
+# Workers are killed after the checkpoints at steps 250 and 500, the ps after the one at 750, and it must be restored
+# from it, not from the next one (1000): the run ends there, so no step runs that the assertions do not need. At 220
+# steps/s (2 ps, 2 workers, load average 3) 250 steps last 1.1 s, and each kill (0.2 s after its checkpoint) lands in
+# them.
+ESTIMATOR_STEPS = 1000
+ESTIMATOR_ARGS = ("scripts/train_estimator.py", "--", f"--max_steps={ESTIMATOR_STEPS}", "--save_checkpoints_steps=250",
                   "--noinline_eval", "--count_applied_steps")
 
 
@@ -88,6 +91,12 @@ class Run:
 
   def output(self):
     return self.out.read_text()
+
+  def resumed_lines(self):
+    """The chief's own lines on resuming from a backup; not the launcher's quotes ("  | ...") of a dead task's log,
+    which may repeat one."""
+    return [line for line in self.output().splitlines()
+            if "Resumed from the backup at epoch" in line and not line.startswith("  | ")]
 
   def evidence(self, lines=40):
     """What a failed count is read against: the chief's log lines on failures, restarts, checkpoints and settling,
@@ -148,34 +157,68 @@ def kill_after_checkpoints(plan, timeout_secs=240):
     time.sleep(0.05)
 
 
-def test_workers_killed_several_times_every_step_is_applied_and_counted_once(run):
-  """bench/worker_kills.py repeats this run and counts the outcomes. 2 ps: a step cut short can reach one ps and not
-  the other, which the per-ps records complete on the other alone. Beside it (side by side, to save time) the same
-  with pipelined updates: a killed worker also takes the gradients of the step it held back, which the re-run
-  computes again."""
-  jobs = {name: run("--max_restarts=5", TWO_PS, script=COUNTING_ARGS, script_args=args, folder=name)
-          for name, args in (("default", []), ("pipelined", ["--pipelined_updates"]))}
-  kill_after_checkpoints({job: [(epoch, f"worker:{epoch % 2}") for epoch in (1, 2, 3)] for job in jobs.values()})
-  for name, job in jobs.items():
-    code, final = job.finish()
+# The default run of the worker kills also takes the ps kill and then the chief kill (one cluster start-up fewer than a
+# run of their own): 2 epochs more, each kill in an epoch of its own.
+KILLS_EPOCHS = EPOCHS + 2
+
+
+@pytest.fixture(scope="module")
+def worker_kill_runs(tmp_path_factory, module_subprocess_env):
+  """`{name: (Run, exit code, FINAL marker)}` of two runs side by side on 2 ps, "default" and "pipelined" (pipelined
+  updates), each with a worker killed in epochs 2, 3 and 4; the default run (6 epochs) then with ps:0 killed in epoch
+  5 and, once the run resumed, the chief in epoch 6. Each kill lands in an epoch that lasts seconds (a kill after the
+  end would find no backup to resume from)."""
+  tmp_path = tmp_path_factory.mktemp("worker_kills")
+  jobs, leftovers = {}, []
+  try:
+    for name, args in (("default", [f"--epochs={KILLS_EPOCHS}"]), ("pipelined", ["--pipelined_updates"])):
+      (tmp_path / name).mkdir()
+      jobs[name] = Run(tmp_path / name, module_subprocess_env, "--max_restarts=7", TWO_PS, script=COUNTING_ARGS,
+                       script_args=args)
+    worker_kills = [(epoch, f"worker:{epoch % 2}") for epoch in (1, 2, 3)]
+    kill_after_checkpoints({jobs["default"]: worker_kills + [(4, "ps:0")], jobs["pipelined"]: worker_kills})
+    default = jobs["default"]
+    deadline = time.monotonic() + 240
+    while not (default.resumed_lines() and (default.model_dir / "checkpoints" / "ckpt-5.index").exists()):
+      assert time.monotonic() < deadline and default.process.poll() is None, default.output()[-3000:]
+      time.sleep(0.05)
+    time.sleep(0.2)  # into epoch 6, which lasts seconds
+    default.kill("chief:0")
+    yield {name: (job, *job.finish()) for name, job in jobs.items()}
+  finally:
+    leftovers = [p for job in jobs.values() for p in job.cleanup()]
+  assert not leftovers, f"processes left behind: {leftovers}"
+
+
+def test_workers_killed_several_times_every_step_is_applied_and_counted_once(worker_kill_runs):
+  """bench/worker_kills.py repeats these worker kills and counts the outcomes. 2 ps: a step cut short can reach one ps
+  and not the other, which the per-ps records complete on the other alone. Beside it (side by side, to save time) the
+  same with pipelined updates: a killed worker also takes the gradients of the step it held back, which the re-run
+  computes again. (The default run's ps and chief kills come after its worker kills and count here too.)"""
+  for name, (job, code, final) in worker_kill_runs.items():
+    steps = (KILLS_EPOCHS if name == "default" else EPOCHS) * STEPS
     assert code == 0, (name, job.output()[-3000:])
     assert job.output().count("restarting worker:") == 3, name
     # The function that was running on the killed worker is run again elsewhere, skipping the steps it had recorded
     # (9 steps too many without the record), and the step its worker was sending is applied by the re-run alone.
-    assert final["step"] == EPOCHS * STEPS, name
-    assert job.applied(final) == on_each_ps(EPOCHS * STEPS), (name, job.evidence())
+    assert final["step"] == steps, name
+    assert job.applied(final) == on_each_ps(steps), (name, job.evidence())
 
 
-# Steps per epoch of each mode's run. A sync step waits for both workers' batches: 50 ms at a load average of 3 (an
-# epoch of 40 steps, two functions of 20, lasts 2 s, and each kill lands in it); a geo epoch of 100 steps took 0.2 s.
-SYNC_AND_GEO_STEPS = {"sync": 40, "geo": STEPS}
+# Steps per epoch and flags of each mode's run. A sync step waits for both workers' batches: 50 ms at a load average
+# of 3 (an epoch of 40 steps, two functions of 20, lasts 2 s, and each kill lands in it). Geo: rounds of 2 steps, 50 an
+# epoch (its chief traces a round's steps unrolled: rounds of 10, the default, cost its chief about 2 CPU-s more; a geo
+# epoch of 100 steps in rounds of 10 took 0.2 s).
+SYNC_AND_GEO = {"sync": (40, []), "geo": (STEPS, ["--geo_steps=2"])}
+SYNC_AND_GEO_EPOCHS = 3  # the kills land in epochs 2 and 3
 
 
 def test_sync_and_geo_modes_survive_worker_kills(run):
-  """Both runs side by side, on 2 ps."""
+  """Both runs side by side, on 2 ps, for 3 epochs."""
   jobs = {mode: run("--max_restarts=5", TWO_PS, script=COUNTING_ARGS, folder=mode,
-                    script_args=[f"--sync_mode={mode}", f"--steps_per_epoch={steps}"])
-          for mode, steps in SYNC_AND_GEO_STEPS.items()}
+                    script_args=[f"--sync_mode={mode}", f"--epochs={SYNC_AND_GEO_EPOCHS}", f"--steps_per_epoch={steps}",
+                                 *flags])
+          for mode, (steps, flags) in SYNC_AND_GEO.items()}
   kill_after_checkpoints({job: [(epoch, f"worker:{epoch % 2}") for epoch in (1, 2)] for job in jobs.values()})
   for mode, job in jobs.items():
     code, final = job.finish()
@@ -183,39 +226,30 @@ def test_sync_and_geo_modes_survive_worker_kills(run):
     assert job.output().count("restarting worker:") == 2, mode
     # sync: a worker's slot is filled once per step, and each ps applies a step's update once (its records); geo:
     # each ps takes a round's push (differences and step count) once, so a re-run round is never counted twice.
-    steps = EPOCHS * SYNC_AND_GEO_STEPS[mode]
+    steps = SYNC_AND_GEO_EPOCHS * SYNC_AND_GEO[mode][0]
     assert final["step"] == steps, (mode, final)
     assert job.applied(final) == on_each_ps(steps), (mode, job.evidence())
 
 
-def test_ps_then_chief_killed_each_resume_from_the_backup(run):
-  """On 2 ps, one run: ps:0 killed in epoch 3, then, once the run resumed, the chief in epoch 4; each kill lands in an
-  epoch that lasts seconds (a kill after the end would find no backup to resume from)."""
-  job = run(TWO_PS, script=COUNTING_ARGS)
-  kill_after_checkpoints({job: [(2, "ps:0")]})
-  # The chief's own lines; not the launcher's quotes ("  | ...") of a dead task's log, which may repeat one.
-  resumed_lines = lambda: [line for line in job.output().splitlines()
-                           if "Resumed from the backup at epoch" in line and not line.startswith("  | ")]
-  deadline = time.monotonic() + 240
-  while not (resumed_lines() and (job.model_dir / "checkpoints" / "ckpt-3.index").exists()):
-    assert time.monotonic() < deadline and job.process.poll() is None, job.output()[-3000:]
-    time.sleep(0.05)
-  time.sleep(0.2)  # into epoch 4, which lasts seconds
-  job.kill("chief:0")
-  code, final = job.finish()
+def test_ps_then_chief_killed_each_resume_from_the_backup(worker_kill_runs):
+  """On 2 ps, the default run of the worker kills, after them: ps:0 killed in epoch 5, then, once the run resumed, the
+  chief in epoch 6."""
+  job, code, final = worker_kill_runs["default"]
   output = job.output()
   assert code == 0, output[-3000:]
-  assert "restart 1/3: ps:0 failed; restarting the training cluster" in output
-  assert "restart 2/3: chief:0 failed; restarting the training cluster" in output
-  resumed = resumed_lines()
-  assert len(resumed) == 2 and ("epoch 3/4 (step 200)" in resumed[0] or "epoch 4/4 (step 300)" in resumed[0]), resumed
-  assert "epoch 4/4 (step 300)" in resumed[1], resumed
-  assert final["step"] == EPOCHS * STEPS  # the epochs run again are not counted twice
-  assert job.applied(final) == on_each_ps(EPOCHS * STEPS), job.evidence()  # each epoch again, from the backup's values
+  assert "restart 4/7: ps:0 failed; restarting the training cluster" in output  # after 3 worker restarts
+  assert "restart 5/7: chief:0 failed; restarting the training cluster" in output
+  resumed = job.resumed_lines()
+  assert len(resumed) == 2 and ("epoch 5/6 (step 400)" in resumed[0] or "epoch 6/6 (step 500)" in resumed[0]), resumed
+  assert "epoch 6/6 (step 500)" in resumed[1], resumed
+  assert final["step"] == KILLS_EPOCHS * STEPS  # the epochs run again are not counted twice
+  # each epoch again, from the backup's values
+  assert job.applied(final) == on_each_ps(KILLS_EPOCHS * STEPS), job.evidence()
 
 
 def test_sigterm_to_the_launcher_mid_training_leaves_nothing(run):
-  job = run("--evaluator")
+  """SIGTERM once the first epoch's checkpoint is written (epochs of 20 steps: 1 of 4)."""
+  job = run("--evaluator", script_args=["--steps_per_epoch=20"])
   job.wait_for_checkpoint(1)
   pids = [p.pid for p in job.tasks()]
   assert len(pids) >= 5  # ps, 2 workers, chief, evaluator
@@ -227,12 +261,13 @@ def test_sigterm_to_the_launcher_mid_training_leaves_nothing(run):
 
 
 def test_chief_killed_while_writing_a_checkpoint_then_the_ps_after_the_end(run):
-  """One run on 1 ps with both kills: the chief killed while it writes a checkpoint restores the last complete one;
-  once training has ended (the FINAL marker written), the ps killed while the chief is still on its way out of fit
-  (seconds under ParameterServerStrategy) restarts the cluster, whose chief finds the marker and trains nothing
-  again."""
-  # a 128 MB table (and as much Adagrad state): saves take a while
-  job = run(script_args=["--vocab_size=4000000", "--count_applied_steps"])
+  """One run on 1 ps for 3 epochs with both kills: the chief killed while it writes a checkpoint (after the first)
+  restores the last complete one; once training has ended (the FINAL marker written), the ps killed while the chief
+  is still on its way out of fit (seconds under ParameterServerStrategy) restarts the cluster, whose chief finds the
+  marker and trains nothing again."""
+  epochs = 3
+  # a 64 MB table (and as much Adagrad state): saves take a while
+  job = run(script_args=["--vocab_size=2000000", "--count_applied_steps", f"--epochs={epochs}"])
   job.wait_for_checkpoint(1)
   deadline = time.monotonic() + 240
   while not (writing := [p for p in job.model_dir.rglob("*_temp*")]):
@@ -257,15 +292,16 @@ def test_chief_killed_while_writing_a_checkpoint_then_the_ps_after_the_end(run):
   assert "Resumed from the backup at epoch" in before_end, writing
   assert "Training already finished in" in after_end
   # no epoch trained again, from the start or from a backup
-  assert "epoch 1/4" not in after_end and "| step " not in after_end and "Resumed from" not in after_end, after_end
-  assert final["step"] == EPOCHS * STEPS, writing
-  assert job.applied(final) == on_each_ps(EPOCHS * STEPS, num_ps=1), job.evidence()
+  assert (f"epoch 1/{epochs}" not in after_end and "| step " not in after_end
+          and "Resumed from" not in after_end), after_end
+  assert final["step"] == epochs * STEPS, writing
+  assert job.applied(final) == on_each_ps(epochs * STEPS, num_ps=1), job.evidence()
 
 
 def test_estimator_path_workers_and_ps_killed_ends_at_exactly_max_steps(run):
   """On 2 ps; the ps killed is one of them."""
   job = run("--max_restarts=5", TWO_PS, script=ESTIMATOR_ARGS)
-  for step, victim in ((500, "worker:0"), (1000, "worker:1"), (1500, "ps:0")):
+  for step, victim in ((250, "worker:0"), (500, "worker:1"), (750, "ps:0")):
     job.wait_for_checkpoint(step)
     time.sleep(0.2)
     job.kill(victim)
@@ -275,6 +311,6 @@ def test_estimator_path_workers_and_ps_killed_ends_at_exactly_max_steps(run):
   assert output.count("restarting worker:") == 2
   assert "restart 3/5: ps:0 failed; restarting the training cluster" in output
   resumed = [line for line in output.splitlines() if "; resuming at step" in line]
-  assert len(resumed) == 1 and resumed[0].endswith("resuming at step 1500"), resumed
+  assert len(resumed) == 1 and resumed[0].endswith("resuming at step 750"), resumed
   assert final["step"] == ESTIMATOR_STEPS  # exact: after the worker kills and after the ps restart
   assert job.applied(final) == on_each_ps(ESTIMATOR_STEPS), job.evidence()
