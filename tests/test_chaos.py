@@ -205,20 +205,18 @@ def test_workers_killed_several_times_every_step_is_applied_and_counted_once(wor
     assert job.applied(final) == on_each_ps(steps), (name, job.evidence())
 
 
-# Steps per epoch and flags of each mode's run. A sync step waits for both workers' batches: 50 ms at a load average
-# of 3 (an epoch of 40 steps, two functions of 20, lasts 2 s, and each kill lands in it). Geo: rounds of 2 steps, 50 an
-# epoch (its chief traces a round's steps unrolled: rounds of 10, the default, cost its chief about 2 CPU-s more; a geo
-# epoch of 100 steps in rounds of 10 took 0.2 s).
-SYNC_AND_GEO = {"sync": (40, []), "geo": (STEPS, ["--geo_steps=2"])}
+# Steps per epoch of each mode's run. A sync step waits for both workers' batches: 50 ms at a load average of 3 (an
+# epoch of 40 steps, two functions of 20, lasts 2 s, and each kill lands in it); a geo epoch of 100 steps took 0.2 s.
+SYNC_AND_GEO_STEPS = {"sync": 40, "geo": STEPS}
 SYNC_AND_GEO_EPOCHS = 3  # the kills land in epochs 2 and 3
 
 
 def test_sync_and_geo_modes_survive_worker_kills(run):
   """Both runs side by side, on 2 ps, for 3 epochs."""
   jobs = {mode: run("--max_restarts=5", TWO_PS, script=COUNTING_ARGS, folder=mode,
-                    script_args=[f"--sync_mode={mode}", f"--epochs={SYNC_AND_GEO_EPOCHS}", f"--steps_per_epoch={steps}",
-                                 *flags])
-          for mode, (steps, flags) in SYNC_AND_GEO.items()}
+                    script_args=[f"--sync_mode={mode}", f"--epochs={SYNC_AND_GEO_EPOCHS}",
+                                 f"--steps_per_epoch={steps}"])
+          for mode, steps in SYNC_AND_GEO_STEPS.items()}
   kill_after_checkpoints({job: [(epoch, f"worker:{epoch % 2}") for epoch in (1, 2)] for job in jobs.values()})
   for mode, job in jobs.items():
     code, final = job.finish()
@@ -226,7 +224,7 @@ def test_sync_and_geo_modes_survive_worker_kills(run):
     assert job.output().count("restarting worker:") == 2, mode
     # sync: a worker's slot is filled once per step, and each ps applies a step's update once (its records); geo:
     # each ps takes a round's push (differences and step count) once, so a re-run round is never counted twice.
-    steps = SYNC_AND_GEO_EPOCHS * SYNC_AND_GEO[mode][0]
+    steps = SYNC_AND_GEO_EPOCHS * SYNC_AND_GEO_STEPS[mode]
     assert final["step"] == steps, (mode, final)
     assert job.applied(final) == on_each_ps(steps), (mode, job.evidence())
 

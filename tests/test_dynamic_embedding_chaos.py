@@ -51,15 +51,15 @@ def _wait_for(condition, what: str, launcher: subprocess.Popen, out: pathlib.Pat
   return found
 
 
-def _run(tmp_path, env, kills, sync_mode="async", steps_per_epoch=STEPS, epochs=EPOCHS, extra=()) -> tuple:
-  """Trains the fixture (given the flags `extra` too) under tfps-launch, SIGKILLing task `name` 0.2 s after checkpoint
-  `epoch` for each `(epoch, name)` of `kills`; returns the launcher's output and the counts the chief wrote."""
+def _run(tmp_path, env, kills, sync_mode="async", steps_per_epoch=STEPS, epochs=EPOCHS) -> tuple:
+  """Trains the fixture under tfps-launch, SIGKILLing task `name` 0.2 s after checkpoint `epoch` for each
+  `(epoch, name)` of `kills`; returns the launcher's output and the counts the chief wrote."""
   tmp_path.mkdir(parents=True, exist_ok=True)
   counts, out, model_dir = tmp_path / "counts.json", tmp_path / "out.txt", tmp_path / "run"
   command = [sys.executable, "-m", "tfps.cluster.launch", "--num_workers=2", "--num_ps=2", "--max_restarts=5",
              f"--log_dir={tmp_path / 'logs'}", "tests/fixtures/dynamic_kills_train.py", "--",
              f"--model_dir={model_dir}", f"--counts_json={counts}", f"--epochs={epochs}",
-             f"--steps_per_epoch={steps_per_epoch}", f"--sync_mode={sync_mode}", *extra]
+             f"--steps_per_epoch={steps_per_epoch}", f"--sync_mode={sync_mode}"]
   with open(out, "w", encoding="utf-8") as output:
     launcher = subprocess.Popen(command, cwd=REPO, env=env, stdout=output, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
@@ -99,15 +99,13 @@ def _assert_each_step_counted_once(result, sync_mode="async", steps_per_epoch=ST
   assert result["counting"]["admitted"] == 0, result
 
 
-# mode -> (steps per epoch, epochs, kills, fixture flags): each run's workers are killed after checkpoints 1 and 2; the
-# async run's ps:0 after checkpoint 3, once the counts of the worker kills' epochs are in the backup it resumes from.
-# Sync: epochs of 20 steps, one function per worker slot (a sync step waits for both workers' batches and its
-# bookkeeping: such an epoch lasts 1 s alone, seconds beside the other runs, and each kill lands in it). Geo: rounds of
-# 2 steps, 20 rounds an epoch (its chief traces a round's steps unrolled: rounds of 10, the default, cost about 10
-# CPU-s more; an epoch lasts 0.7 s beside the other runs).
-RUNS = {"async": (STEPS, EPOCHS + 1, [(1, "worker:1"), (2, "worker:0"), (3, "ps:0")], []),
-        "sync": (20, EPOCHS, [(1, "worker:1"), (2, "worker:0")], []),
-        "geo": (40, EPOCHS, [(1, "worker:1"), (2, "worker:0")], ["--geo_steps=2"])}
+# mode -> (steps per epoch, epochs, kills): each run's workers are killed after checkpoints 1 and 2; the async run's
+# ps:0 after checkpoint 3, once the counts of the worker kills' epochs are in the backup it resumes from. Sync: epochs
+# of 20 steps, one function per worker slot (a sync step waits for both workers' batches and its bookkeeping: such an
+# epoch lasts 1 s alone, seconds beside the other runs, and each kill lands in it).
+RUNS = {"async": (STEPS, EPOCHS + 1, [(1, "worker:1"), (2, "worker:0"), (3, "ps:0")]),
+        "sync": (20, EPOCHS, [(1, "worker:1"), (2, "worker:0")]),
+        "geo": (40, EPOCHS, [(1, "worker:1"), (2, "worker:0")])}
 
 
 @pytest.fixture(scope="module")
@@ -116,8 +114,8 @@ def runs(tmp_path_factory, module_subprocess_env) -> dict:
   tmp_path = tmp_path_factory.mktemp("kills")
   with concurrent.futures.ThreadPoolExecutor(len(RUNS)) as pool:
     futures = {mode: pool.submit(_run, tmp_path / mode, module_subprocess_env, kills, mode, steps_per_epoch=steps,
-                                 epochs=epochs, extra=extra)
-               for mode, (steps, epochs, kills, extra) in RUNS.items()}
+                                 epochs=epochs)
+               for mode, (steps, epochs, kills) in RUNS.items()}
     return {mode: future.result() for mode, future in futures.items()}
 
 
@@ -129,7 +127,7 @@ def test_worker_kills_neither_double_count_sightings_nor_double_apply_table_upda
   from its pull, its discovery only looking up where its first run did the bookkeeping, and pushes once."""
   for mode, (output, result) in runs.items():
     assert output.count("restarting worker:") == 2, mode
-    steps, epochs, *_ = RUNS[mode]
+    steps, epochs, _ = RUNS[mode]
     _assert_each_step_counted_once(result, mode, steps_per_epoch=steps, epochs=epochs)
 
 
@@ -140,5 +138,5 @@ def test_ps_restart_restores_maps_counts_and_rows_with_the_step(runs):
   output, result = runs["async"]
   assert "ps:0 failed; restarting the training cluster" in output
   assert "Resumed from the backup at epoch 4/4" in output
-  steps, epochs, *_ = RUNS["async"]
+  steps, epochs, _ = RUNS["async"]
   _assert_each_step_counted_once(result, steps_per_epoch=steps, epochs=epochs)
