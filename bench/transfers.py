@@ -3,9 +3,10 @@
   .venv/bin/python bench/transfers.py --path=estimator       # or --path=fit; --batch_size=256
   .venv/bin/python bench/transfers.py --path=fit --num_ps=4  # each ps's partition
 
-Trains a few scheduled functions of the benchmark workload (`bench/workload.py`) on an in-process `--num_ps` ps + 1
-worker cluster with `TF_DUMP_GRAPH_PREFIX` set (in a child process: the variable must be set before TensorFlow
-loads), then counts in each ps's partition of the training function (that ps's partition with the most ops) the
+Trains `--steps` steps (a few scheduled functions; 20, one function of fit, count the same) of the benchmark
+workload (`bench/workload.py`) on an in-process `--num_ps` ps + 1 worker cluster with `TF_DUMP_GRAPH_PREFIX` set (in a
+child process: the variable must be set before TensorFlow loads; the child counts too, and this process loads no
+TensorFlow), then counts in each ps's partition of the training function (that ps's partition with the most ops) the
 `_Send` and `_Recv` ops, each one tensor moved between that ps and another task, served by one gRPC `RecvTensor`
 call. The first loop of the function (`while/` frames) runs `--unrolled_steps` steps per iteration: its counts
 divided by that are per step; a second loop (`while_1/`, the steps left over, one per iteration) is counted apart
@@ -39,10 +40,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from bench import op_names  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tfps.training import modes  # pylint: disable=g-import-not-at-top,wrong-import-position
-from tfps.training import ps_records  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _PATH = flags.DEFINE_enum("path", "estimator", ["fit", "estimator"], "The training path to count.")
 _BATCH = flags.DEFINE_integer("batch_size", 256, "Examples per step.", lower_bound=1)
+_STEPS = flags.DEFINE_integer("steps", 40, "Steps each variant trains (a few scheduled functions).", lower_bound=1)
 _SPE = flags.DEFINE_integer("steps_per_execution", None, "Steps per scheduled function (default: the path's own).",
                             lower_bound=1)
 _NUM_PS = flags.DEFINE_integer("num_ps", 1, "Parameter servers of the in-process cluster.", lower_bound=1)
@@ -58,6 +59,7 @@ _VARIANTS = flags.DEFINE_list("variants", None, "Configurations to count in one 
                                "adam (e.g. fit+bf16); instead of --path, --unrolled_steps, --packed_reads, "
                                "--bf16_rows and --per_feature_tables.")
 _CHILD_DIR = flags.DEFINE_string("child_dump_dir", None, "(internal) train and dump into this folder.")
+_CHILD_JSON = flags.DEFINE_string("child_counts", None, "(internal) then count, and write the counts here.")
 _JSON = flags.DEFINE_string("json_out", None, "Also write the counts here.")
 _LIST_OPS = flags.DEFINE_boolean("list_ops", False, "Also print each ps partition's ops by type and by name prefix "
                                  "(`op_types`, `op_prefixes` in the output).")
@@ -142,14 +144,14 @@ def _train(variant: Variant, cluster) -> None:
   optimizer = _optimizers()[variant.optimizer]
   if variant.path == "fit":
     tfps.fit(lambda: workload_lib.build_model(workload, optimizer), workload_lib.dataset_fn(workload), epochs=1,
-             steps_per_epoch=40, steps_per_execution=_SPE.value, cluster=cluster, batch_size=_BATCH.value,
+             steps_per_epoch=_STEPS.value, steps_per_execution=_SPE.value, cluster=cluster, batch_size=_BATCH.value,
              sync_mode=tfps.TrainingMode(**settings))
     return
   with tempfile.TemporaryDirectory(prefix="tfps_transfers_") as model_dir:
     options = {} if _SPE.value is None else {"steps_per_execution": _SPE.value}
     estimator = tfps.Estimator(workload_lib.build_model_fn(workload, optimizer), model_dir=model_dir, cluster=cluster,
                                config=tfps.RunConfig(save_checkpoints_steps=1000, **settings, **options))
-    estimator.train(lambda: workload_lib.dataset(workload), max_steps=40)
+    estimator.train(lambda: workload_lib.dataset(workload), max_steps=_STEPS.value)
 
 
 def count(dump_dir: str, num_ps: int = 1, unrolled_steps: Optional[int] = None, batch_size: int = 256) -> dict:
@@ -208,6 +210,7 @@ def received_after_decision(graph: dict) -> List[str]:
   ps's record, `ps_records.RECORD`) and needs a tensor received from another task that none of the decisions it
   descends from waited for. A dying worker can take such a tensor with it once the ps has
   decided: the ps then applies a part of the step and no record, and the step run again applies that part twice."""
+  from tfps.training import ps_records  # pylint: disable=g-import-not-at-top  (TensorFlow: only in the child)
   received, decided = {}, {}
   for name in graph:  # iteratively, deepest inputs first; a loop's back edges (NextIteration) are not followed
     stack = [name]
@@ -260,6 +263,12 @@ def _counted(path: str, nodes: list, unrolled_steps: Optional[int], batch_size: 
           "per_step_names": sorted(names)}
 
 
+def _count_all(dump_dir: str, variants: List[Variant]) -> list:
+  """`count` of each variant's folder, with its path and batch size."""
+  return [dict(count(_variant_dir(dump_dir, index), _NUM_PS.value, variant.unrolled_steps, _BATCH.value),
+               path=variant.path, batch_size=_BATCH.value) for index, variant in enumerate(variants)]
+
+
 def _print(result: dict) -> None:
   for ps, counted in enumerate(result.get("ps", [result])):
     for name in counted["per_step_names"]:
@@ -276,6 +285,9 @@ def main(argv):
   variants = _variants()  # an unknown option fails here, before any training
   if _CHILD_DIR.value:
     _train_all(_CHILD_DIR.value)
+    if _CHILD_JSON.value:  # counted here, where TensorFlow is loaded already (the parent never loads it)
+      with open(_CHILD_JSON.value, "w", encoding="utf-8") as out:
+        json.dump(_count_all(_CHILD_DIR.value, variants), out)
     sys.stdout.flush()
     os._exit(0)  # the graphs are dumped: no remote-function clean-up at exit (seconds under PSS)
   with tempfile.TemporaryDirectory(prefix="tfps_dump_") as temporary:
@@ -285,7 +297,9 @@ def main(argv):
     env = dict(os.environ, TF_DUMP_GRAPH_PREFIX=dump_dir, TF_DUMP_GRAPH_NAME_FILTER="partition",
                TF_DUMP_GRAPH_GROUPS="main", TF_CPP_MIN_LOG_LEVEL="2")
     args = [sys.executable, os.path.abspath(__file__), f"--path={_PATH.value}", f"--batch_size={_BATCH.value}",
-            f"--num_ps={_NUM_PS.value}", f"--child_dump_dir={dump_dir}"]
+            f"--num_ps={_NUM_PS.value}", f"--child_dump_dir={dump_dir}",
+            f"--child_counts={os.path.join(temporary, 'counts.json')}"]
+    args += [f"--steps={_STEPS.value}"]
     args += [f"--steps_per_execution={_SPE.value}"] if _SPE.value else []
     args += [f"--unrolled_steps={_UNROLLED.value}"] if _UNROLLED.value else []
     args += [] if _PACKED.value is None else ["--packed_reads" if _PACKED.value else "--nopacked_reads"]
@@ -293,8 +307,8 @@ def main(argv):
     args += ["--per_feature_tables"] if _PER_FEATURE.value else []
     args += [f"--variants={','.join(_VARIANTS.value)}"] if _VARIANTS.value else []
     subprocess.run(args, env=env, check=True, stdout=subprocess.DEVNULL)
-    results = [dict(count(_variant_dir(dump_dir, index), _NUM_PS.value, variant.unrolled_steps, _BATCH.value),
-                    path=variant.path, batch_size=_BATCH.value) for index, variant in enumerate(variants)]
+    with open(os.path.join(temporary, "counts.json"), encoding="utf-8") as counted:
+      results = json.load(counted)
   for name, result in zip(_VARIANTS.value or [None], results):
     if name:
       print(f"--- {name}")

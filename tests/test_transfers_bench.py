@@ -20,6 +20,9 @@ pytestmark = pytest.mark.slow
 
 # Every configuration the tests compare on 1 ps, counted by one child on one in-process cluster. The switches are
 # counted with one step per loop iteration (the default): each loop iteration's tensors are then one step's.
+# Each variant trains 20 steps (`--steps`, one scheduled function of fit): the graphs counted are those of the bench's
+# default 40 steps.
+_STEPS = "--steps=20"
 _VARIANTS = ("fit", "estimator", "fit+unroll4", "fit+unpacked", "fit+bf16", "fit+bf16+per_feature")
 
 
@@ -27,7 +30,7 @@ _VARIANTS = ("fit", "estimator", "fit+unroll4", "fit+unpacked", "fit+bf16", "fit
 def counts(tmp_path_factory, module_subprocess_env) -> dict:
   """`{variant: counts}` of `_VARIANTS` (one run of bench/transfers.py)."""
   out = tmp_path_factory.mktemp("transfers") / "counts.json"
-  command = [sys.executable, "bench/transfers.py", f"--variants={','.join(_VARIANTS)}", f"--json_out={out}"]
+  command = [sys.executable, "bench/transfers.py", f"--variants={','.join(_VARIANTS)}", _STEPS, f"--json_out={out}"]
   result = subprocess.run(command, cwd=REPO, env=module_subprocess_env, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   variants = json.loads(out.read_text())["variants"]
@@ -92,8 +95,7 @@ def test_with_four_ps_no_ps_waits_for_another_ps_gradients(tmp_path, subprocess_
   `iterations` directly)."""
   out = tmp_path / "four_ps.json"
   command = [sys.executable, "bench/transfers.py", "--variants=fit,estimator,fit+pipelined,fit+adam,estimator+current",
-             "--num_ps=4",
-             f"--json_out={out}"]
+             "--num_ps=4", _STEPS, f"--json_out={out}"]
   result = subprocess.run(command, cwd=REPO, env=subprocess_env, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   variants = {name: counted["ps"] for name, counted in json.loads(out.read_text())["variants"].items()}
