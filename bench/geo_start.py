@@ -1,13 +1,13 @@
-"""What a geo run costs before it trains: a round's steps are traced unrolled (`tfps/training/geo.py`: one function per
-round length, each step's forward pass for the round's discovery and its training step written out), so the chief's
-CPU before the first round grows with `geo_steps`.
+"""What a geo run costs before it trains, against `geo_steps`: the chief traces one function per round length
+(`tfps/training/geo.py`), whose discovery is written out batch by batch and whose training steps are written out up
+to `2 * geo.UNROLLED_STEPS - 1` steps, then run in a loop (bench/results/geo_loop/NOTES.md).
 
 For each of `--geo_steps`, a fresh process (its own in-process cluster of 2 ps and 2 workers) fits the benchmark
 workload (`bench/workload.py`: Wide&Deep, batch 256) for 2 rounds and reports the fit's CPU and wall seconds; the
 slope between the smallest and the largest size is the CPU per step of the round (training the extra steps, a few
 milliseconds each, included). Writes `--out` (JSON) and prints one line per size.
 
-  .venv/bin/python bench/geo_start.py --geo_steps=5,20 --out=bench/results/geo_start.json
+  .venv/bin/python bench/geo_start.py --geo_steps=5,10,20,40,80 --out=bench/results/geo_start.json
 """
 
 import json

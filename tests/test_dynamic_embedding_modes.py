@@ -47,7 +47,7 @@ def test_sync_mode_learns_each_raw_ids_label(cluster):
 
 
 def test_geo_mode_learns_each_raw_ids_label_with_one_row_per_id(cluster):
-  # rounds of 5 steps: a round's steps are traced unrolled, so its function costs CPU per step of the round
+  # rounds of 5 steps: a round's steps are written out, so its function costs CPU per step of the round to trace
   history = tfps.fit(build_model, dataset_fn, epochs=2, steps_per_epoch=60,
                      sync_mode=tfps.TrainingMode("geo", geo_steps=5), cluster=cluster)
   model = history.model

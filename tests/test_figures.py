@@ -730,9 +730,12 @@ MODES_PROSE = tuple(prose for prose in FAILURES_PROSE if prose[2] is _lock_cost)
 
 
 GEO_START_PROSE = (
-    ("took {:.2f} CPU-s with rounds of 5 steps, {:.2f} with 10 and {:.2f} with 20: {:.2f} CPU-s per step of the round",
-     "geo_start.json", lambda: tuple(run["fit_cpu_secs"] for run in _json("geo_start.json")["runs"]) + (
-         _json("geo_start.json")["cpu_secs_per_round_step"],)),
+    ("took {:.2f} CPU-s with rounds of 5 steps, {:.2f} with 10, {:.2f} with 20, {:.2f} with 40 and {:.2f} with 80",
+     "geo_start.json", lambda: tuple(run["fit_cpu_secs"] for run in _json("geo_start.json")["runs"])),
+    ("Before, 5, 10 and 20 steps took {:.2f}, {:.2f} and {:.2f} CPU-s", "geo_loop/geo_start_before.json",
+     lambda: tuple(run["fit_cpu_secs"] for run in _json("geo_loop/geo_start_before.json")["runs"])),
+    ("{:.3f}x the examples/s, medians of 4 alternating runs", "geo_loop/throughput.json",
+     lambda: (_json("geo_loop/throughput.json")["written_out"]["new_over_old_examples_per_sec"],)),
 )
 _DOC_PROSE = [("online.md", *p) for p in ONLINE_PROSE] + [("repeatability.md", *p) for p in REPEATABILITY_PROSE] + [
     ("failures.md", *p) for p in FAILURES_PROSE] + [("modes.md", *p) for p in MODES_PROSE + GEO_START_PROSE]

@@ -10,6 +10,7 @@ import pytest
 
 import tfps
 from tfps import run_records
+from tfps.training import geo
 import tensorflow as tf
 import tf_keras
 
@@ -146,25 +147,27 @@ def ragged_model():
 
 
 def ragged_batches(input_context=None):
-  """10 examples of 1 to 4 ids each (two of them on both table shards), in batches of 4, 4 and 2."""
+  """10 examples of 1 to 4 ids each (two of them on both table shards), in batches of 4, 4 and 2, repeated."""
   del input_context
   rng = np.random.default_rng(5)
   ids = [rng.choice([3, 7, 11, 40_000, 45_000], size=1 + k % 4, replace=False) for k in range(10)]
   labels = (np.arange(10) % 3 == 0).astype(np.float32).reshape(-1, 1)
-  return tf.data.Dataset.from_tensor_slices(({"ids": tf.ragged.constant(ids, dtype=tf.int64)}, labels)).batch(4)
+  return tf.data.Dataset.from_tensor_slices(({"ids": tf.ragged.constant(ids, dtype=tf.int64)}, labels)).batch(4).repeat()
 
 
-def test_geo_round_traces_the_step_once_whatever_its_length_and_takes_ragged_batches_of_any_size(cluster):
-  """A round of 3 steps on ragged batches of 4, 4 and 2 examples leaves what 3 steps of one process on them give,
-  and the step was traced once, not once per step: a round's steps run in a loop, so its trace does not grow with
-  `geo_steps`; and the round's function was traced once (a first trace that made variables is made again)."""
+def test_a_long_geo_round_traces_a_bounded_number_of_steps_and_takes_ragged_batches_of_any_size(cluster, monkeypatch):
+  """A round of 12 steps on ragged batches of 4, 4 and 2 examples leaves what 12 steps of one process on them give;
+  with rounds of at least 10 steps trained in a loop of 5 per iteration (`UNROLLED_STEPS`, here 5), its function was
+  traced once (a first trace that made variables would be made again), and the step in it 7 times, not 12: 10 steps
+  in the loop, then the 2 left."""
+  monkeypatch.setattr(geo, "UNROLLED_STEPS", 5)
   StepsTraced.traces = 0
-  history = tfps.fit(ragged_model, ragged_batches, epochs=1, steps_per_epoch=3,
-                     sync_mode=tfps.TrainingMode("geo", geo_steps=3), cluster=cluster)
-  assert StepsTraced.traces == 1
-  assert int(history.model.optimizer.iterations.numpy()) == 3
+  history = tfps.fit(ragged_model, ragged_batches, epochs=1, steps_per_epoch=12,
+                     sync_mode=tfps.TrainingMode("geo", geo_steps=12), cluster=cluster)
+  assert StepsTraced.traces == 7
+  assert int(history.model.optimizer.iterations.numpy()) == 12
   alone = ragged_model()
-  for features, labels in ragged_batches():
+  for features, labels in ragged_batches().take(12):
     alone.train_on_batch(features, labels)
   features = next(iter(ragged_batches().unbatch().batch(10)))[0]
   np.testing.assert_allclose(history.model(features).numpy(), alone(features).numpy(), atol=1e-5)

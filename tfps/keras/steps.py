@@ -52,7 +52,15 @@ def keras_step(model: tf_keras.Model, metric_results: bool = True) -> steps_lib.
 
   return steps_lib.Step(run=run, forward=forward, optimizer=lambda: model.optimizer, variables=lambda: model.variables,
                         trainable_variables=lambda: model.trainable_variables, counter=model.optimizer.iterations,
-                        counts_itself=True, outputs=outputs, tables=lambda: tables.tables_of(model))
+                        counts_itself=True, outputs=outputs, tables=lambda: tables.tables_of(model),
+                        metric_variables=lambda: _metric_variables(model))
+
+
+def _metric_variables(model: tf_keras.Model) -> list:
+  """The variables of the model's loss metric and of its metrics built so far (compiled metrics are built by the
+  first step)."""
+  metrics = [_tf_private.loss_metric(model), *model.metrics]
+  return list({id(v): v for metric in metrics if metric is not None for v in metric.variables}.values())
 
 
 def drive_fit(model: tf_keras.Model, runner: steps_lib.Runner, iterator,

@@ -80,7 +80,7 @@ class AsyncRunner(steps_lib.Runner):
 
     state = (first, tf.constant(0.0, tf.float32), tf.constant(0, tf.int64))
     if unrolled > 1:
-      state = tf.while_loop(lambda index, *_: index + unrolled <= num_steps, _repeated(step, unrolled), state,
+      state = tf.while_loop(lambda index, *_: index + unrolled <= num_steps, steps_lib.repeated(step, unrolled), state,
                             parallel_iterations=1)
     _, loss_sum, examples = tf.while_loop(lambda index, *_: index < num_steps, step, state, parallel_iterations=1)
     self._record(slot, seq, num_steps, [loss_sum, examples])
@@ -122,7 +122,7 @@ class AsyncRunner(steps_lib.Runner):
             tf.where(ran, tf.cast(count, tf.int64), tf.constant(0, tf.int64)), *pending)
     shapes = (tf.TensorShape([]),) * 3 + tuple(invariants)
     if unrolled > 1:
-      loop = tf.while_loop(lambda index, *_: index + unrolled <= num_steps, _repeated(body, unrolled), loop,
+      loop = tf.while_loop(lambda index, *_: index + unrolled <= num_steps, steps_lib.repeated(body, unrolled), loop,
                            shape_invariants=shapes, parallel_iterations=1)
     _, loss_sum, examples, *pending = tf.while_loop(lambda index, *_: index < num_steps, body, loop,
                                                     shape_invariants=shapes, parallel_iterations=1)
@@ -244,15 +244,6 @@ def _batch_size(iterator):
     return shape[1] if shape.rank and shape.rank > 1 else None
   spec = getattr(iterator, "element_spec", None)
   return None if spec is None else dataset_fns.static_batch_size(spec)
-
-
-def _repeated(step, times):
-  """A loop body running `step` `times` times, traced one after another."""
-  def steps(*state):
-    for _ in range(times):
-      state = step(*state)
-    return state
-  return steps
 
 
 def _flat_gradients(grads_and_vars):

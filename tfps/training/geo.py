@@ -16,6 +16,12 @@ One scheduled function is one round on one worker:
 4. Push: the difference between each local copy and what was pulled is added to the ps (dense variables whole,
    tables and their slots row by row), and the step counter grows by the steps run.
 
+Step 2 traces the forward pass once per batch (of which each batch runs only what finds its ids); step 3 writes a
+round's steps out one after another up to `2 * UNROLLED_STEPS - 1` steps, and trains a longer round in a loop over
+its batches (held in TensorArrays), `UNROLLED_STEPS` steps traced per iteration, so its trace stops growing there. The
+steps touch no ps: the learning rate is read once per round, and the step's metrics (tf-keras's) are local copies
+too, pushed as their differences (their updates add up).
+
 What crosses the network per round is one pull and one push of the dense parameters and of the distinct touched
 rows with their slot rows, against the dense parameters and the batch's rows read and their gradients written at
 every step in async training. A table's slot rows are pushed additively, which is exact for Adagrad's accumulators
@@ -44,6 +50,11 @@ from tfps.training import tables as tables_lib
 
 LARGE_DENSE_ELEMENTS = 1 << 20  # a variable this large and not an Embedding table is not copied to every worker
 MARK_STRIDE = 1 << 20  # table layers' bookkeeping mark of a round's batch: `seq * MARK_STRIDE + batch + 1`
+# A round of at least twice this many steps trains in a loop of this many steps per iteration (then the steps left);
+# a shorter round's steps are written out one after another. Each step written out costs about half a CPU-second to
+# trace (bench/geo_start.py), and a round in a loop about 5% of its examples/s with rounds of 10 steps, whatever the
+# steps per iteration (2 of 5 or 10 of 1; bench/results/geo_loop/NOTES.md).
+UNROLLED_STEPS = 20
 
 
 class _LocalNames:
@@ -224,7 +235,7 @@ class GeoRunner(steps_lib.Runner):
     return mode.geo_steps
 
   def schedule(self, iterator, num_steps: int):
-    if num_steps not in self._functions:  # a round's steps are unrolled: one function per length
+    if num_steps not in self._functions:  # one function per round length (its batches are read before its loops)
       def round_of(iterator, seq):
         return self.round_function(iterator, num_steps, seq)
       self._functions[num_steps] = tf.function(round_of, autograph=False)
@@ -263,20 +274,12 @@ class GeoRunner(steps_lib.Runner):
     with tf.control_dependencies([recorded]):
       return self.step.outputs(tf.identity(loss), tf.identity(examples))
 
-  def _calls_of(self, batch) -> Dict[tuple, "_Calls"]:
-    """How the step's forward pass calls each table it looks up (by tracing it in a scratch graph, which never runs)."""
-    found: Dict[tuple, _Calls] = {}
-
-    def record(layer, ids):
-      del ids
-      found.setdefault(_key(layer.embeddings), _Calls(layer.embeddings)).per_batch += 1
-
-    def rows_of(layer, ids):  # a table layer's call: `record` follows
-      found.setdefault(_key(layer.embeddings), _Calls(layer.embeddings)).table_layer = True
-      return ids
+  def _tables_of(self, batch) -> Dict[tuple, object]:
+    """The tables the step looks up (by tracing the forward pass in a scratch graph, which never runs)."""
+    found = {}
 
     def forward(batch):
-      with _recording(record, rows_of):
+      with _recording(lambda layer, ids: found.setdefault(_key(layer.embeddings), layer.embeddings)):
         self.step.forward(batch)
 
     def replicated(batch):
@@ -285,17 +288,18 @@ class GeoRunner(steps_lib.Runner):
     tf.function(replicated).get_concrete_function(tf.nest.map_structure(tf.type_spec_from_value, batch))
     return found
 
-  def _dense_copies(self, optimizer, calls: Dict[tuple, "_Calls"]) -> List[_Dense]:
-    """Local copies (pulled) of every variable of the model and the optimizer but the tables and their slots."""
+  def _dense_copies(self, optimizer, tables: Dict[tuple, object]) -> List[_Dense]:
+    """Local copies (pulled) of every variable of the model, the optimizer and the step's metrics but the tables and
+    their slots. A metric's copy is pushed as its difference, as the model's are: its updates (sums, counts) add up."""
     table_parts = set()
-    for table in (entry.table for entry in calls.values()):
+    for table in tables.values():
       for shard in strategy_lib.shards_of(table):
         table_parts.update([strategy_lib.variable_id(shard)] +
                            [strategy_lib.variable_id(slot) for slot in self._slots(shard)])
     dense = []
-    trainable = {strategy_lib.variable_id(part)
-                 for variable in self.step.trainable_variables() for part in strategy_lib.shards_of(variable)}
-    for variable in list(self.step.trainable_variables()) + list(optimizer.variables()):
+    optimizers = {strategy_lib.variable_id(part)
+                  for variable in optimizer.variables() for part in strategy_lib.shards_of(variable)}
+    for variable in [*self.step.trainable_variables(), *optimizer.variables(), *self.step.metric_variables()]:
       for part in strategy_lib.shards_of(variable):
         key = strategy_lib.variable_id(part)
         if key in table_parts:
@@ -304,23 +308,23 @@ class GeoRunner(steps_lib.Runner):
           raise UsageError(f"sync_mode=geo copies every variable but embedding tables to each worker; {part.name} "
                            f"{part.shape} is large and not the table of a tf_keras Embedding layer")
         table_parts.add(key)  # once, though listed by both the model and the optimizer
-        resident = key not in trainable and key != strategy_lib.variable_id(optimizer.iterations)
+        resident = key in optimizers and key != strategy_lib.variable_id(optimizer.iterations)
         dense.append(_Dense(part, self._names, resident=resident))
     return dense
 
   def _round(self, iterator, num_steps: int, slot, seq):
     optimizer = self.step.optimizer()
-    batches = [steps_lib.next_batch(iterator, index) for index in range(num_steps)]
-    calls = self._calls_of(batches[0])
-    dense = self._dense_copies(optimizer, calls)  # 1. Pull.
-    stack = _Stack(batches)
+    stack = _Stack(iterator, num_steps)
+    batches = [stack.batch_at(index) for index in range(num_steps)]
+    table_variables = self._tables_of(batches[0])
+    dense = self._dense_copies(optimizer, table_variables)  # 1. Pull.
     with contextlib.ExitStack() as swaps:
       for copy in dense:
         swaps.enter_context(_tf_private.swapped_handle(copy.variable, copy.handle))
       # 2. Discover the ids of every table (on the local dense copies); cache their rows. A table layer with an id
       # map on the ps finds (admits, evicts) the rows of its ids there, once per batch and shard (`table_marks`).
       with tf.control_dependencies([copy.pull for copy in dense]):
-        tables, found_rows = self._discover(stack, calls, slot, seq)
+        tables, found_rows = self._discover(batches, table_variables, slot, seq)
       fills = [copy.pull for copy in dense] + [cache[4] for table in tables.values() for cache in table.caches]
       for table in tables.values():
         for variable, handle, *_ in table.caches:
@@ -366,38 +370,29 @@ class GeoRunner(steps_lib.Runner):
     self.strategy.run(forward, args=(batch, mark))
     return ids_of, rows_found
 
-  def _discover(self, stack: "_Stack", calls: Dict[tuple, "_Calls"], slot, seq):
-    """Step 2 of a round, in a loop traced once: each iteration runs one batch's `_discovery_pass` and writes its
-    calls' ids and rows into TensorArrays (`calls`: how many calls of each table a pass makes, from `_calls_of`).
-    Returns `(tables, found_rows)`: a `_Table` per table, and `found_rows(index)(key, call)`: the rows call `call` of
-    table layer `key` found for batch `index` (a scalar tensor)."""
+  def _discover(self, batches, table_variables: Dict[tuple, object], slot, seq):
+    """Step 2 of a round: each batch's `_discovery_pass`, one after another (as Python code: in a loop, TensorFlow ran
+    the whole forward pass of each batch, 10% more CPU per example with rounds of 10 steps, where here it prunes all
+    but what finds the ids). Returns `(tables, found_rows)`: a `_Table` per table, and `found_rows(index)(key, call)`:
+    the rows call `call` of table layer `key` found for batch `index` (a scalar tensor)."""
     owners: Dict[tuple, Callable] = {}
-    keys = list(calls)
-    layout = [(key, call, kind) for key in keys for call in range(calls[key].per_batch)
-              for kind in (("ids", "rows") if calls[key].table_layer else ("ids",))]
-
-    def body(index, *arrays):
-      ids_of, rows_found = self._discovery_pass(stack.batch_at(index),
-                                                seq * MARK_STRIDE + tf.cast(index, tf.int64) + 1, slot, owners)
-      made = {"ids": ids_of, "rows": rows_found}
-      if [(key, len(ids_of.get(key, ()))) for key in keys] != [(key, calls[key].per_batch) for key in keys]:
-        raise RuntimeError(f"the forward pass called the tables {ids_of.keys()} otherwise than in its first trace")
-      return (index + 1, *[array.write(index, made[kind][key][call])
-                           for array, (key, call, kind) in zip(arrays, layout)])
-
-    arrays = [tf.TensorArray(tf.int64, size=stack.size, infer_shape=False) for _ in layout]
-    _, *arrays = tf.while_loop(lambda index, *_: index < stack.size, body, (tf.constant(0), *arrays),
-                               parallel_iterations=1)
-    written = dict(zip(layout, arrays))
-    tables = {key: _Table(calls[key].table, tf.concat([written[key, call, "ids"].concat()
-                                                       for call in range(calls[key].per_batch)], 0),
-                          self._slots, self._names, owners.get(key))
-              for key in keys}
-    return tables, lambda index: lambda key, call: written[key, call, "rows"].read(index)
+    ids: Dict[tuple, list] = {}
+    rows: Dict[tuple, list] = {}  # (key, call) -> the call's rows, batch after batch
+    for index, batch in enumerate(batches):
+      ids_of, rows_found = self._discovery_pass(batch, seq * MARK_STRIDE + index + 1, slot, owners)
+      for key, made in ids_of.items():
+        ids.setdefault(key, []).extend(made)
+      for key, made in rows_found.items():
+        for call, found in enumerate(made):
+          rows.setdefault((key, call), []).append(found)
+    tables = {key: _Table(table_variables[key], tf.concat(ids[key], 0), self._slots, self._names, owners.get(key))
+              for key in ids}
+    arrays = {key_call: _tensor_array(found) for key_call, found in rows.items()}
+    return tables, lambda index: lambda key, call: arrays[key, call].read(index)
 
   def _train_locally(self, optimizer, stack: "_Stack", tables, found_rows, fills):
-    """Step 3 of a round: trains on every batch against the local copies, in a loop traced once; returns the summed
-    loss and examples. `found_rows` is `_discover`'s."""
+    """Step 3 of a round: trains on every batch against the local copies, `UNROLLED_STEPS` per iteration of a loop;
+    returns the summed loss and examples. `found_rows` is `_discover`'s."""
     def lookup(layer, ids, original):
       return original(layer, _each_id(tables[_key(layer.embeddings)].virtual_ids, ids))
 
@@ -419,36 +414,53 @@ class GeoRunner(steps_lib.Runner):
         loss, count = self.strategy.run(train, args=(stack.batch_at(index), found_rows(index)))
       return index + 1, loss_sum + tf.cast(loss, tf.float32), examples + tf.cast(count, tf.int64)
 
-    with _tf_private.embedding_calls(lookup), _tf_private.identity_gradient_aggregation(optimizer):
+    rate = _tf_private.learning_rate_variable(optimizer)  # read once per round, not at each step from its ps
+    rate = None if rate is None else tf.convert_to_tensor(rate)
+    with _tf_private.embedding_calls(lookup), _tf_private.identity_gradient_aggregation(optimizer), \
+        _tf_private.learning_rate_read(optimizer, lambda device: rate):
       with tf.control_dependencies(fills):
-        start = (tf.constant(0), tf.constant(0.0), tf.constant(0, tf.int64))
-      _, loss_sum, examples = tf.while_loop(lambda index, *_: index < stack.size, body, start, parallel_iterations=1)
+        state = (0, tf.constant(0.0), tf.constant(0, tf.int64))  # a step's index: an int where written out
+      looped = stack.size // UNROLLED_STEPS * UNROLLED_STEPS if stack.size >= 2 * UNROLLED_STEPS else 0
+      if looped:
+        state = tf.while_loop(lambda index, *_: index < looped, steps_lib.repeated(body, UNROLLED_STEPS), state,
+                              parallel_iterations=1)
+      _, loss_sum, examples = steps_lib.repeated(body, stack.size - looped)(*state)
     return loss_sum, examples
 
 
-class _Calls:
-  """How a round's forward pass calls one table: `per_batch` calls (a layer may be called more than once), and
-  whether it is a table layer with an id map on the ps (`table_layer`)."""
-
-  def __init__(self, table):
-    self.table = table
-    self.per_batch = 0
-    self.table_layer = False
-
-
 class _Stack:
-  """A round's batches in TensorArrays, one per component tensor of the batch structure (a sparse or ragged tensor
-  has several): `batch_at(index)` reads batch `index` (a scalar tensor) as the most specific type all batches share
-  (a last batch may be smaller)."""
+  """A round's batches: `batch_at(index)` reads batch `index` (an int, or a scalar tensor in a loop). From a per-worker
+  iterator, a round trained in a loop reads them in a loop too (one `get_next` in the function, which TensorFlow
+  refuses to trace more than 32 times) into TensorArrays, one per component tensor of the batch structure (a sparse or
+  ragged tensor has several), read back as the iterator's element type; a shorter round reads them one by one. Given
+  batches (`steps_lib.GivenBatches`) are read where they are."""
 
-  def __init__(self, batches: list):
-    self.size = len(batches)
-    specs = [tf.nest.map_structure(tf.type_spec_from_value, batch) for batch in batches]
-    self._spec = tf.nest.map_structure(lambda spec, *others: spec.most_specific_common_supertype(others), *specs)
-    flat = [tf.nest.flatten(batch, expand_composites=True) for batch in batches]
-    self._columns = [_tensor_array([batch[k] for batch in flat]) for k in range(len(flat[0]))]
+  def __init__(self, iterator, size: int):
+    self.size = size
+    self._given = iterator if isinstance(iterator, steps_lib.GivenBatches) else None
+    self._batches = None
+    if self._given is not None:
+      return
+    if size < 2 * UNROLLED_STEPS:  # the round's steps are written out, each reading its own batch
+      self._batches = [next(iterator) for _ in range(size)]
+      return
+    self._spec = iterator.element_spec
+    components = tf.nest.flatten(self._spec, expand_composites=True)
+    columns = [tf.TensorArray(spec.dtype, size=size, element_shape=spec.shape, infer_shape=False)
+               for spec in components]
+
+    def read(index, *columns):
+      batch = tf.nest.flatten(next(iterator), expand_composites=True)
+      return (index + 1, *[column.write(index, tensor) for column, tensor in zip(columns, batch)])
+
+    _, *self._columns = tf.while_loop(lambda index, *_: index < size, read, (tf.constant(0), *columns),
+                                      parallel_iterations=1)
 
   def batch_at(self, index):
+    if self._given is not None:
+      return self._given.batch_at(index)
+    if self._batches is not None:
+      return self._batches[index]
     return tf.nest.pack_sequence_as(self._spec, [column.read(index) for column in self._columns],
                                     expand_composites=True)
 

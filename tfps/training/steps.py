@@ -32,6 +32,8 @@ class Step:
       steps and their examples (tf-keras: the model's metric results, which `fit` takes as its logs).
     tables: `fn() -> list`, the model's layers (or their states) that keep tables of their own on the ps
       (`tfps.training.tables`), known once the model is built.
+    metric_variables: `fn() -> [tf.Variable]`, the variables of the metrics `run` updates or reads (tf-keras: the
+      model's compiled metrics).
   """
 
   run: Callable
@@ -43,6 +45,7 @@ class Step:
   counts_itself: bool
   outputs: Callable[[tf.Tensor, tf.Tensor], Any] = lambda loss_sum, examples: (loss_sum, examples)
   tables: Callable[[], list] = lambda: []
+  metric_variables: Callable[[], List[tf.Variable]] = lambda: []
 
   def count(self, steps) -> Optional[tf.Operation]:
     """Adds `steps` to the counter unless `run` counts itself (then None)."""
@@ -117,6 +120,15 @@ class GivenBatches:
   def batch_at(self, index):
     """Batch `index` (a scalar tensor) of the stack."""
     return tf.nest.map_structure(lambda tensor: tf.gather(tensor, index), self.stacked)
+
+
+def repeated(step: Callable, times: int) -> Callable:
+  """A loop body running `step(*state) -> state` `times` times, traced one after another."""
+  def steps(*state):
+    for _ in range(times):
+      state = step(*state)
+    return state
+  return steps
 
 
 def next_batch(iterator, index):
