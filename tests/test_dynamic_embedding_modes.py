@@ -143,10 +143,10 @@ def test_estimator_path_in_geo_mode_learns_each_raw_ids_label_with_exact_clocks(
 def test_geo_push_skips_rows_given_to_another_id_during_the_round():
   """A geo round's cached rows are pushed as differences, except rows whose id changed on the ps since the pull
   (evicted and given to another id: that id's fresh row must not get the old id's training)."""
-  from tfps.training import geo, ps_records  # pylint: disable=import-outside-toplevel
+  from tfps.training import geo_copies, ps_records  # pylint: disable=import-outside-toplevel
   rows = tf.Variable(tf.zeros([6, 2]))
   owners = tf.Variable([10, 11, 12, 13, 14, 15], dtype=tf.int64)  # the id each row belongs to
-  table = geo._Table(rows, tf.constant([4, 1, 3, 1]), lambda shard: [], geo._LocalNames(),
+  table = geo_copies.TouchedRows(rows, tf.constant([4, 1, 3, 1]), lambda shard: [], geo_copies.LocalNames(),
                      owners=lambda k, local: tf.gather(owners, local))
   (_, handle, local_ids, *_), = table.caches
   assert local_ids.numpy().tolist() == [1, 3, 4]

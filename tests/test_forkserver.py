@@ -96,7 +96,7 @@ def test_the_server_imports_tensorflow_without_starting_its_runtime(tmp_path):
   try:
     assert server.threads <= 2  # the main thread and OpenBLAS's (which re-creates its threads after a fork)
     script = tmp_path / "names.py"
-    script.write_text("from tfps.training import geo\nprint(geo._LocalNames()._prefix)\n")
+    script.write_text("from tfps.training import geo_copies\nprint(geo_copies.LocalNames()._prefix)\n")
     prefixes = []
     for run in range(2):
       with open(tmp_path / f"names{run}.log", "wb") as out:
