@@ -260,8 +260,9 @@ class GeoRunner(steps_lib.Runner):
   def _discover(self, batches, table_variables: Dict[tuple, object], slot, seq):
     """Step 2 of a round: each batch's `_discovery_pass`, one after another (as Python code: in a loop, TensorFlow ran
     the whole forward pass of each batch, 10% more CPU per example with rounds of 10 steps, where here it prunes all
-    but what finds the ids). Returns `(tables, found_rows)`: a `geo_copies.TouchedRows` per table, and `found_rows(index)(key, call)`:
-    the rows call `call` of table layer `key` found for batch `index` (a scalar tensor)."""
+    but what finds the ids). Returns `(tables, found_rows)`: a `geo_copies.TouchedRows` per table, and
+    `found_rows(index)(key, call)`: the rows call `call` of table layer `key` found for batch `index` (a scalar tensor).
+    """
     owners: Dict[tuple, Callable] = {}
     ids: Dict[tuple, list] = {}
     rows: Dict[tuple, list] = {}  # (key, call) -> the call's rows, batch after batch
@@ -272,7 +273,8 @@ class GeoRunner(steps_lib.Runner):
       for key, made in rows_found.items():
         for call, found in enumerate(made):
           rows.setdefault((key, call), []).append(found)
-    tables = {key: geo_copies.TouchedRows(table_variables[key], tf.concat(ids[key], 0), self._slots, self._names, owners.get(key))
+    tables = {key: geo_copies.TouchedRows(table_variables[key], tf.concat(ids[key], 0), self._slots, self._names,
+                                          owners.get(key))
               for key in ids}
     arrays = {key_call: _tensor_array(found) for key_call, found in rows.items()}
     return tables, lambda index: lambda key, call: arrays[key, call].read(index)
