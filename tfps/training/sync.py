@@ -140,7 +140,7 @@ class SyncRunner(steps_lib.Runner):
                                name="sync_slot_steps")
     # Table layers' bookkeeping (sightings, admissions) once per step and worker slot: a re-run gradient function whose
     # first run got to a table shard only looks up there.
-    self.table_marks = tables.StepMarks(self.strategy)
+    self.table_marks = tables.StepMarks(self.strategy, step.tables())
     self.ps_records = ps_records.PsRecords()  # the steps each ps has applied (slot: step % SLOTS, mark: step + 1)
     self.gradient_function = tf.function(self._gradients)
     self.update_function = tf.function(self._update)

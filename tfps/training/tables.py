@@ -60,9 +60,14 @@ class StepMarks:
   largest mark. A runner's marks start at zero (fresh vectors): marks of another runner (an earlier `fit`, a chief
   before its restart) never make a step skip its bookkeeping."""
 
-  def __init__(self, strategy):
+  def __init__(self, strategy, tables: Iterable = ()):
+    """The records beside the row variables of `tables` (layers or table states with `delta_shards()`, built) are made
+    now, the others when first asked for: a tf.function whose first trace creates a variable is traced twice."""
     self._strategy = strategy
     self._vectors: Dict[int, tf.Variable] = {}
+    for table in tables:
+      for _, rows_variable, _ in getattr(table, "delta_shards", lambda: [])():
+        self.vector_beside(rows_variable)
 
   def vector_beside(self, variable) -> tf.Variable:
     """The record beside `variable` (a table shard's variable, on its ps), made when first asked for."""

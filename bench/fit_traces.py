@@ -1,0 +1,40 @@
+"""What a fit's start costs when its model has a dynamic table and a compiled metric: `tfps.fit` of 10 steps (1 epoch)
+of tests/test_dynamic_embedding_modes.py's model on an in-process 2 ps + 2 worker cluster, per mode given, in one
+process, printing the table layer's calls (traces, the build and any eager call) and the CPU seconds of the fit.
+
+  .venv/bin/python bench/fit_traces.py async sync geo async   # the first fit of a process also warms it up
+"""
+
+import os
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+
+import tfps  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tfps.models import dynamic_embedding  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tfps.testing import in_process  # pylint: disable=g-import-not-at-top,wrong-import-position
+import test_dynamic_embedding_modes as workload  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def main(modes):
+  cluster = in_process.local_cluster(num_workers=2, num_ps=2)
+  calls = {"n": 0}
+  call = dynamic_embedding.DynamicEmbedding.call
+
+  def counted(self, *args, **kwargs):
+    calls["n"] += 1
+    return call(self, *args, **kwargs)
+
+  dynamic_embedding.DynamicEmbedding.call = counted
+  for mode in modes:
+    calls["n"], start = 0, time.process_time()
+    sync_mode = tfps.TrainingMode(mode, geo_steps=5) if mode == "geo" else mode
+    tfps.fit(workload.build_model, workload.dataset_fn, epochs=1, steps_per_epoch=10, sync_mode=sync_mode,
+             cluster=cluster)
+    print(f"MODE {mode} table calls {calls['n']} cpu {time.process_time() - start:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:] or ["async"])
