@@ -72,6 +72,17 @@ def test_a_train_step_updates_the_loss_metric_once_through_its_own_update_state_
   assert float(metric.result()) == 2.0
 
 
+def test_a_compile_that_names_metrics_has_them_unbuilt_until_its_first_step():
+  named = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(1)])
+  named.compile("sgd", "mse", weighted_metrics=["mae"])
+  plain = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(1)])
+  plain.compile("sgd", "mse")
+  assert _tf_private.has_unbuilt_metrics(named) and not _tf_private.has_unbuilt_metrics(plain)
+  named.train_on_batch(*_data())
+  assert not _tf_private.has_unbuilt_metrics(named)
+  assert not _tf_private.has_unbuilt_metrics(tf_keras.Sequential([tf_keras.layers.Dense(1)]))  # not compiled
+
+
 def test_exact_evaluation_shards_are_set_and_drop_the_cached_test_function():
   model = _model()
   assert _tf_private.exact_evaluation_shards(model) == 0

@@ -70,6 +70,17 @@ def loss_metric(model):
   return getattr(model.compiled_loss, "_total_loss_mean", None) if model.compiled_loss else None
 
 
+def has_unbuilt_metrics(model) -> bool:
+  """Whether `model` was compiled with metrics that are not built yet. tf-keras builds them in the first step's trace;
+  which metrics a compile named is only in its `MetricsContainer`'s private `_user_metrics` and
+  `_user_weighted_metrics` (an unbuilt container lists none)."""
+  container = model.compiled_metrics
+  if container is None or container.built:
+    return False
+  named = tf.nest.flatten([getattr(container, "_user_metrics", None), getattr(container, "_user_weighted_metrics", None)])
+  return any(metric is not None for metric in named)
+
+
 def updates_held(metric, updates: list):
   """While a step is traced: each `metric.update_state(value, sample_weight=...)` appends `(value, sample_weight)` to
   `updates` instead of updating the metric (its `update_state` is the instance's own attribute: tf-keras wraps it per

@@ -125,16 +125,18 @@ class _BestCheckpoint:
     logging.info("New best checkpoint %s: %s %.4f", path, metric, value)
 
 
-def ensure_built(model: tf_keras.Model, dataset: tf.data.Dataset) -> None:
-  """Builds a model whose inputs are not declared (a subclassed model) by calling it on one batch of `dataset`, and
-  its compiled metrics on that batch (tf-keras would build them in the first step's trace: `_unbuilt_metrics`)."""
-  metrics = _unbuilt_metrics(model)
+def ensure_built(model: tf_keras.Model, dataset: tf.data.Dataset, metrics: bool = False) -> None:
+  """Builds a model whose inputs are not declared (a subclassed model) by calling it on one batch of `dataset`, and on
+  that batch its compiled metrics: those the compile named (tf-keras would build them in the first step's trace, and a
+  tf.function whose first trace makes variables is traced twice), or with `metrics` its container even if empty."""
+  container = model.compiled_metrics
+  metrics = container is not None and not container.built and (metrics or _tf_private.has_unbuilt_metrics(model))
   if model.built and not metrics:
     return
   x, y, _ = tf_keras.utils.unpack_x_y_sample_weight(next(iter(dataset.take(1))))
   outputs = model(x)
   if metrics and y is not None:
-    model.compiled_metrics.build(outputs, y)
+    container.build(outputs, y)
 
 
 def ensure_metrics_built(model: tf_keras.Model, dataset_fn: Callable) -> None:
@@ -143,17 +145,11 @@ def ensure_metrics_built(model: tf_keras.Model, dataset_fn: Callable) -> None:
   tf-keras builds them at a model's first step, but its exactly-once evaluation copies them to the workers before any
   step, and fails on unbuilt ones.
   """
-  if not _unbuilt_metrics(model):
+  if model.compiled_metrics is None or model.compiled_metrics.built:
     return
   dataset = dataset_fns.make_dataset(dataset_fn, "dataset_fn")  # only then: the chief reads one batch
   with model.distribute_strategy.scope():
-    ensure_built(model, dataset)
-
-
-def _unbuilt_metrics(model: tf_keras.Model) -> bool:
-  """Whether the model has compiled metrics not built yet. tf-keras builds them in the trace of the first step,
-  where making their variables has the step's tf.function traced twice."""
-  return model.compiled_metrics is not None and not model.compiled_metrics.built
+    ensure_built(model, dataset, metrics=True)
 
 
 def run_sidecar_evaluator(build_model: Callable[[], tf_keras.Model], dataset_fn: Callable, model_dir: str, *,
