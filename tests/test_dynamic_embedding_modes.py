@@ -9,6 +9,7 @@ import tf_keras
 
 import tfps
 from test_exactly_once import async_runner
+from test_modes import StepsTraced
 from test_packing import _loop_body
 
 NUM_IDS, CAPACITY, DIM, BATCH = 300, 8192, 8, 64  # 8192 x 8 floats: sharded over both ps
@@ -190,19 +191,10 @@ def test_bf16_rows_learn_each_raw_ids_label(cluster):
   assert np.mean((predictions > 0.5) == LABELS) >= 0.95
 
 
-class _StepsTraced(tf_keras.Model):
-  """A functional model that counts the traces of its training step."""
-  traces = 0
-
-  def train_step(self, data):
-    _StepsTraced.traces += 1
-    return super().train_step(data)
-
-
 def _counting_model():
   ids = tf_keras.Input((1,), dtype="int64", name="ids")
   table = tfps.layers.DynamicEmbedding(CAPACITY, DIM, min_count=2, num_shards=2, name="ids_table")
-  model = _StepsTraced(ids, tf_keras.layers.Dense(1, activation="sigmoid")(tf_keras.layers.Flatten()(table(ids))))
+  model = StepsTraced(ids, tf_keras.layers.Dense(1, activation="sigmoid")(tf_keras.layers.Flatten()(table(ids))))
   model.compile(tf_keras.optimizers.legacy.Adagrad(0.5), "binary_crossentropy", metrics=["accuracy"])
   return model
 
@@ -212,8 +204,8 @@ def test_a_step_with_table_layers_and_compiled_metrics_is_traced_once_per_functi
   """Neither the table layers' bookkeeping records nor tf-keras's compiled metrics are made in a trace (a tf.function
   whose first trace makes a variable is traced twice): async traces its step once to find the tables it gathers rows
   from and once in its function; geo's round of 2 steps traces each once. Before, 4 and 4."""
-  _StepsTraced.traces = 0
+  StepsTraced.traces = 0
   settings = dict(sync_mode=tfps.TrainingMode("geo", geo_steps=2)) if mode == "geo" else dict(steps_per_execution=2)
   history = tfps.fit(_counting_model, dataset_fn, epochs=1, steps_per_epoch=4, cluster=cluster, **settings)
-  assert _StepsTraced.traces == traces
+  assert StepsTraced.traces == traces
   assert 0.0 <= history.history["accuracy"][-1] <= 1.0 and history.history["ids_table/occupancy"][-1] > 0
