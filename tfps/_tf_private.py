@@ -77,7 +77,8 @@ def has_unbuilt_metrics(model) -> bool:
   container = model.compiled_metrics
   if container is None or container.built:
     return False
-  named = tf.nest.flatten([getattr(container, "_user_metrics", None), getattr(container, "_user_weighted_metrics", None)])
+  named = tf.nest.flatten([getattr(container, "_user_metrics", None),
+                           getattr(container, "_user_weighted_metrics", None)])
   return any(metric is not None for metric in named)
 
 

@@ -43,7 +43,8 @@ class AsyncRunner(steps_lib.Runner):
       self.progress = exactly_once.StepProgress(self.steps_per_execution, step.counter)
     self.progress.ps_records = ps_records.PsRecords(lock=self.mode.records_lock)
     self.progress.ps_records.make_for(step.variables())  # those of variables made by the first trace: made then
-    self.table_marks = tables.StepMarks(self.strategy, step.tables())  # table layers' bookkeeping, once per step and shard
+    # table layers' bookkeeping, once per step and shard
+    self.table_marks = tables.StepMarks(self.strategy, step.tables())
     # opt-in: the small dense variables of a ps read in one transfer per step
     self.packed_reads = packing.PackedReads() if self.mode.packed_reads else None
     # a legacy optimizer's learning rate read on each ps from a copy there, set once per function

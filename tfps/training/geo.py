@@ -107,7 +107,8 @@ class GeoRunner(steps_lib.Runner):
     # Made now where the variables exist (those of variables made by the first trace are made then, and a tf.function
     # whose first trace makes variables is traced twice).
     self.progress.ps_records.make_for([*step.variables(), step.counter])
-    self.table_marks = tables_lib.StepMarks(self.strategy, step.tables())  # table layers' bookkeeping, once per batch and shard
+    # table layers' bookkeeping, once per batch and shard
+    self.table_marks = tables_lib.StepMarks(self.strategy, step.tables())
     self._names = geo_copies.LocalNames()
     self._functions: Dict[object, Callable] = {}
 
