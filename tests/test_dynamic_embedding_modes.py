@@ -129,10 +129,20 @@ def test_estimator_path_in_geo_mode_learns_each_raw_ids_label_with_exact_clocks(
   """Geo on the Estimator path: the model_fn's table finds its rows on the ps in each round's discovery (once per
   batch and shard), and the rounds train local copies of those rows."""
   config = tfps.RunConfig(save_checkpoints_steps=1000, sync_mode="geo", geo_steps=5)
-  estimator = tfps.Estimator(model_fn, model_dir=str(tmp_path / "model"), config=config, cluster=cluster)
+  calls = []
+
+  def counted_model_fn(features, labels, mode, params):
+    calls.append(mode)
+    return model_fn(features, labels, mode, params)
+
+  estimator = tfps.Estimator(counted_model_fn, model_dir=str(tmp_path / "model"), config=config, cluster=cluster)
   results = tfps.train_and_evaluate(estimator, tfps.TrainSpec(train_input_fn, max_steps=160),
                                     tfps.EvalSpec(eval_input_fn, steps=None, throttle_secs=0))
   assert results["global_step"] == 160
+  # TRAIN calls: 2 in the trace that makes the variables, 1 in the scratch trace that finds the tables the step looks
+  # up (`GeoRunner._tables_of`), 10 in the round's function (5 discoveries, 5 steps). The table's records are made
+  # before the last two: made in a first trace, they had each traced twice (24 calls).
+  assert calls.count("train") == 13, calls
   assert results["accuracy"] >= 0.95, results
   table, = estimator.distributed_model().model.variables.tables
   assert table.table_metrics()["occupancy"] == NUM_IDS
