@@ -22,6 +22,17 @@ from tfps.estimator.model import ModelFnModel
 from tfps.estimator.spec import ModeKeys, RunConfig
 
 
+def _made_eagerly(next_creator, **kwargs):
+  """A variable made eagerly (under `tf.init_scope`) while a function is traced, unknown to that function: a
+  `tf.function` whose first trace made variables is traced again. Left to the trace: a variable its maker keeps in the
+  function (`experimental_enable_variable_lifting=False`), and one whose initial value is the trace's tensor."""
+  initial_value = kwargs.get("initial_value")
+  if kwargs.get("experimental_enable_variable_lifting") is False or tf.is_symbolic_tensor(initial_value):
+    return next_creator(**kwargs)
+  with tf.init_scope():
+    return next_creator(**dict(kwargs, experimental_enable_variable_lifting=False))
+
+
 class DistributedModel:
   """Builds the strategy once (`tfps.training.chief`); creates the variables (sharded over the ps) on the first `train`,
   restoring the newest checkpoint of `model_dir` into them, so a chief restarted from scratch, or on another number of
@@ -64,7 +75,8 @@ class DistributedModel:
 
     def first_step(batch):
       element.append(tf.nest.map_structure(tf.type_spec_from_value, batch))
-      return self.model.train_step(batch)
+      with tf.variable_creator_scope(_made_eagerly):
+        return self.model.train_step(batch)
 
     @tf.function(autograph=False)
     def no_step(iterator):
