@@ -221,6 +221,11 @@ def _new_variable_on_later_calls(first: bool):
   return model_fn
 
 
+def _variable_from_a_computed_tensor(features, labels, mode, params):
+  tf.compat.v1.get_variable("scale", initializer=tf.fill([1], 0.25) * 2.0)
+  return synthetic.model_fn(features, labels, mode, params)
+
+
 @pytest.mark.parametrize("model_fn, error, message", [
     (_wrap(lambda spec, mode: tfps.EstimatorSpec(mode, optimizer=spec.optimizer)), ModelFnError,
      "no `loss` in mode 'train'"),
@@ -231,6 +236,8 @@ def _new_variable_on_later_calls(first: bool):
     (_new_variable_on_later_calls(first=False), ModelFnError, "created a new variable 'extra' .* on a later call"),
     (_new_variable_on_later_calls(first=True), ModelFnError,
      "variable #0 is 'extra' .* but the first call created 'synthetic/user_embedding.* in the same order"),
+    (_variable_from_a_computed_tensor, ModelFnError,
+     r"^model_fn variable 'scale' starts from '.*mul:0', a tensor model_fn computes; .* or a constant$"),
 ])
 def test_bad_model_fn_in_training(cluster, tmp_path, model_fn, error, message):
   estimator = tfps.Estimator(model_fn, model_dir=str(tmp_path), cluster=cluster)
@@ -293,6 +300,26 @@ def test_model_fn_building_a_keras_model(cluster, tmp_path):
   results = estimator.evaluate(synthetic.eval_input_fn, steps=3)
   assert results["global_step"] == 20 and results["examples"] == 3 * 64 and np.isfinite(results["loss"])
   assert np.isfinite(next(estimator.predict(synthetic.predict_input_fn))["logits"])
+
+
+def test_a_model_fn_variable_made_from_a_constant_tensor_starts_at_its_value_and_trains(cluster, tmp_path):
+  """`get_variable(initializer=tf.constant(...))`, as TF1 model_fns write: the variable is made outside the traced
+  model_fn (where the trace's tensors cannot be used) from the constant's value."""
+  def model_fn(features, labels, mode, params):
+    scale = tf.compat.v1.get_variable("scale", initializer=tf.constant([0.5]))
+    spec = synthetic.model_fn(features, labels, mode, params)
+    if mode != tfps.ModeKeys.TRAIN:
+      return spec
+    return tfps.EstimatorSpec(mode, loss=spec.loss * scale[0], optimizer=spec.optimizer)
+
+  estimator = tfps.Estimator(model_fn, model_dir=str(tmp_path), cluster=cluster)
+  estimator.distributed_model().prepare(synthetic.train_input_fn)  # creates the variables, runs no step
+  scale, = [v for v in estimator.distributed_model().model.variables.created if "scale" in v.name]
+  assert scale.numpy().tolist() == [0.5]
+  estimator.train(synthetic.train_input_fn, max_steps=10)
+  assert estimator.distributed_model().global_step.numpy() == 10
+  assert scale.numpy()[0] != 0.5  # trained: the loss depends on it
+  assert np.isfinite(estimator.evaluate(synthetic.eval_input_fn, steps=2)["loss"])  # in a plain process too
 
 
 def test_a_seed_gives_the_same_initial_values_whatever_python_random_holds(cluster, tmp_path):

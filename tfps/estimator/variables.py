@@ -78,6 +78,26 @@ def _name_of(variable) -> str:
   return variable.name if isinstance(variable, tf.Variable) else variable.variables[0].name
 
 
+def _initial_value_out_of_the_trace(kwargs: dict) -> dict:
+  """`kwargs` of a new variable, its initial value usable where variables are made: out of the traced model_fn
+  (`get_variable` makes them under `tf.init_scope`, as tfps does on a cluster). A tensor of the trace
+  (`get_variable(initializer=tf.constant(...))`, as TF1 model_fns write) is replaced by its value if it is a constant.
+
+  Raises:
+    ModelFnError: the initial value is a tensor the model_fn computes.
+  """
+  initial = kwargs.get("initial_value")
+  if not tf.is_symbolic_tensor(initial):
+    return kwargs
+  value = tf.get_static_value(initial)
+  if value is None:
+    raise ModelFnError(
+        f"model_fn variable {kwargs.get('name')!r} starts from {initial.name!r}, a tensor model_fn computes; a "
+        "variable is made outside the traced model_fn: give its initial value as an initializer "
+        "(tf.compat.v1.constant_initializer, ...) or a constant")
+  return dict(kwargs, initial_value=value)
+
+
 class MetricState:
   """Metric variables, created on first need and handed out in creation order on every later call.
 
@@ -198,7 +218,7 @@ class ModelFnVariables(tf.Module):
           f"model_fn created a new variable {kwargs.get('name')!r} (shape {_requested_shape(kwargs)}) in mode "
           f"{self._mode!r} on a later call; its first call created {len(self.created)} variables. A model_fn must "
           "create the same variables, in the same order, on every call and in every mode (metrics excepted)")
-    variable = next_creator(**kwargs)
+    variable = next_creator(**_initial_value_out_of_the_trace(kwargs))
     self.created.append(variable)
     return variable
 
