@@ -322,6 +322,36 @@ def test_a_model_fn_variable_made_from_a_constant_tensor_starts_at_its_value_and
   assert np.isfinite(estimator.evaluate(synthetic.eval_input_fn, steps=2)["loss"])  # in a plain process too
 
 
+def _step_reading_model_fn(features, labels, mode, params):
+  """A TF1 model_fn that reads the training step from the graph, as model_fns that schedule or log by it do."""
+  step = tf.compat.v1.train.get_or_create_global_step()
+  spec = synthetic.model_fn(features, labels, mode, params)
+  if mode == tfps.ModeKeys.PREDICT:
+    prob = spec.predictions["prob"]
+    return tfps.EstimatorSpec(mode, predictions={"prob": prob, "step": tf.fill(tf.shape(prob), step)})
+  if mode == tfps.ModeKeys.EVAL:
+    seen = tf_keras.metrics.Mean(name="step_seen")
+    seen.update_state(tf.cast(step, tf.float32))
+    return tfps.EstimatorSpec(mode, loss=spec.loss, eval_metric_ops=dict(spec.eval_metric_ops, step_seen=seen))
+  return tfps.EstimatorSpec(mode, loss=spec.loss + 0.0 * tf.cast(step, tf.float32), optimizer=spec.optimizer)
+
+
+def test_get_global_step_in_model_fn_is_the_runs_step(cluster, tmp_path):
+  """`tf.compat.v1.train.get_or_create_global_step()` gives the run's own step (it made a variable of the model_fn's
+  that stayed 0), on the cluster, in a plain process after a checkpoint, and in an export."""
+  estimator = tfps.Estimator(_step_reading_model_fn, model_dir=str(tmp_path / "model"), cluster=cluster)
+  results = tfps.train_and_evaluate(estimator, tfps.TrainSpec(synthetic.train_input_fn, max_steps=30),
+                                    tfps.EvalSpec(synthetic.eval_input_fn, steps=2, throttle_secs=0))
+  assert results["global_step"] == 30 and results["step_seen"] == 30, results
+  assert len(estimator.distributed_model().model.variables.created) == 6  # synthetic.model_fn's: no step of its own
+  assert estimator.evaluate(synthetic.eval_input_fn, steps=2)["step_seen"] == 30
+  assert next(estimator.predict(synthetic.predict_input_fn))["step"] == 30
+  exported = estimator.export_saved_model(str(tmp_path / "export"), synthetic.serving_input_fn)
+  served = tf.saved_model.load(exported).signatures["serving_default"](
+      user=tf.constant([1], tf.int64), item=tf.constant([2], tf.int64), dense=tf.zeros([1, 2]))
+  assert served["step"].numpy().tolist() == [30]
+
+
 def test_a_seed_gives_the_same_initial_values_whatever_python_random_holds(cluster, tmp_path):
   """`tf_random_seed` fixes the initial values of tf-keras layers, whose initializers draw their seeds from Python's
   `random` unless tf-keras is seeded (a forked task reseeds `random`: each launch drew other values)."""

@@ -37,6 +37,7 @@ class LocalModel:
   def __init__(self, model_fn: Callable, params: dict, config):
     self.model = ModelFnModel(model_fn, params, config)
     self._global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+    self.model.global_step = self._global_step
     self._checkpoint = None
     self._built = False
 
@@ -118,6 +119,7 @@ class LocalModel:
     self.build(dict(zip(names, signature)), ModeKeys.PREDICT)
     module = tf.Module()
     module.model_variables = self.model.variables
+    module.global_step = self._global_step  # a model_fn may read it (`tf.compat.v1.train.get_global_step()`)
     setattr(module, deltas.MODULE_VARIABLES, list(self.model.variables.model_variables()))
     module.serve = tf.function(serve, input_signature=signature, autograph=False)
     concrete = module.serve.get_concrete_function()

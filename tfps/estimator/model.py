@@ -1,6 +1,7 @@
 """`ModelFnModel`: a user's model_fn bound to its params, config and one set of variables; what a step is."""
 
-from typing import Callable, Tuple
+import contextlib
+from typing import Callable, Optional, Tuple
 
 import tensorflow as tf
 
@@ -24,11 +25,13 @@ class ModelFnModel:
     self.config = config
     self.variables = ModelFnVariables()
     self.optimizer = None
+    self.global_step: Optional[tf.Variable] = None  # what `tf.compat.v1.train.get_global_step()` gives model_fn
 
   def __call__(self, features, labels, mode: str) -> EstimatorSpec:
     """The validated EstimatorSpec of `model_fn(features, labels, mode, ...)` on this model's variables."""
-    spec = self.variables.call(
-        lambda: calls.call_model_fn(self.model_fn, features, labels, mode, self.params, self.config), mode)
+    with _global_step_of(self.global_step):
+      spec = self.variables.call(
+          lambda: calls.call_model_fn(self.model_fn, features, labels, mode, self.params, self.config), mode)
     spec = validate_spec(spec, mode)
     if mode == ModeKeys.TRAIN and self.optimizer is None:
       self.optimizer = spec.optimizer  # model_fn builds a new optimizer on every trace; the first one is kept
@@ -62,3 +65,20 @@ class ModelFnModel:
   def checkpoint_objects(self) -> dict:
     """What a checkpoint of this model holds: the model variables (and the optimizer, once a TRAIN call made one)."""
     return {"model": self.variables, **({"optimizer": self.optimizer} if self.optimizer is not None else {})}
+
+
+@contextlib.contextmanager
+def _global_step_of(step: Optional[tf.Variable]):
+  """Inside, `tf.compat.v1.train.get_global_step()` and `get_or_create_global_step()` give `step` (the run's own
+  counter, which the runner advances): TF1 model_fns read the training step from the graph's GLOBAL_STEP collection.
+  The collection is put back afterwards."""
+  if step is None:
+    yield
+    return
+  collection = tf.compat.v1.get_default_graph().get_collection_ref(tf.compat.v1.GraphKeys.GLOBAL_STEP)
+  saved = list(collection)
+  collection[:] = [step]
+  try:
+    yield
+  finally:
+    collection[:] = saved
