@@ -237,7 +237,8 @@ def _variable_from_a_computed_tensor(features, labels, mode, params):
     (_new_variable_on_later_calls(first=True), ModelFnError,
      "variable #0 is 'extra' .* but the first call created 'synthetic/user_embedding.* in the same order"),
     (_variable_from_a_computed_tensor, ModelFnError,
-     r"^model_fn variable 'scale' starts from '.*mul:0', a tensor model_fn computes; .* or a constant$"),
+     r"^model_fn variable 'scale' starts from '.*mul:0', a tensor model_fn computes, but get_variable .* or a "
+     "constant$"),
 ])
 def test_bad_model_fn_in_training(cluster, tmp_path, model_fn, error, message):
   estimator = tfps.Estimator(model_fn, model_dir=str(tmp_path), cluster=cluster)
@@ -302,23 +303,27 @@ def test_model_fn_building_a_keras_model(cluster, tmp_path):
   assert np.isfinite(next(estimator.predict(synthetic.predict_input_fn))["logits"])
 
 
-def test_a_model_fn_variable_made_from_a_constant_tensor_starts_at_its_value_and_trains(cluster, tmp_path):
+def test_model_fn_variables_made_from_tensors_of_the_trace_start_at_their_values_and_train(cluster, tmp_path):
   """`get_variable(initializer=tf.constant(...))`, as TF1 model_fns write: the variable is made outside the traced
-  model_fn (where the trace's tensors cannot be used) from the constant's value."""
+  model_fn (where the trace's tensors cannot be used) from the constant's value. A `tf.Variable` of a computed tensor
+  is lifted out of the function by TensorFlow, as before."""
   def model_fn(features, labels, mode, params):
     scale = tf.compat.v1.get_variable("scale", initializer=tf.constant([0.5]))
+    shift = tf.Variable(tf.random.normal([1], seed=1), name="shift")
     spec = synthetic.model_fn(features, labels, mode, params)
     if mode != tfps.ModeKeys.TRAIN:
       return spec
-    return tfps.EstimatorSpec(mode, loss=spec.loss * scale[0], optimizer=spec.optimizer)
+    return tfps.EstimatorSpec(mode, loss=spec.loss * scale[0] + 0.01 * shift[0] ** 2, optimizer=spec.optimizer)
 
   estimator = tfps.Estimator(model_fn, model_dir=str(tmp_path), cluster=cluster)
   estimator.distributed_model().prepare(synthetic.train_input_fn)  # creates the variables, runs no step
   scale, = [v for v in estimator.distributed_model().model.variables.created if "scale" in v.name]
+  shift, = [v for v in estimator.distributed_model().model.variables.created if "shift" in v.name]
   assert scale.numpy().tolist() == [0.5]
+  start = shift.numpy()[0]
   estimator.train(synthetic.train_input_fn, max_steps=10)
   assert estimator.distributed_model().global_step.numpy() == 10
-  assert scale.numpy()[0] != 0.5  # trained: the loss depends on it
+  assert scale.numpy()[0] != 0.5 and shift.numpy()[0] != start  # trained: the loss depends on both
   assert np.isfinite(estimator.evaluate(synthetic.eval_input_fn, steps=2)["loss"])  # in a plain process too
 
 

@@ -79,23 +79,26 @@ def _name_of(variable) -> str:
 
 
 def _initial_value_out_of_the_trace(kwargs: dict) -> dict:
-  """`kwargs` of a new variable, its initial value usable where variables are made: out of the traced model_fn
-  (`get_variable` makes them under `tf.init_scope`, as tfps does on a cluster). A tensor of the trace
-  (`get_variable(initializer=tf.constant(...))`, as TF1 model_fns write) is replaced by its value if it is a constant.
+  """`kwargs` of a new variable, its initial value usable where the variable is made. A constant tensor of the traced
+  model_fn (`get_variable(initializer=tf.constant(...))`, as TF1 model_fns write) is replaced by its value: `get_variable`
+  makes variables out of the trace (under `tf.init_scope`), where the trace's tensors do not exist. Another tensor
+  of the trace is left to TensorFlow (lifted out of the function, as `tf.Variable(tf.random.normal(...))` is).
 
   Raises:
-    ModelFnError: the initial value is a tensor the model_fn computes.
+    ModelFnError: the variable is made out of the trace from a tensor the model_fn computes.
   """
   initial = kwargs.get("initial_value")
   if not tf.is_symbolic_tensor(initial):
     return kwargs
   value = tf.get_static_value(initial)
-  if value is None:
+  if value is not None:
+    return dict(kwargs, initial_value=value)
+  if tf.executing_eagerly():  # out of the trace: its tensors cannot be used here
     raise ModelFnError(
-        f"model_fn variable {kwargs.get('name')!r} starts from {initial.name!r}, a tensor model_fn computes; a "
-        "variable is made outside the traced model_fn: give its initial value as an initializer "
+        f"model_fn variable {kwargs.get('name')!r} starts from {initial.name!r}, a tensor model_fn computes, but "
+        "get_variable makes its variables outside the traced model_fn: give the initial value as an initializer "
         "(tf.compat.v1.constant_initializer, ...) or a constant")
-  return dict(kwargs, initial_value=value)
+  return kwargs
 
 
 class MetricState:
