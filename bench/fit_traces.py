@@ -18,8 +18,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
-from tfps.estimator import distributed  # pylint: disable=g-import-not-at-top,wrong-import-position
 import tfps  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tfps.estimator import distributed  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tfps.models import dynamic_embedding  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tfps.testing import in_process  # pylint: disable=g-import-not-at-top,wrong-import-position
 import test_dynamic_embedding_modes as workload  # pylint: disable=g-import-not-at-top,wrong-import-position
