@@ -272,6 +272,22 @@ def test_bad_model_fn_in_predict_and_eval(trained):
     bad_eval.evaluate(synthetic.eval_input_fn)
 
 
+def test_a_plain_process_traces_model_fn_once_to_make_its_variables(trained, tmp_path):
+  """evaluate, predict and export in a plain process: one model_fn call makes the variables (made eagerly, so that
+  trace is not traced again), one more builds what runs (export: and one when the SavedModel is written)."""
+  estimator, _, _ = trained
+  calls = []
+  counted = tfps.Estimator(_wrap(lambda spec, mode: calls.append(mode) or spec), model_dir=estimator.model_dir)
+  counted.evaluate(synthetic.eval_input_fn, steps=2)
+  assert calls == ["eval", "eval"]
+  calls.clear()
+  next(counted.predict(synthetic.predict_input_fn))
+  assert calls == ["infer", "infer"]
+  calls.clear()
+  counted.export_saved_model(str(tmp_path), synthetic.serving_input_fn)
+  assert calls == ["infer"] * 3
+
+
 def test_training_without_max_steps_ends_with_the_input(cluster, tmp_path):
   estimator = tfps.Estimator(synthetic.model_fn, model_dir=str(tmp_path), cluster=cluster,
                              params={"batch_size": 50, "eval_examples": 1000})  # 20 batches on each worker

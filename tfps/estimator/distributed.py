@@ -18,19 +18,9 @@ from tfps.training import tables
 from tfps.estimator import calls
 from tfps.estimator import deltas as estimator_deltas
 from tfps.estimator.evaluation import ShardedEvaluation
+from tfps.estimator import variables as variables_lib
 from tfps.estimator.model import ModelFnModel
 from tfps.estimator.spec import ModeKeys, RunConfig
-
-
-def _made_eagerly(next_creator, **kwargs):
-  """A variable made eagerly (under `tf.init_scope`) while a function is traced, unknown to that function: a
-  `tf.function` whose first trace made variables is traced again. Left to the trace: a variable its maker keeps in the
-  function (`experimental_enable_variable_lifting=False`), and one whose initial value is the trace's tensor."""
-  initial_value = kwargs.get("initial_value")
-  if kwargs.get("experimental_enable_variable_lifting") is False or tf.is_symbolic_tensor(initial_value):
-    return next_creator(**kwargs)
-  with tf.init_scope():
-    return next_creator(**dict(kwargs, experimental_enable_variable_lifting=False))
 
 
 class DistributedModel:
@@ -76,7 +66,7 @@ class DistributedModel:
 
     def first_step(batch):
       element.append(tf.nest.map_structure(tf.type_spec_from_value, batch))
-      with tf.variable_creator_scope(_made_eagerly):
+      with tf.variable_creator_scope(variables_lib.made_eagerly):
         return self.model.train_step(batch)
 
     @tf.function(autograph=False)

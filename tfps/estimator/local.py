@@ -14,6 +14,7 @@ import tensorflow as tf
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.training import deltas
 from tfps.estimator import calls
+from tfps.estimator import variables as variables_lib
 from tfps.estimator.evaluation import ShardedEvaluation
 from tfps.estimator.model import ModelFnModel
 from tfps.estimator.spec import ModeKeys
@@ -45,7 +46,8 @@ class LocalModel:
     """Creates the variables by tracing one model_fn call on a batch of `element_spec`, unless already created."""
     if not self._built:
       def first_call(element):
-        self.model(*calls.split_element(element, mode), mode)
+        with tf.variable_creator_scope(variables_lib.made_eagerly):  # traced once
+          self.model(*calls.split_element(element, mode), mode)
 
       tf.function(first_call, autograph=False).get_concrete_function(element_spec)
       self._built = True

@@ -101,6 +101,18 @@ def _initial_value_out_of_the_trace(kwargs: dict) -> dict:
   return kwargs
 
 
+def made_eagerly(next_creator, **kwargs):
+  """A variable creator that makes each variable eagerly (under `tf.init_scope`) while a function is traced, unknown to
+  that function: a `tf.function` whose first trace made variables is traced again, so the trace that makes a model_fn's
+  variables runs under this. Left to the trace: a variable its maker keeps in the function
+  (`experimental_enable_variable_lifting=False`), and one whose initial value is a tensor of the trace."""
+  initial_value = kwargs.get("initial_value")
+  if kwargs.get("experimental_enable_variable_lifting") is False or tf.is_symbolic_tensor(initial_value):
+    return next_creator(**kwargs)
+  with tf.init_scope():
+    return next_creator(**dict(kwargs, experimental_enable_variable_lifting=False))
+
+
 class MetricState:
   """Metric variables, created on first need and handed out in creation order on every later call.
 
