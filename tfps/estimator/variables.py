@@ -80,9 +80,10 @@ def _name_of(variable) -> str:
 
 def _initial_value_out_of_the_trace(kwargs: dict) -> dict:
   """`kwargs` of a new variable, its initial value usable where the variable is made. A constant tensor of the traced
-  model_fn (`get_variable(initializer=tf.constant(...))`, as TF1 model_fns write) is replaced by its value: `get_variable`
-  makes variables out of the trace (under `tf.init_scope`), where the trace's tensors do not exist. Another tensor
-  of the trace is left to TensorFlow (lifted out of the function, as `tf.Variable(tf.random.normal(...))` is).
+  model_fn (`get_variable(initializer=tf.constant(...))`, as TF1 model_fns write) is replaced by its value:
+  `get_variable` makes variables out of the trace (under `tf.init_scope`), where the trace's tensors do not exist.
+  Another tensor of the trace is left to TensorFlow (lifted out of the function, as `tf.Variable(tf.random.normal(...))`
+  is).
 
   Raises:
     ModelFnError: the variable is made out of the trace from a tensor the model_fn computes.
