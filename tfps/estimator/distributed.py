@@ -35,10 +35,9 @@ class DistributedModel:
     self._num_workers = cluster.num_workers
     self.chief = chief_lib.connect(cluster, config.mode, strategy_options)
     self.strategy, self.coordinator = self.chief.strategy, self.chief.coordinator
-    self.model = ModelFnModel(model_fn, params, config)
     with self.strategy.scope():
       self.global_step = loop.build_global_step()
-    self.model.global_step = self.global_step
+    self.model = ModelFnModel(model_fn, params, config, self.global_step)
     self._checkpoints: Optional[checkpoints_lib.CheckpointWriter] = None
     self._evaluations: Dict[tuple, ShardedEvaluation] = {}
     self._batch_size: Optional[int] = None  # a worker's batches' static size, known at the first `_build`

@@ -36,9 +36,8 @@ class LocalModel:
   """
 
   def __init__(self, model_fn: Callable, params: dict, config):
-    self.model = ModelFnModel(model_fn, params, config)
     self._global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-    self.model.global_step = self._global_step
+    self.model = ModelFnModel(model_fn, params, config, self._global_step)
     self._checkpoint = None
     self._built = False
 

@@ -18,14 +18,15 @@ class ModelFnModel:
   variables on the ps), or in a plain process for evaluation, prediction and export (unsharded copies).
   """
 
-  def __init__(self, model_fn: Callable, params: dict, config):
+  def __init__(self, model_fn: Callable, params: dict, config, global_step: Optional[tf.Variable] = None):
+    """`global_step`: the run's step counter, what `tf.compat.v1.train.get_global_step()` gives model_fn."""
     calls.check_model_fn(model_fn)
     self.model_fn = model_fn
     self.params = dict(params)
     self.config = config
     self.variables = ModelFnVariables()
     self.optimizer = None
-    self.global_step: Optional[tf.Variable] = None  # what `tf.compat.v1.train.get_global_step()` gives model_fn
+    self.global_step = global_step
 
   def __call__(self, features, labels, mode: str) -> EstimatorSpec:
     """The validated EstimatorSpec of `model_fn(features, labels, mode, ...)` on this model's variables."""
