@@ -405,6 +405,21 @@ def test_tfps_evaluate_exact_counts_a_dataset_read_from_files(trained, tmp_path)
   assert tfps.evaluate(trained[0].model, file_fn, exact=True)["count"] == 1_003
 
 
+def test_progress_is_measured_with_a_current_optimizer_whose_step_is_a_tensor_while_a_step_is_traced(cluster, info_log):
+  """A current tf-keras optimizer's `iterations` is a tensor of the trace while the training function is traced (the
+  step copies on each ps): the progress thread, polling every 0.05 s through the trace, reads the step counter itself
+  and goes on (it ended at its first poll within the trace, and no line came)."""
+  def build():
+    model = build_model()
+    model.compile(tf_keras.optimizers.Adagrad(0.1), "binary_crossentropy")
+    return model
+
+  tfps.fit(build, train_fn, epochs=1, steps_per_epoch=300, steps_per_execution=10, log_every_secs=0.05,
+           cluster=cluster)
+  lines = [r.getMessage() for r in info_log.records if r.getMessage().startswith("epoch 1/1 | step")]
+  assert len(lines) >= 3, lines
+
+
 def test_progress_is_measured_while_steps_run_and_plotted_record_by_record(cluster, info_log, tmp_path):
   """fit schedules an epoch's functions long before they run: progress comes from the step on the ps, every interval,
   and tfps-report plots each record."""

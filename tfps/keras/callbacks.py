@@ -63,7 +63,10 @@ class ProgressLogger(tf_keras.callbacks.Callback):
   def on_train_begin(self, logs=None):
     self._clock_started = False
     self._stop.clear()
-    self._sampler = threading.Thread(target=self._sample_until_stopped, name="tfps-progress", daemon=True)
+    # The step counter itself, taken before any step is traced: while one is, a current tf-keras optimizer's
+    # `iterations` is a tensor of the trace (`_tf_private`'s step copies), which this thread must not read.
+    self._sampler = threading.Thread(target=self._sample_until_stopped, args=(self.model.optimizer.iterations,),
+                                     name="tfps-progress", daemon=True)
     self._sampler.start()
 
   def on_epoch_begin(self, epoch, logs=None):
@@ -84,12 +87,12 @@ class ProgressLogger(tf_keras.callbacks.Callback):
     with self._lock:
       self._logs_at[batch + 1] = logs  # scheduled, not run yet: the sampler fetches it once the step got there
 
-  def _sample_until_stopped(self):
+  def _sample_until_stopped(self, iterations: tf.Variable):
     poll_secs = max(min(self.interval_secs, RECORD_SECS if self.recorder is not None else self.interval_secs),
                     _MIN_SAMPLE_SECS)
     while not self._stop.wait(poll_secs):
       try:
-        step = int(self.model.optimizer.iterations.numpy())
+        step = int(iterations.numpy())
       except (tf.errors.OpError, RuntimeError, ValueError):  # the cluster is going away: the run's end says why
         return
       except TypeError:  # geo mode while a round is traced: its variables answer from local copies; look again
