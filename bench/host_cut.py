@@ -70,7 +70,7 @@ def _finish(cluster, model_dir, result, start):
     result["steps"] = final.get("step")
     # each ps's count of the steps applied there (its counter, tfps.testing.applied_steps), from the last checkpoint
     result["applied_by_ps"] = applied_steps.applied_per_ps(final["last_checkpoint"], cluster.log(CHIEF))
-  resumed = re.findall(r"Resumed from the backup at epoch (\d+)/", cluster.log(CHIEF))
+  resumed = re.findall(r"Resumed from \S+ at epoch (\d+)/", cluster.log(CHIEF))
   if resumed:
     result["resumed_at_epoch"] = int(resumed[-1])
   return result

@@ -93,10 +93,10 @@ class Run:
     return self.out.read_text()
 
   def resumed_lines(self):
-    """The chief's own lines on resuming from a backup; not the launcher's quotes ("  | ...") of a dead task's log,
-    which may repeat one."""
+    """The chief's own lines on resuming from its last checkpoint; not the launcher's quotes ("  | ...") of a dead
+    task's log, which may repeat one."""
     return [line for line in self.output().splitlines()
-            if "Resumed from the backup at epoch" in line and not line.startswith("  | ")]
+            if re.search(r"Resumed from \S+ at epoch", line) and not line.startswith("  | ")]
 
   def evidence(self, lines=40):
     """What a failed count is read against: the chief's log lines on failures, restarts, checkpoints and settling,
@@ -287,7 +287,10 @@ def test_chief_killed_while_writing_a_checkpoint_then_the_ps_after_the_end(run):
   ps_restart = re.search(r"restart [23]/3: ps:0 failed", output)
   assert ps_restart, output[-3000:]  # the ps kill restarted the cluster
   before_end, after_end = output[:ps_restart.start()], output[ps_restart.end():]
-  assert "Resumed from the backup at epoch" in before_end, writing
+  # from the last complete checkpoint: the one before the one being written (or that one, where the kill came after
+  # it was complete)
+  resumed = re.search(r"Resumed from \S+/ckpt-(\d+) at epoch (\d+)/3", before_end)
+  assert resumed and resumed[1] in ("1", "2") and int(resumed[2]) == int(resumed[1]) + 1, writing
   assert "Training already finished in" in after_end
   # no epoch trained again, from the start or from a backup
   assert (f"epoch 1/{epochs}" not in after_end and "| step " not in after_end

@@ -353,6 +353,7 @@ def keras3_model():
     (dict(num_shards=0), ValueError, "`num_shards` (0) must be a positive integer or None"),
     (dict(min_shard_bytes=-1), ValueError, "`min_shard_bytes` (-1) must be a non-negative integer"),
     (dict(seed=-1), ValueError, "`seed` (-1) must be a non-negative integer"),
+    (dict(keep_checkpoint_max=0), ValueError, "`keep_checkpoint_max` (0) must be a positive integer or None"),
 ])
 def test_bad_fit_arguments_get_clear_errors(cluster, kwargs, error, message):
   args = dict(build_model=build_model, train_dataset_fn=train_fn, epochs=1, steps_per_epoch=2, cluster=cluster)

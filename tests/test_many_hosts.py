@@ -131,7 +131,7 @@ def test_keras_path_with_packet_loss_a_worker_and_a_ps_cut_off(make_cluster, tmp
   # Each ps applied every step once (its counter; the step counter alone is settled from the ps's records).
   assert applied_steps.applied_per_ps(final["last_checkpoint"], cluster.log(CHIEF)) == {
       "ps:0": epochs * steps, "ps:1": epochs * steps}
-  resumed = re.findall(r"Resumed from the backup at epoch (\d+)/", cluster.log(CHIEF))
+  resumed = re.findall(r"Resumed from \S+ at epoch (\d+)/", cluster.log(CHIEF))
   assert len(resumed) == 1 and int(resumed[0]) >= 2, resumed
 
   assert cluster.wait(EVALUATOR, timeout_secs=180) == 0, cluster.log(EVALUATOR)[-3000:]

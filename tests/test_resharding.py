@@ -80,7 +80,7 @@ class _StopAfterFirstEpoch(tf_keras.callbacks.Callback):
 
 
 class _StateAtStart(tf_keras.callbacks.Callback):
-  """Records the model's state as training starts (after `BackupAndRestore`, which comes before it, restored)."""
+  """Records the model's state as training starts (after tfps.fit restored it)."""
 
   def __init__(self, scratch):
     super().__init__()
@@ -91,25 +91,28 @@ class _StateAtStart(tf_keras.callbacks.Callback):
 
 
 @pytest.mark.slow
-def test_a_restart_backup_carries_over_to_another_shard_count(cluster, tmp_path):
-  """What tfps.fit does after a chief died: a backup saved on 3 shards, restored by tf-keras into 1 shard."""
-  backup_dir = str(tmp_path / "backup")
-  strategy, model = _built(cluster, 3, "keras_adam")
-  with pytest.raises(RuntimeError, match="the chief stopped"):
-    model.fit(tf_keras.utils.experimental.DatasetCreator(dataset), epochs=2, steps_per_epoch=2, verbose=0,
-              callbacks=[tf_keras.callbacks.BackupAndRestore(backup_dir), _StopAfterFirstEpoch()])
-  saved = _state(model, tmp_path / "saved")
+def test_a_chief_stopped_mid_run_resumes_from_its_last_checkpoint_on_another_shard_count(cluster, tmp_path, info_log):
+  """What a chief started again after a failure does: the checkpoint of the last epoch it ended, saved on 3 shards,
+  restored into 1 shard with every value as saved, and training goes on at the next epoch."""
+  def fit(num_shards, callback):
+    return tfps.fit(lambda: build_model("keras_adam"), dataset, epochs=2, steps_per_epoch=2, model_dir=str(tmp_path),
+                    cluster=cluster, callbacks=[callback], steps_per_execution=2,
+                    strategy_options={"num_shards": num_shards, "min_shard_bytes": 0})
 
-  strategy, model = _built(cluster, 1, "keras_adam")
-  resharding.check_compatible(tf.train.latest_checkpoint(f"{backup_dir}/chief"), tf.train.Checkpoint(model=model))
+  with pytest.raises(RuntimeError, match="the chief stopped"):
+    fit(3, _StopAfterFirstEpoch())
+  [last] = checkpoints_lib.list_checkpoints(str(tmp_path))
+  saved = tf.train.load_checkpoint(last)
   at_start = _StateAtStart(tmp_path / "at_start")
-  history = model.fit(tf_keras.utils.experimental.DatasetCreator(dataset), epochs=2, steps_per_epoch=2, verbose=0,
-                      callbacks=[tf_keras.callbacks.BackupAndRestore(backup_dir), at_start])
+  history = fit(1, at_start)
   assert history.epoch == [1]
-  assert at_start.state.keys() == saved.keys()
-  for name, value in saved.items():
-    np.testing.assert_array_equal(at_start.state[name], value, err_msg=name)
-  assert int(model.optimizer.iterations.numpy()) == 4
+  assert f"Resumed from {last} at epoch 2/2 (step 2)" in info_log.text
+  iterations = at_start.state.pop("model/optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")
+  assert iterations == checkpoints_lib.checkpoint_step(last) == 2  # saved once, as the checkpoint's step
+  assert len(at_start.state) > 2  # every other value of the model and its optimizer, as the checkpoint holds it
+  for name, value in at_start.state.items():
+    np.testing.assert_array_equal(value, saved.get_tensor(name), err_msg=name)
+  assert checkpoints_lib.read_final_marker(str(tmp_path))["step"] == 4
 
 
 def test_a_checkpoint_of_another_model_is_refused_before_anything_is_restored(cluster, tmp_path):
@@ -141,7 +144,6 @@ def _fit(cluster, model_dir, epochs, build=build_model):
 
 def test_fit_goes_on_from_the_newest_checkpoint_and_refuses_another_model(cluster, tmp_path):
   _fit(cluster, tmp_path, epochs=1)
-  assert not list(tmp_path.glob("backup/**/*.index"))  # finished: no backup to resume from, only checkpoints
   history = _fit(cluster, tmp_path, epochs=2)
   assert history.epoch == [1]  # resumed after the first epoch, not trained from fresh values
   assert checkpoints_lib.read_final_marker(str(tmp_path))["step"] == 8  # every step counted once

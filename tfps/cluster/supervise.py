@@ -4,8 +4,8 @@ What survives what:
 - a worker that dies is restarted alone, on its port; the coordinator retries its work elsewhere meanwhile and uses
   it again when it is back;
 - a ps or chief that dies (or a chief that fails) restarts the training cluster: every ps, worker and the chief start
-  again on their ports, and the chief resumes from its newest checkpoint (the Keras path's backup, the Estimator
-  path's global step), losing at most one checkpoint interval;
+  again on their ports, and the chief resumes from its newest checkpoint (the Keras path's of the last epoch, the
+  Estimator path's of its global step), losing at most one checkpoint interval;
 - an evaluator that dies is restarted alone;
 - after `max_restarts` restarts in all, the next failure stops everything;
 - a task that refused its input (exit status 2: its flags, cluster or checkpoint) is not restarted: it would refuse

@@ -70,11 +70,8 @@ class ProgressLogger(tf_keras.callbacks.Callback):
     self._sampler.start()
 
   def on_epoch_begin(self, epoch, logs=None):
-    if not self._began and epoch > 0:
-      logging.info("Resumed from the backup at epoch %d/%d (step %d)", epoch + 1, self.epochs,
-                   epoch * self.steps_per_epoch)
-      if self.recorder is not None:
-        self.recorder.start_step = epoch * self.steps_per_epoch
+    if not self._began and epoch > 0 and self.recorder is not None:  # a resumed run (`fitting._resume` says so)
+      self.recorder.start_step = epoch * self.steps_per_epoch
     with self._lock:
       self._epoch = epoch
       self._began = True
@@ -246,8 +243,8 @@ class EpochCheckpoint(tf_keras.callbacks.Callback):
   def on_epoch_end(self, epoch, logs=None):
     self._writer.save(checkpoint_number=epoch + 1)
     if epoch + 1 == self.params.get("epochs"):
-      # At the last epoch's end, before BackupAndRestore deletes its backup (in on_train_end): a chief or ps that
-      # dies at any moment of the end leaves a backup to resume from or a finished run.
+      # At the last epoch's end, not at training's: a chief or ps that dies after it (on the chief's way out of fit)
+      # leaves a finished run, which a restarted chief does not train again.
       self._writer.finish()
 
   def on_train_end(self, logs=None):

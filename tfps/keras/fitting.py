@@ -36,7 +36,6 @@ from tfps.training import strategy as strategy_lib
 from tfps.training import tables
 from tfps.errors import ArgumentTypeError, UsageError
 
-BACKUP_SUBDIR = chief_lib.BACKUP_SUBDIR
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +53,7 @@ class FitOptions:
 
   def __post_init__(self):
     checks.positive_int("steps_per_execution", self.steps_per_execution, allow_none=True)
+    checks.positive_int("keep_checkpoint_max", self.keep_checkpoint_max, allow_none=True)  # >= 1: the restart's
     if self.seed is not None:
       checks.non_negative_int("seed", self.seed)
 
@@ -91,7 +91,8 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
     steps_per_epoch: steps per epoch (required: a parameter-server dataset has no end).
     validation_dataset_fn: like `train_dataset_fn`, for evaluation after every epoch (and by the sidecar).
     validation_steps: evaluation steps; not needed with `exact_evaluation`.
-    model_dir: where checkpoints, the restart backup and TensorBoard logs go; None keeps nothing.
+    model_dir: where checkpoints (one per epoch, which a restarted chief resumes from) and TensorBoard logs go;
+      None keeps nothing.
     callbacks: user callbacks, run after tfps's own (epoch-level only, or with `_supports_tf_logs`).
     sync_mode: "async" (default), "sync" or "geo", or a `tfps.TrainingMode` (to set `geo_steps` or
       `replicas_to_aggregate`); a script passes `tfps.mode_from_flags()`.
@@ -193,7 +194,6 @@ def _default_callbacks(run: _Run, batch_size: Optional[int]) -> List[tf_keras.ca
       callbacks_lib.ProgressLogger(run.steps_per_epoch, run.epochs, batch_size, options.log_every_secs, recorder)]
   if model_dir:
     result += [
-        tf_keras.callbacks.BackupAndRestore(os.path.join(model_dir, BACKUP_SUBDIR)),
         callbacks_lib.EpochCheckpoint(model_dir, options.keep_checkpoint_max),
         tf_keras.callbacks.TensorBoard(os.path.join(model_dir, "logs"), profile_batch=0),
     ]
@@ -329,13 +329,15 @@ def _restore_finished(chief: chief_lib.Chief, model, marker: dict, model_dir: st
 
 
 def _resume(chief: chief_lib.Chief, model, run: _Run) -> int:
-  """The epoch a run in `model_dir` goes on from, on whatever number of ps and shards (`Chief.resume`); with a restart
-  backup, 0: `BackupAndRestore` sets the epoch."""
+  """The epoch a run in `model_dir` goes on from (0: a new run), restored from its newest checkpoint on whatever
+  number of ps and shards (`Chief.resume`): a chief started again after a failure, a finished run given more epochs, a
+  run moved to another cluster. A checkpoint is written at every epoch's end, so a failure loses at most the epoch it
+  falls in."""
   restored = chief.resume(run.model_dir, tf.train.Checkpoint(model=model))
   if restored is None:
     return 0
   step = int(model.optimizer.iterations.numpy())
-  logging.info("Resumed from %s at step %d (epoch %d)", restored, step, step // run.steps_per_epoch + 1)
+  logging.info("Resumed from %s at epoch %d/%d (step %d)", restored, step // run.steps_per_epoch + 1, run.epochs, step)
   return step // run.steps_per_epoch
 
 

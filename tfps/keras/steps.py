@@ -123,7 +123,7 @@ UNUSED_BY_FIT = tf_keras.utils.experimental.DatasetCreator(
 
 class RunnerEpochs(tf_keras.callbacks.Callback):
   """Calls `runner.begin()` at each epoch's start and `runner.settle()` at its end (every function has ended then),
-  before the callbacks after it (checkpoints, backups) read the step counter."""
+  before the callbacks after it (checkpoints) read the step counter."""
 
   def __init__(self, runner: steps_lib.Runner):
     super().__init__()

@@ -1,14 +1,12 @@
 """The chief's side of a training run, one for both paths (`tfps.fit` and the Estimator path).
 
 `connect` builds the strategy for the cluster and the mode; the returned `Chief` creates every variable and optimizer
-slot and binds the table layers to the optimizer (`create_variables`), resumes a run in `model_dir` (`resume`: a
-restart backup, else the newest checkpoint, on any number of ps and shards; `finished_run`: a run that already ended)
-and builds the mode's runner (`build_runner`). What a step is, and how the variables are first made, stays with each
-path.
+slot and binds the table layers to the optimizer (`create_variables`), resumes a run in `model_dir` (`resume`: from its
+newest checkpoint, on any number of ps and shards; `finished_run`: a run that already ended) and builds the mode's
+runner (`build_runner`). What a step is, and how the variables are first made, stays with each path.
 """
 
 import dataclasses
-import os
 from typing import Callable, Iterable, Optional, Tuple
 
 import tensorflow as tf
@@ -21,9 +19,6 @@ from tfps.training import resharding
 from tfps.training import runners
 from tfps.training import steps as steps_lib
 from tfps.training import strategy as strategy_lib
-
-BACKUP_SUBDIR = "backup"  # tf-keras's BackupAndRestore folder in model_dir (the Keras path's restart backup)
-
 
 @dataclasses.dataclass(frozen=True)
 class Chief:
@@ -53,17 +48,11 @@ class Chief:
       resharding.restore(path, root)
 
   def resume(self, model_dir: Optional[str], root) -> Optional[str]:
-    """Where a run in `model_dir` goes on from: returns the checkpoint restored into `root`, or None.
-
-    A restart backup (`model_dir/backup`: a Keras chief that died) is checked against `root` and left to tf-keras's
-    `BackupAndRestore`; without one, the newest checkpoint (a finished run given more steps, a run moved to another
-    cluster) is restored here. A checkpoint that does not fit raises `CheckpointMismatchError` before any step.
+    """Where a run in `model_dir` goes on from: returns the checkpoint restored into `root` (the newest: a chief
+    started again, a finished run given more steps, a run moved to another cluster), or None. A checkpoint that does
+    not fit raises `CheckpointMismatchError` before any step.
     """
     if not model_dir:
-      return None
-    backup = newest_backup(model_dir)
-    if backup is not None:
-      resharding.check_compatible(backup, root)
       return None
     saved = checkpoints.list_checkpoints(model_dir)
     if not saved:
@@ -98,11 +87,3 @@ def finished_run(model_dir: Optional[str], total_steps: int) -> Optional[dict]:
   if marker is None or marker.get("step", -1) < total_steps or not marker.get("last_checkpoint"):
     return None
   return marker
-
-
-def newest_backup(model_dir: str) -> Optional[str]:
-  """The checkpoint `BackupAndRestore` would restore from `model_dir/backup` (the chief's own folder), or None."""
-  for folder in (os.path.join(model_dir, BACKUP_SUBDIR, "chief"), os.path.join(model_dir, BACKUP_SUBDIR)):
-    if tf.io.gfile.isdir(folder) and tf.train.latest_checkpoint(folder):
-      return tf.train.latest_checkpoint(folder)
-  return None
