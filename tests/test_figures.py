@@ -371,6 +371,15 @@ def _dynamic_again() -> tuple:
   return (min(loads), max(loads), statistics.median(row["step_secs"] for row in again)
           / statistics.median(row["step_secs"] for row in quiet))
 
+def _epoch_end(side: str) -> tuple:
+  """`bench/results/epoch_end/`: the median over runs of each run's median epoch seconds, with `side`'s (before or
+  after) saves; and the GB its model_dir held after the last epoch (the same in every run)."""
+  runs = [_json(f"epoch_end/{side}_{index}.json") for index in (1, 2, 3)]
+  held = {run["model_dir_bytes_after_epoch"][-1] // 10**7 for run in runs}
+  assert len(held) == 1, held
+  return statistics.median(run["median_epoch_secs"] for run in runs), held.pop() / 100
+
+
 PERFORMANCE_PROSE = (
     ("every start and restart traces {:.1f}x as long", "unrolled_steps/first_trace_again.json",
      lambda: _first_trace("unrolled_steps/first_trace_again.json")[:1]),
@@ -385,6 +394,8 @@ PERFORMANCE_PROSE = (
      lambda: _side_by_side_floor("ps_floor/rate_copies")),
     ("step record (once per function: {:.3f}x -> {:.3f}x,", "ps_floor/step_record",
      lambda: _side_by_side_floor("ps_floor/step_record")),
+    ("an epoch took {:.2f} s with both saves and {:.2f} s with one (medians), and `model_dir` held {:.2f} GB after it "
+     "instead of {:.2f}", "epoch_end/{before,after}_*.json", lambda: [_epoch_end(side)[part] for part in (0, 1) for side in ("before", "after")]),
     ("met by the hashed table ({:.3f}); the dynamic one missed it in the quiet series ({:.3f}) and met it in a series "
      "of its sizes alone at today's code ({:.3f})", "scale/quiet/scale.json, scale/dynamic_again/scale.json",
      lambda: (_scale_flatness("scale/quiet/scale.json", "hashed"), _scale_flatness("scale/quiet/scale.json", "dynamic"),
