@@ -91,8 +91,7 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
     steps_per_epoch: steps per epoch (required: a parameter-server dataset has no end).
     validation_dataset_fn: like `train_dataset_fn`, for evaluation after every epoch (and by the sidecar).
     validation_steps: evaluation steps; not needed with `exact_evaluation`.
-    model_dir: where checkpoints (one per epoch, which a restarted chief resumes from) and TensorBoard logs go;
-      None keeps nothing.
+    model_dir: checkpoints (one per epoch: a restarted chief resumes from it) and TensorBoard logs; None: nothing.
     callbacks: user callbacks, run after tfps's own (epoch-level only, or with `_supports_tf_logs`).
     sync_mode: "async" (default), "sync" or "geo", or a `tfps.TrainingMode` (to set `geo_steps` or
       `replicas_to_aggregate`); a script passes `tfps.mode_from_flags()`.
