@@ -277,6 +277,35 @@ def test_sidecar_evaluates_every_checkpoint_and_keeps_the_best(trained, tmp_path
   assert best["value"] == max(r["metrics"]["auc"] for r in results)
   assert (copy / "best" / (os.path.basename(best["checkpoint"]) + ".index")).exists()
   assert list((copy / "eval").glob("events.out.tfevents.*"))
+  # Kept as hard links of the checkpoint's files (no bytes copied), which outlive the checkpoint's deletion.
+  kept = sorted((copy / "best").glob("ckpt-*"))
+  assert kept and all(path.stat().st_ino == (copy / "checkpoints" / path.name).stat().st_ino for path in kept)
+  values = {key: tf.train.load_variable(best["checkpoint"], key) for key, _ in tf.train.list_variables(best["copy"])}
+  for path in (copy / "checkpoints").glob(os.path.basename(best["checkpoint"]) + ".*"):
+    path.unlink()
+  assert best["copy"] == str(copy / "best" / os.path.basename(best["checkpoint"]))
+  for key, value in values.items():
+    np.testing.assert_array_equal(tf.train.load_variable(best["copy"], key), value, err_msg=key)
+
+
+def test_a_checkpoint_deleted_before_it_is_kept_as_the_best_leaves_the_best_as_it_was(tmp_path, caplog):
+  from tfps.keras import evaluation  # pylint: disable=g-import-not-at-top
+  model_dir = tmp_path / "run"
+  paths = [tf.train.Checkpoint(v=tf.Variable(float(n))).write(str(model_dir / "checkpoints" / f"ckpt-{n}"))
+           for n in (1, 2)]
+  keep = evaluation._BestCheckpoint(str(model_dir), "auc", "auto")  # pylint: disable=protected-access
+  keep({"checkpoint": paths[0], "metrics": {"auc": 0.7}, "step": 10})
+  for path in (model_dir / "checkpoints").glob("ckpt-2.*"):
+    path.unlink()  # training went keep_checkpoint_max checkpoints further while it was evaluated
+  keep({"checkpoint": paths[1], "metrics": {"auc": 0.8}, "step": 20})
+  assert "Not kept as the best: no files of checkpoint" in caplog.text
+  best = json.loads((model_dir / "best" / "best.json").read_text())
+  assert (best["checkpoint"], best["value"]) == (paths[0], 0.7)
+  assert tf.train.load_variable(best["copy"], "v/.ATTRIBUTES/VARIABLE_VALUE") == 1.0
+  assert sorted(path.name for path in tmp_path.glob("run/best*")) == ["best"]  # no staging folder left
+  # a sidecar started again reads it; one stopped between the two renames left best.new, taken as the best
+  (model_dir / "best").rename(model_dir / "best.new")
+  assert evaluation._BestCheckpoint(str(model_dir), "auc", "auto").best == best  # pylint: disable=protected-access
 
 
 def test_sidecar_newest_only_and_skips_a_deleted_checkpoint(trained, tmp_path, caplog):

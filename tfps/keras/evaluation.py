@@ -15,6 +15,7 @@ import tf_keras
 
 from tfps import _tf_private
 from tfps import checks
+from tfps.training import checkpoints as checkpoints_lib
 from tfps.training import sidecar
 from tfps.training import dataset_fns
 from tfps.errors import UsageError
@@ -98,6 +99,9 @@ class _BestCheckpoint:
     self.best = self._read_best()
 
   def _read_best(self) -> Optional[dict]:
+    staging = self.best_dir + ".new"  # whole, where a sidecar stopped between `_keep_best`'s two renames
+    if not tf.io.gfile.exists(self.best_dir) and tf.io.gfile.exists(os.path.join(staging, "best.json")):
+      tf.io.gfile.rename(staging, self.best_dir)
     path = os.path.join(self.best_dir, "best.json")
     if not tf.io.gfile.exists(path):
       return None
@@ -113,15 +117,28 @@ class _BestCheckpoint:
       self._keep_best(path, metric, metrics[metric], record["step"])
 
   def _keep_best(self, path: str, metric: str, value: float, step: int) -> None:
+    """Makes the new best folder beside the old one, then puts it in its place: a sidecar stopped at any moment
+    leaves a whole best folder (or, for an instant between two renames, `best.new` alone). A checkpoint deleted before
+    it was kept (training went `keep_checkpoint_max` checkpoints further meanwhile) leaves the best as it was."""
+    staging, previous = self.best_dir + ".new", self.best_dir + ".old"
+    for folder in (staging, previous):
+      if tf.io.gfile.exists(folder):
+        tf.io.gfile.rmtree(folder)
+    try:
+      copy = checkpoints_lib.copy_checkpoint(path, staging)
+    except tf.errors.NotFoundError as e:
+      logging.warning("Not kept as the best: %s", e.message)
+      return
+    best = {"checkpoint": path, "copy": copy.replace(staging, self.best_dir, 1), "metric": metric, "value": value,
+            "step": step}
+    with tf.io.gfile.GFile(os.path.join(staging, "best.json"), "w") as f:
+      json.dump(best, f)
     if tf.io.gfile.exists(self.best_dir):
-      tf.io.gfile.rmtree(self.best_dir)
-    tf.io.gfile.makedirs(self.best_dir)
-    for source in tf.io.gfile.glob(path + ".*"):
-      tf.io.gfile.copy(source, os.path.join(self.best_dir, os.path.basename(source)), overwrite=True)
-    self.best = {"checkpoint": path, "copy": os.path.join(self.best_dir, os.path.basename(path)), "metric": metric,
-                 "value": value, "step": step}
-    with tf.io.gfile.GFile(os.path.join(self.best_dir, "best.json"), "w") as f:
-      json.dump(self.best, f)
+      tf.io.gfile.rename(self.best_dir, previous)
+    tf.io.gfile.rename(staging, self.best_dir)
+    if tf.io.gfile.exists(previous):
+      tf.io.gfile.rmtree(previous)
+    self.best = best
     logging.info("New best checkpoint %s: %s %.4f", path, metric, value)
 
 

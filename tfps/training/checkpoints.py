@@ -36,6 +36,30 @@ def list_checkpoints(model_dir: str) -> List[str]:
   return list(state.all_model_checkpoint_paths) if state else []
 
 
+def copy_checkpoint(path: str, folder: str) -> str:
+  """Puts checkpoint `path`'s files into `folder` (made if missing) and returns the path of the copy there. On a local
+  filesystem each file is a hard link (no bytes copied: a checkpoint's files are never written again, and deleting
+  the original leaves the link whole), elsewhere (another filesystem, a remote one) a copy. Raises
+  `tf.errors.NotFoundError` where the checkpoint is (being) deleted."""
+  sources = tf.io.gfile.glob(path + ".*")
+  if not sources:
+    raise tf.errors.NotFoundError(None, None, f"no files of checkpoint {path}")
+  tf.io.gfile.makedirs(folder)
+  local = "://" not in path and "://" not in folder
+  for source in sources:
+    destination = os.path.join(folder, os.path.basename(source))
+    if local:
+      try:
+        os.link(source, destination)
+        continue
+      except FileNotFoundError:
+        raise tf.errors.NotFoundError(None, None, f"{source} was deleted") from None
+      except OSError:  # another filesystem, or one without links
+        pass
+    tf.io.gfile.copy(source, destination, overwrite=True)
+  return os.path.join(folder, os.path.basename(path))
+
+
 def checkpoint_number(path: str) -> int:
   """N of `.../ckpt-N`."""
   return int(path.rsplit("-", 1)[1])
