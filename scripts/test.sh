@@ -16,8 +16,9 @@ if [ "${CI:-}" = true ]; then
   [ "$(id -u)" = 0 ] || echo "test.sh: CI=true without root: the tests on test hosts (network namespaces) will fail" >&2
 fi
 # Three test files at a time (pytest-xdist; a file's tests stay in one process, in order): fewer leave a core idle
-# while tests wait on restarts, timeouts and network delays. On 2 cores, from a fresh clone with CI=true: 887 tests in
-# 11 min 59 s (1,362 CPU-s, 1.89 cores busy), against 12 min 57 s two at a time (1,297 CPU-s, 1.67 cores busy);
+# while tests wait on restarts, timeouts and network delays (887 tests: 11 min 59 s, 1.89 cores busy, against 12 min
+# 57 s two at a time, 1.67 cores busy). On 2 quiet cores, from a fresh clone with CI=true, 2026-11-29: 1,037 tests in
+# 14 min 11 s (1,649 CPU-s, 1.84 cores busy); the same tests took up to 23 min when the machine was loaded.
 # `bash scripts/test.sh -n 0` runs one file at a time.
 # Files start in the order tests/conftest.py collects them, longest first (xdist's own order, most tests first, started
 # the longest files last). -rs: each skip with its reason.
