@@ -167,7 +167,7 @@ def worker_kill_runs(tmp_path_factory, module_subprocess_env):
   """`{name: (Run, exit code, FINAL marker)}` of two runs side by side on 2 ps, "default" and "pipelined" (pipelined
   updates), each with a worker killed in epochs 2, 3 and 4; the default run (6 epochs) then with ps:0 killed in epoch
   5 and, once the run resumed, the chief in epoch 6. Each kill lands in an epoch that lasts seconds (a kill after the
-  end would find no backup to resume from)."""
+  end would find a finished run)."""
   tmp_path = tmp_path_factory.mktemp("worker_kills")
   jobs, leftovers = {}, []
   try:
@@ -229,7 +229,7 @@ def test_sync_and_geo_modes_survive_worker_kills(run):
     assert job.applied(final) == on_each_ps(steps), (mode, job.evidence())
 
 
-def test_ps_then_chief_killed_each_resume_from_the_backup(worker_kill_runs):
+def test_ps_then_chief_killed_each_resume_from_the_last_checkpoint(worker_kill_runs):
   """On 2 ps, the default run of the worker kills, after them: ps:0 killed in epoch 5, then, once the run resumed, the
   chief in epoch 6."""
   job, code, final = worker_kill_runs["default"]
@@ -241,7 +241,7 @@ def test_ps_then_chief_killed_each_resume_from_the_backup(worker_kill_runs):
   assert len(resumed) == 2 and ("epoch 5/6 (step 400)" in resumed[0] or "epoch 6/6 (step 500)" in resumed[0]), resumed
   assert "epoch 6/6 (step 500)" in resumed[1], resumed
   assert final["step"] == KILLS_EPOCHS * STEPS  # the epochs run again are not counted twice
-  # each epoch again, from the backup's values
+  # each epoch again, from the checkpoint's values
   assert job.applied(final) == on_each_ps(KILLS_EPOCHS * STEPS), job.evidence()
 
 
@@ -292,7 +292,7 @@ def test_chief_killed_while_writing_a_checkpoint_then_the_ps_after_the_end(run):
   resumed = re.search(r"Resumed from \S+/ckpt-(\d+) at epoch (\d+)/3", before_end)
   assert resumed and resumed[1] in ("1", "2") and int(resumed[2]) == int(resumed[1]) + 1, writing
   assert "Training already finished in" in after_end
-  # no epoch trained again, from the start or from a backup
+  # no epoch trained again, from the start or from a checkpoint
   assert (f"epoch 1/{epochs}" not in after_end and "| step " not in after_end
           and "Resumed from" not in after_end), after_end
   assert final["step"] == epochs * STEPS, writing

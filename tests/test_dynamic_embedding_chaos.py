@@ -5,7 +5,7 @@ The run (tests/fixtures/dynamic_kills_train.py) sees the same 8 raw ids in every
 `b` batches each (async and geo: 1; sync: one per worker, 2) every table shard's clock reads `n * b`, every id was
 sighted `n * b` times, and each admitted row (min_count 3, so admitted in the batch that sights it a third time)
 received exactly one update of gradient 1 per step from the first step whose batches all see its row (its Adagrad
-accumulator says how many). The same holds after a ps restart that resumes from the last epoch's backup.
+accumulator says how many). The same holds after a ps restart that resumes from the last epoch's checkpoint.
 
 The three runs (one per mode) start together once for the file; the async run's ps kill comes after its worker kills.
 """
@@ -101,7 +101,7 @@ def _assert_each_step_counted_once(result, sync_mode="async", steps_per_epoch=ST
 
 
 # mode -> (steps per epoch, epochs, kills): each run's workers are killed after checkpoints 1 and 2; the async run's
-# ps:0 after checkpoint 3, once the counts of the worker kills' epochs are in the backup it resumes from. Sync: epochs
+# ps:0 after checkpoint 3, once the counts of the worker kills' epochs are in the checkpoint it resumes from. Sync: epochs
 # of 20 steps, one function per worker slot (a sync step waits for both workers' batches and its bookkeeping: such an
 # epoch lasts 1 s alone, seconds beside the other runs, and each kill lands in it).
 RUNS = {"async": (STEPS, EPOCHS + 1, [(1, "worker:1"), (2, "worker:0"), (3, "ps:0")]),
@@ -133,7 +133,7 @@ def test_worker_kills_neither_double_count_sightings_nor_double_apply_table_upda
 
 
 def test_ps_restart_restores_maps_counts_and_rows_with_the_step(runs):
-  """A ps killed mid-epoch (the async run's last kill): the cluster restarts and resumes from the last epoch's backup,
+  """A ps killed mid-epoch (the async run's last kill): the cluster restarts and resumes from the last epoch's checkpoint,
   whose rows, maps, counts and clocks were saved with the optimizer's step, so every count still equals the applied
   steps."""
   output, result = runs["async"]

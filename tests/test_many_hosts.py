@@ -4,7 +4,7 @@ task started as a user (or an orchestrator) would start it on its host, with net
 Keras path: the JobSet/StatefulSet form (tfps derives the cluster from the pod's variables), 1% packet loss on every
 link; one worker cut off for 20 s: training goes on with the other two meanwhile and the worker rejoins once back;
 then one ps cut off: the chief stops with one line naming the ps and its address; the same commands started again
-resume from the backup and end at the exact step count; the sidecar evaluates every checkpoint.
+resume from the last checkpoint and end at the exact step count; the sidecar evaluates every checkpoint.
 Estimator path: TF_CONFIG as the Kubeflow TFJob operator writes it; one worker cut off for 15 s (the same: training
 goes on, the worker rejoins), then the chief's host cut off and the chief started again; the job ends at exactly
 max_steps.
