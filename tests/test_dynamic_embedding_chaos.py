@@ -101,9 +101,9 @@ def _assert_each_step_counted_once(result, sync_mode="async", steps_per_epoch=ST
 
 
 # mode -> (steps per epoch, epochs, kills): each run's workers are killed after checkpoints 1 and 2; the async run's
-# ps:0 after checkpoint 3, once the counts of the worker kills' epochs are in the checkpoint it resumes from. Sync: epochs
-# of 20 steps, one function per worker slot (a sync step waits for both workers' batches and its bookkeeping: such an
-# epoch lasts 1 s alone, seconds beside the other runs, and each kill lands in it).
+# ps:0 after checkpoint 3, once the counts of the worker kills' epochs are in the checkpoint it resumes from. Sync:
+# epochs of 20 steps, one function per worker slot (a sync step waits for both workers' batches and its bookkeeping:
+# such an epoch lasts 1 s alone, seconds beside the other runs, and each kill lands in it).
 RUNS = {"async": (STEPS, EPOCHS + 1, [(1, "worker:1"), (2, "worker:0"), (3, "ps:0")]),
         "sync": (20, EPOCHS, [(1, "worker:1"), (2, "worker:0")]),
         "geo": (40, EPOCHS, [(1, "worker:1"), (2, "worker:0")])}
@@ -133,9 +133,9 @@ def test_worker_kills_neither_double_count_sightings_nor_double_apply_table_upda
 
 
 def test_ps_restart_restores_maps_counts_and_rows_with_the_step(runs):
-  """A ps killed mid-epoch (the async run's last kill): the cluster restarts and resumes from the last epoch's checkpoint,
-  whose rows, maps, counts and clocks were saved with the optimizer's step, so every count still equals the applied
-  steps."""
+  """A ps killed mid-epoch (the async run's last kill): the cluster restarts and resumes from the last epoch's
+  checkpoint, whose rows, maps, counts and clocks were saved with the optimizer's step, so every count still equals
+  the applied steps."""
   output, result = runs["async"]
   assert "ps:0 failed; restarting the training cluster" in output
   assert re.search(r"Resumed from \S+/ckpt-3 at epoch 4/4", output)

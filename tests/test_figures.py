@@ -395,7 +395,8 @@ PERFORMANCE_PROSE = (
     ("step record (once per function: {:.3f}x -> {:.3f}x,", "ps_floor/step_record",
      lambda: _side_by_side_floor("ps_floor/step_record")),
     ("an epoch took {:.2f} s with both saves and {:.2f} s with one (medians), and `model_dir` held {:.2f} GB after it "
-     "instead of {:.2f}", "epoch_end/{before,after}_*.json", lambda: [_epoch_end(side)[part] for part in (0, 1) for side in ("before", "after")]),
+     "instead of {:.2f}", "epoch_end/{before,after}_*.json",
+     lambda: [_epoch_end(side)[part] for part in (0, 1) for side in ("before", "after")]),
     ("met by the hashed table ({:.3f}); the dynamic one missed it in the quiet series ({:.3f}) and met it in a series "
      "of its sizes alone at today's code ({:.3f})", "scale/quiet/scale.json, scale/dynamic_again/scale.json",
      lambda: (_scale_flatness("scale/quiet/scale.json", "hashed"), _scale_flatness("scale/quiet/scale.json", "dynamic"),
