@@ -92,6 +92,34 @@ def test_exact_evaluation_shards_are_set_and_drop_the_cached_test_function():
   assert _tf_private.exact_evaluation_shards(model) == 4 and model.test_function is None
 
 
+def test_the_exact_shard_function_comes_from_the_instance_and_the_containers_hold_what_it_copies():
+  """What `use_exact_shard_function` relies on: tf-keras's evaluate takes the exact shard function from the instance's
+  `_make_test_function_exact` where `_pss_evaluation_shards` is set under ParameterServerStrategy, and built compile
+  containers hold per-output lists of metrics, a total loss `Mean` and per-output loss metrics, with names the clones
+  keep."""
+  source = inspect.getsource(tf_keras.Model._get_test_function_runner)  # pylint: disable=protected-access
+  assert "self._pss_evaluation_shards" in source and "self._make_test_function_exact()" in source
+  inputs = tf_keras.Input((2,))
+  model = tf_keras.Model(inputs, {name: tf_keras.layers.Dense(1, name=name)(inputs) for name in ("a", "b")})
+  model.compile("sgd", {"a": "mse", "b": "mse"}, metrics={"a": ["mae"]}, weighted_metrics={"b": ["mse"]})
+  model.evaluate(np.ones((4, 2)), {"a": np.ones((4, 1)), "b": np.ones((4, 1))}, verbose=0)
+  metrics, loss = model.compiled_metrics, model.compiled_loss
+  names = lambda lists: [[m and m.name for m in per_output] for per_output in lists]  # None: an output without any
+  assert names(metrics._metrics) == [["a_mae"], [None]]  # pylint: disable=protected-access
+  assert names(metrics._weighted_metrics) == [[None], ["b_mse"]]  # pylint: disable=protected-access
+  metrics._create_ordered_metrics()  # pylint: disable=protected-access
+  assert [m.name for m in metrics.metrics] == ["a_mae", "b_mse"]
+  assert loss._total_loss_mean.name == "loss"  # pylint: disable=protected-access
+  assert [m.name for m in loss._per_output_metrics] == ["a_loss", "b_loss"]  # pylint: disable=protected-access
+  assert [m.name for m in loss.metrics] == ["loss", "a_loss", "b_loss"]
+  from tf_keras.src.metrics import base_metric  # pylint: disable=g-import-not-at-top
+  from tf_keras.src.utils import tf_utils  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.distribute import input_ops  # pylint: disable=g-import-not-at-top
+  with tf_utils.with_metric_local_vars_scope():
+    assert base_metric.clone_metric(metrics.metrics[0]).name == "a_mae"
+  assert callable(input_ops.auto_shard_dataset) and hasattr(model, "_test_counter")
+
+
 def test_fit_runs_the_replaced_train_function_of_this_model_only_and_logs_what_it_returns():
   assert _parameters(tf_keras.Model.make_train_function) == ["self", "force"]
   model, other = _model(), _model()

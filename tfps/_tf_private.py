@@ -105,6 +105,62 @@ def set_exact_evaluation_shards(model, shards: int) -> None:
   if exact_evaluation_shards(model) != shards:
     model.test_function = None
   model._pss_evaluation_shards = shards  # pylint: disable=protected-access
+  if shards:
+    use_exact_shard_function(model)
+
+
+def use_exact_shard_function(model) -> None:
+  """Makes this model's exactly-once evaluation under ParameterServerStrategy (`pss_evaluation_shards`) evaluate each
+  shard as `Model.test_step` evaluates a batch.
+
+  tf-keras's own shard function (`Model._make_test_function_exact`, no public hook) updates every compiled metric with
+  the whole `(y, y_pred)` structure and its sample weights unmatched to the outputs (a model with several outputs, or
+  weighted metrics, fails in it), rebuilds the loss without its loss weights, output names and regularization losses
+  (another "loss" than the other evaluations report), and calls the model inside a `tf.cond` in its loop (a lookup
+  table's per-worker resource, a `StringLookup`'s, is then never fed there). This one keeps function-local copies of
+  the compiled loss and metrics containers, updates them as `test_step` does, and runs the model in a `tf.while_loop`
+  over the shard's optional next batch. Each copy keeps its original's name, which tf-keras's aggregation matches.
+  """
+  from tf_keras.src.metrics import base_metric  # pylint: disable=g-import-not-at-top
+  from tf_keras.src.utils import tf_utils  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.distribute import input_ops  # pylint: disable=g-import-not-at-top
+  import copy  # pylint: disable=g-import-not-at-top
+
+  def local_containers():
+    with tf_utils.with_metric_local_vars_scope():
+      metrics, loss = copy.copy(model.compiled_metrics), copy.copy(model.compiled_loss)
+      clone = lambda metric: None if metric is None else base_metric.clone_metric(metric)
+      metrics._metrics = [[clone(m) for m in per_output] for per_output in metrics._metrics]  # pylint: disable=protected-access
+      metrics._weighted_metrics = [[clone(m) for m in per_output]  # pylint: disable=protected-access
+                                   for per_output in metrics._weighted_metrics]  # pylint: disable=protected-access
+      metrics._create_ordered_metrics()  # pylint: disable=protected-access
+      loss._total_loss_mean = clone(loss._total_loss_mean)  # pylint: disable=protected-access
+      loss._per_output_metrics = [clone(m) for m in loss._per_output_metrics]  # pylint: disable=protected-access
+    return metrics, loss
+
+  def shard_function(dataset, total_shards, shard_index):
+    metrics, loss = local_containers()
+    iterator = iter(input_ops.auto_shard_dataset(dataset, total_shards, shard_index))
+
+    def step(batch):
+      x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(batch)
+      y_pred = model(x, training=False)
+      loss(y, y_pred, sample_weight, regularization_losses=model.losses)
+      metrics.update_state(y, y_pred, sample_weight)
+
+    def body(optional):
+      model.distribute_strategy.run(step, args=(optional.get_value(),))
+      return (iterator.get_next_as_optional(),)
+
+    tf.while_loop(lambda optional: optional.has_value(), body, (iterator.get_next_as_optional(),))
+    outputs = {metric.name: metric.weights for metric in loss.metrics + metrics.metrics}
+    with tf.control_dependencies(tf.nest.flatten(outputs)):
+      model._test_counter.assign_add(1)  # pylint: disable=protected-access
+    return outputs
+
+  function = tf.function(shard_function, reduce_retracing=True)
+  scheduled = lambda *args: model._cluster_coordinator.schedule(function, args=args)  # pylint: disable=protected-access
+  model._make_test_function_exact = lambda: scheduled  # pylint: disable=protected-access
 
 
 def exact_evaluation_shards(model) -> int:

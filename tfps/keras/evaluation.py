@@ -154,6 +154,8 @@ def ensure_built(model: tf_keras.Model, dataset: tf.data.Dataset, metrics: bool 
   outputs = model(x)
   if metrics and y is not None:
     container.build(outputs, y)
+    if not model.compiled_loss.built:  # its per-output loss metrics too, as a first step would make them
+      model.compiled_loss.build(outputs)
 
 
 def ensure_metrics_built(model: tf_keras.Model, dataset_fn: Callable) -> None:
