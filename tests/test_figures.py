@@ -394,6 +394,12 @@ PERFORMANCE_PROSE = (
      lambda: _side_by_side_floor("ps_floor/rate_copies")),
     ("step record (once per function: {:.3f}x -> {:.3f}x,", "ps_floor/step_record",
      lambda: _side_by_side_floor("ps_floor/step_record")),
+    ("within the runs' spread: tfps.fit {:.3f}x and the Estimator path {:.3f}x in the defaults' series, {:.3f}x and "
+     "{:.3f}x in a quieter one",
+     "defaults_4/b256_more, ps_floor/fit_vs_estimator_2x2/quiet",
+     lambda: tuple(_row(series, variant)["ps_vs_floor"] for series in ("defaults_4/b256_more",
+                                                                      "ps_floor/fit_vs_estimator_2x2/quiet")
+                   for variant in ("fit_2x2", "estimator_2x2"))),
     ("an epoch took {:.2f} s with both saves and {:.2f} s with one (medians), and `model_dir` held {:.2f} GB after it "
      "instead of {:.2f}", "epoch_end/{before,after}_*.json",
      lambda: [_epoch_end(side)[part] for part in (0, 1) for side in ("before", "after")]),
