@@ -79,6 +79,10 @@ def test_sync_fit_matches_single_process_on_the_combined_batch(cluster):
   assert len(table.variables) == 2  # the sparse gradients went through a sharded table
   expected = loss_of(trained_alone(features, labels), features, labels)
   assert abs(loss_of(history.model, features, labels) - expected) < 1e-4
+  # fit's loss is the mean of the steps' losses on the combined batch (it was that over the 2 workers)
+  alone = build_model()
+  assert history.history["loss"][0] == pytest.approx(
+      np.mean([alone.train_on_batch(features, labels) for _ in range(STEPS)]), rel=1e-4)
   # The check can tell data apart: one worker's batch alone trains to another loss.
   assert abs(loss_of(trained_alone(*batch_of(0)), features, labels) - expected) > 1e-3
 

@@ -53,7 +53,8 @@ def keras_step(model: tf_keras.Model, metric_results: bool = True) -> steps_lib.
   return steps_lib.Step(run=run, forward=forward, optimizer=lambda: model.optimizer, variables=lambda: model.variables,
                         trainable_variables=lambda: model.trainable_variables, counter=model.optimizer.iterations,
                         counts_itself=True, outputs=outputs, tables=lambda: tables.tables_of(model),
-                        metric_variables=lambda: _metric_variables(model))
+                        metric_variables=lambda: _metric_variables(model),
+                        loss_is_a_sum=lambda: bool(held_back and held_back[0]))
 
 
 def _metric_variables(model: tf_keras.Model) -> list:

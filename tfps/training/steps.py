@@ -30,6 +30,9 @@ class Step:
       the steps it ran.
     outputs: `fn(loss_sum, examples) -> structure`, what one scheduled function returns, given the loss summed over its
       steps and their examples (tf-keras: the model's metric results, which `fit` takes as its logs).
+    loss_is_a_sum: `fn() -> bool`, known once `run` is traced: whether `run`'s loss is its batch's loss summed over its
+      examples (tf-keras's held-back loss metric update), so that the losses of a step's batches add up; else each is
+      its batch's mean, and a step's loss is the mean over its batches.
     tables: `fn() -> list`, the model's layers (or their states) that keep tables of their own on the ps
       (`tfps.training.tables`), known once the model is built.
     metric_variables: `fn() -> [tf.Variable]`, the variables of the metrics `run` updates or reads (tf-keras: the
@@ -46,6 +49,7 @@ class Step:
   outputs: Callable[[tf.Tensor, tf.Tensor], Any] = lambda loss_sum, examples: (loss_sum, examples)
   tables: Callable[[], list] = lambda: []
   metric_variables: Callable[[], List[tf.Variable]] = lambda: []
+  loss_is_a_sum: Callable[[], bool] = lambda: False
 
   def count(self, steps) -> Optional[tf.Operation]:
     """Adds `steps` to the counter unless `run` counts itself (then None)."""

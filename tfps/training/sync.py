@@ -123,7 +123,8 @@ class GradientBuffers:
 class SyncRunner(steps_lib.Runner):
   """Runs sync steps on the ClusterCoordinator: `schedule(iterator, num_steps)` runs `num_steps` of them, each a
   gradient round and an update, and returns the last update function's result (`Step.outputs` of the loss summed
-  over the steps, each step's the mean of its batches', and the examples of every batch used).
+  over the steps, each step's the sum or the mean of its batches' as `Step.loss_is_a_sum` says, and the examples of
+  every batch used).
 
   `mode.replicas_to_aggregate` worker batches (default: one per worker) make one step: `gather(iterator, step)`
   schedules `gradient_function` until enough slots hold gradients of `step`, then `update_function(step, loss_sum,
@@ -237,10 +238,15 @@ class SyncRunner(steps_lib.Runner):
       step = int(self.step.counter.numpy())
       gradients = self.gather(*inputs(index), step=step)
       counted = [value for value in (g.fetch() for g in gradients) if value[0]]
-      loss_sum += sum(float(loss) for _, loss, _ in counted) / max(len(counted), 1)
+      losses = [float(loss) for _, loss, _ in counted]
+      loss_sum += sum(losses) if self.step.loss_is_a_sum() else sum(losses) / max(len(losses), 1)
       examples += sum(int(count) for _, _, count in counted)
+      # The sums go to the last update only (the earlier ones take zeros): `Step.outputs` may update a metric with
+      # them (tf-keras's loss metric), which must take each step once.
+      last = index == num_steps - 1
       result = self.coordinator.schedule(self.update_function, args=(
-          tf.constant(step, tf.int64), tf.constant(loss_sum, tf.float32), tf.constant(examples, tf.int64)))
+          tf.constant(step, tf.int64), tf.constant(loss_sum if last else 0.0, tf.float32),
+          tf.constant(examples if last else 0, tf.int64)))
       self.coordinator.join()
       self.settle_step(step)
     return result
