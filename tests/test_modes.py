@@ -87,6 +87,32 @@ def test_sync_fit_matches_single_process_on_the_combined_batch(cluster):
   assert abs(loss_of(trained_alone(*batch_of(0)), features, labels) - expected) > 1e-3
 
 
+def build_model_with_a_lookup_table():
+  """build_model with a StringLookup of a string feature: a lookup table, one copy per worker under the strategy."""
+  word = tf_keras.Input((), dtype="string", name="word")
+  model = build_model()
+  looked_up = tf_keras.layers.Embedding(4, 2)(tf_keras.layers.StringLookup(vocabulary=["a", "b"])(word))
+  output = tf_keras.layers.Dense(1)(tf_keras.layers.Concatenate()([model.output, looked_up]))
+  model = tf_keras.Model(dict(model.input, word=word), output)
+  model.compile(tf_keras.optimizers.legacy.Adagrad(0.5), tf_keras.losses.BinaryCrossentropy(from_logits=True))
+  return model
+
+
+@pytest.mark.parametrize("sync_mode", ["sync", "geo"])
+def test_sync_and_geo_train_a_model_with_a_lookup_table(cluster, sync_mode):
+  """Their workers call the model inside a tf.cond, where TensorFlow never gave a lookup table's per-worker handle
+  ("You must feed a value for placeholder tensor ... with dtype resource")."""
+  def batches(input_context):
+    features, labels = batch_of(0)
+    features["word"] = np.array(["a", "b", "c", "a"] * (BATCH // 4))
+    return tf.data.Dataset.from_tensors((features, labels)).repeat()
+
+  history = tfps.fit(build_model_with_a_lookup_table, batches, epochs=1, steps_per_epoch=10, sync_mode=sync_mode,
+                     cluster=cluster)
+  assert int(history.model.optimizer.iterations.numpy()) == 10
+  assert np.isfinite(history.history["loss"][0])
+
+
 def model_fn(features, labels, mode):
   """build_model's network as a model_fn."""
   table = tf_keras.layers.Embedding(VOCAB, 8, embeddings_initializer=tf_keras.initializers.Constant(0.05))

@@ -120,6 +120,21 @@ def test_the_exact_shard_function_comes_from_the_instance_and_the_containers_hol
   assert callable(input_ops.auto_shard_dataset) and hasattr(model, "_test_counter")
 
 
+def test_a_distributed_lookup_tables_handle_is_a_property_captured_at_call_time_in_the_graph_it_is_read_in():
+  """What `lookup_tables_captured_outermost` relies on: the handle is a property of the class, which captures a
+  call-time value in the default graph; a function graph names the graph it was traced in (`outer_graph`)."""
+  from tensorflow.python.distribute import ps_values  # pylint: disable=g-import-not-at-top
+  handle = ps_values.DistributedTable.resource_handle
+  assert isinstance(handle, property) and "capture_call_time_value" in inspect.getsource(handle.fget)
+  with _tf_private.lookup_tables_captured_outermost():
+    assert ps_values.DistributedTable.resource_handle is not handle
+  assert ps_values.DistributedTable.resource_handle is handle
+  outer = []
+  tf.function(lambda: tf.cond(tf.constant(True), lambda: outer.append(tf.compat.v1.get_default_graph().outer_graph)
+                              or tf.constant(1), lambda: tf.constant(2))).get_concrete_function()
+  assert outer and isinstance(outer[0], tf.__internal__.FuncGraph)
+
+
 def test_fit_runs_the_replaced_train_function_of_this_model_only_and_logs_what_it_returns():
   assert _parameters(tf_keras.Model.make_train_function) == ["self", "force"]
   model, other = _model(), _model()

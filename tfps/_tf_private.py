@@ -387,6 +387,34 @@ def _step_value_copies(optimizer, devices) -> dict:
   return copies
 
 
+def lookup_tables_captured_outermost():
+  """While tracing: a ParameterServerStrategy lookup table's resource handle (`DistributedTable`: a `StringLookup`'s,
+  an `IntegerLookup`'s, any `StaticHashTable` made under the strategy's scope) is captured by the outermost function
+  being traced, and reaches a `tf.cond` branch inside it as an ordinary captured tensor.
+
+  TensorFlow captures the handle where it is used, as a value given when the function is called
+  (`FuncGraph.capture_call_time_value`: each worker's own copy of the table); such a capture made in a `tf.cond`
+  branch is never given ("You must feed a value for placeholder tensor ... with dtype resource" on the worker). The
+  sync and geo runners call the model inside a `tf.cond`. No public hook reaches the capture: the class's property is
+  patched, only while those runners' functions are traced (like `embedding_calls`, on the class: the tables are made
+  inside the model's layers, and a model_fn makes its layers inside that very trace).
+  """
+  from tensorflow.python.distribute import ps_values  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.framework import func_graph  # pylint: disable=g-import-not-at-top
+  original = ps_values.DistributedTable.resource_handle
+
+  def resource_handle(table):
+    graph = outermost = tf.compat.v1.get_default_graph()
+    while isinstance(getattr(outermost, "outer_graph", None), func_graph.FuncGraph):
+      outermost = outermost.outer_graph
+    if outermost is graph:
+      return original.fget(table)
+    with outermost.as_default():
+      return original.fget(table)
+
+  return swapped(ps_values.DistributedTable, "resource_handle", property(resource_handle))
+
+
 def embedding_calls(answer: Callable):
   """While tracing: every tf-keras `Embedding` layer's call is `answer(layer, ids, original_call)`.
 

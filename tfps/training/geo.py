@@ -157,7 +157,8 @@ class GeoRunner(steps_lib.Runner):
     def skip():
       return tf.constant(0.0), tf.constant(0, tf.int64), self.step.counter.read_value()
 
-    loss, examples, counter = tf.cond(first > 0, skip, run)
+    with _tf_private.lookup_tables_captured_outermost():  # the model's lookup tables, called inside the cond
+      loss, examples, counter = tf.cond(first > 0, skip, run)
     recorded = self.progress.record(slot, seq * self.progress.stride + 1, [counter])
     with tf.control_dependencies([recorded]):
       return self.step.outputs(tf.identity(loss), tf.identity(examples))

@@ -30,6 +30,7 @@ from typing import List, Tuple
 from absl import logging
 import tensorflow as tf
 
+from tfps import _tf_private
 from tfps.errors import TfpsError, UsageError
 from tfps.training import exactly_once
 from tfps.training import ps_records
@@ -177,7 +178,8 @@ class SyncRunner(steps_lib.Runner):
     def skip():
       return tf.constant(0, tf.int64), tf.constant(0.0), tf.constant(0, tf.int64)
 
-    return tf.cond(slot >= 0, compute, skip)
+    with _tf_private.lookup_tables_captured_outermost():  # the model's lookup tables, called inside the cond
+      return tf.cond(slot >= 0, compute, skip)
 
   def _update(self, step, loss_sum, examples):
     marked = tf.equal(self.marks.read_value(), step)
