@@ -135,6 +135,26 @@ def test_a_distributed_lookup_tables_handle_is_a_property_captured_at_call_time_
   assert outer and isinstance(outer[0], tf.__internal__.FuncGraph)
 
 
+def test_resources_made_in_a_block_are_collected_and_the_saver_takes_a_trace_made_as_it_traces(tmp_path):
+  made, traces = [], []
+
+  def lookup(word):
+    traces.append(1)
+    table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(["a"], [1]), -1)
+    return table.lookup(word)
+
+  module = tf.Module()
+  module.lookup = tf.function(lookup, input_signature=[tf.TensorSpec([None], tf.string)])
+  with _tf_private.resources_made(made):
+    concrete = _tf_private.traced_as_saved(module.lookup)
+  assert [type(resource).__name__ for resource in made] == ["StaticHashTable"] and traces == [1]
+  module.tables = made
+  tf.saved_model.save(module, str(tmp_path), signatures={"serving_default": concrete})
+  assert traces == [1]  # the saver took that trace
+  loaded = tf.saved_model.load(str(tmp_path))
+  assert loaded.lookup(tf.constant(["a", "b"])).numpy().tolist() == [1, -1]
+
+
 def test_fit_runs_the_replaced_train_function_of_this_model_only_and_logs_what_it_returns():
   assert _parameters(tf_keras.Model.make_train_function) == ["self", "force"]
   model, other = _model(), _model()

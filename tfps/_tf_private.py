@@ -415,6 +415,35 @@ def lookup_tables_captured_outermost():
   return swapped(ps_values.DistributedTable, "resource_handle", property(resource_handle))
 
 
+@contextlib.contextmanager
+def resources_made(made: list):
+  """Appends to `made` every resource object (a lookup table, ...) created in the block, once it ends.
+
+  A SavedModel saves the resources its functions use only where an object it tracks holds them. A model_fn makes its
+  layers, and their lookup tables (a `StringLookup`'s), inside the serving function's trace: nothing tracks them
+  unless the exporter keeps them. TensorFlow collects resources this way for its own savers
+  (`resource_tracker_scope`); no public way exists.
+  """
+  from tensorflow.python.trackable import resource  # pylint: disable=g-import-not-at-top
+  tracker = resource.ResourceTracker()
+  with resource.resource_tracker_scope(tracker):
+    yield
+  made.extend(tracker.resources)
+
+
+def traced_as_saved(function):
+  """`function.get_concrete_function()` (a `tf.function` with an input signature), traced as `tf.saved_model.save`
+  with its default options traces it, so that the saver takes this trace instead of tracing again.
+
+  A trace keys on whether it is made for saving (the save options' variable policy); the saver's own trace of a
+  model_fn would make new lookup tables there, which no saved object holds ("captures tensor ... which is unsupported
+  or not reachable from root"). No public way to trace as the saver does.
+  """
+  from tensorflow.python.saved_model import save_context  # pylint: disable=g-import-not-at-top
+  with save_context.save_context(tf.saved_model.SaveOptions()):
+    return function.get_concrete_function()
+
+
 def embedding_calls(answer: Callable):
   """While tracing: every tf-keras `Embedding` layer's call is `answer(layer, ids, original_call)`.
 

@@ -11,6 +11,7 @@ from typing import Callable, Dict, Iterator, Optional
 
 import tensorflow as tf
 
+from tfps import _tf_private
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.training import deltas
 from tfps.estimator import calls
@@ -123,6 +124,9 @@ class LocalModel:
     module.global_step = self._global_step  # a model_fn may read it (`tf.compat.v1.train.get_global_step()`)
     setattr(module, deltas.MODULE_VARIABLES, list(self.model.variables.model_variables()))
     module.serve = tf.function(serve, input_signature=signature, autograph=False)
-    concrete = module.serve.get_concrete_function()
+    resources = []
+    with _tf_private.resources_made(resources):  # the lookup tables the model_fn makes (a StringLookup's), kept
+      concrete = _tf_private.traced_as_saved(module.serve)
+    module.resources = resources
     load()
     tf.saved_model.save(module, folder, signatures={"serving_default": concrete})
