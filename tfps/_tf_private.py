@@ -3,11 +3,13 @@
 Each function names why no public way exists. `tests/test_tf_private.py` pins every name and call pattern relied on
 here, so a TensorFlow / tf-keras upgrade that changes one fails there, in one place.
 
-Every run-time patch goes through `swapped` (one helper), on the instance concerned and only while a step is traced;
-the one exception, `embedding_calls`, says why it patches the class.
+Every run-time patch goes through `swapped` (one helper), on the instance concerned and only while a step is traced.
+The exceptions say why: `embedding_calls` and `lookup_tables_captured_outermost` patch a class while a step is
+traced; `replace_train_function` and `use_exact_shard_function` set a model instance's tf-keras function for good.
 """
 
 import contextlib
+import copy
 import functools
 from typing import Callable
 
@@ -124,19 +126,19 @@ def use_exact_shard_function(model) -> None:
   from tf_keras.src.metrics import base_metric  # pylint: disable=g-import-not-at-top
   from tf_keras.src.utils import tf_utils  # pylint: disable=g-import-not-at-top
   from tensorflow.python.distribute import input_ops  # pylint: disable=g-import-not-at-top
-  import copy  # pylint: disable=g-import-not-at-top
 
+  # pylint: disable=protected-access
   def local_containers():
     with tf_utils.with_metric_local_vars_scope():
       metrics, loss = copy.copy(model.compiled_metrics), copy.copy(model.compiled_loss)
       clone = lambda metric: None if metric is None else base_metric.clone_metric(metric)
-      metrics._metrics = [[clone(m) for m in per_output] for per_output in metrics._metrics]  # pylint: disable=protected-access
-      metrics._weighted_metrics = [[clone(m) for m in per_output]  # pylint: disable=protected-access
-                                   for per_output in metrics._weighted_metrics]  # pylint: disable=protected-access
-      metrics._create_ordered_metrics()  # pylint: disable=protected-access
-      loss._total_loss_mean = clone(loss._total_loss_mean)  # pylint: disable=protected-access
-      loss._per_output_metrics = [clone(m) for m in loss._per_output_metrics]  # pylint: disable=protected-access
+      metrics._metrics = [[clone(m) for m in per_output] for per_output in metrics._metrics]
+      metrics._weighted_metrics = [[clone(m) for m in per_output] for per_output in metrics._weighted_metrics]
+      metrics._create_ordered_metrics()
+      loss._total_loss_mean = clone(loss._total_loss_mean)
+      loss._per_output_metrics = [clone(m) for m in loss._per_output_metrics]
     return metrics, loss
+  # pylint: enable=protected-access
 
   def shard_function(dataset, total_shards, shard_index):
     metrics, loss = local_containers()
