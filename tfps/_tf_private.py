@@ -123,25 +123,10 @@ def use_exact_shard_function(model) -> None:
   the compiled loss and metrics containers, updates them as `test_step` does, and runs the model in a `tf.while_loop`
   over the shard's optional next batch. Each copy keeps its original's name, which tf-keras's aggregation matches.
   """
-  from tf_keras.src.metrics import base_metric  # pylint: disable=g-import-not-at-top
-  from tf_keras.src.utils import tf_utils  # pylint: disable=g-import-not-at-top
   from tensorflow.python.distribute import input_ops  # pylint: disable=g-import-not-at-top
 
-  # pylint: disable=protected-access
-  def local_containers():
-    with tf_utils.with_metric_local_vars_scope():
-      metrics, loss = copy.copy(model.compiled_metrics), copy.copy(model.compiled_loss)
-      clone = lambda metric: None if metric is None else base_metric.clone_metric(metric)
-      metrics._metrics = [[clone(m) for m in per_output] for per_output in metrics._metrics]
-      metrics._weighted_metrics = [[clone(m) for m in per_output] for per_output in metrics._weighted_metrics]
-      metrics._create_ordered_metrics()
-      loss._total_loss_mean = clone(loss._total_loss_mean)
-      loss._per_output_metrics = [clone(m) for m in loss._per_output_metrics]
-    return metrics, loss
-  # pylint: enable=protected-access
-
   def shard_function(dataset, total_shards, shard_index):
-    metrics, loss = local_containers()
+    metrics, loss = _local_compile_containers(model)
     iterator = iter(input_ops.auto_shard_dataset(dataset, total_shards, shard_index))
 
     def step(batch):
@@ -163,6 +148,24 @@ def use_exact_shard_function(model) -> None:
   function = tf.function(shard_function, reduce_retracing=True)
   scheduled = lambda *args: model._cluster_coordinator.schedule(function, args=args)  # pylint: disable=protected-access
   model._make_test_function_exact = lambda: scheduled  # pylint: disable=protected-access
+
+
+def _local_compile_containers(model) -> tuple:
+  """`(metrics, loss)`: copies of the model's built compiled metrics and loss containers whose metrics are clones with
+  function-local variables (made in the function being traced, as tf-keras's exact evaluation makes its clones)."""
+  from tf_keras.src.metrics import base_metric  # pylint: disable=g-import-not-at-top
+  from tf_keras.src.utils import tf_utils  # pylint: disable=g-import-not-at-top
+  # pylint: disable=protected-access
+  with tf_utils.with_metric_local_vars_scope():
+    metrics, loss = copy.copy(model.compiled_metrics), copy.copy(model.compiled_loss)
+    clone = lambda metric: None if metric is None else base_metric.clone_metric(metric)
+    metrics._metrics = [[clone(m) for m in per_output] for per_output in metrics._metrics]
+    metrics._weighted_metrics = [[clone(m) for m in per_output] for per_output in metrics._weighted_metrics]
+    metrics._create_ordered_metrics()
+    loss._total_loss_mean = clone(loss._total_loss_mean)
+    loss._per_output_metrics = [clone(m) for m in loss._per_output_metrics]
+  # pylint: enable=protected-access
+  return metrics, loss
 
 
 def exact_evaluation_shards(model) -> int:
