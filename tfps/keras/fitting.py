@@ -53,7 +53,7 @@ class FitOptions:
 
   def __post_init__(self):
     checks.positive_int("steps_per_execution", self.steps_per_execution, allow_none=True)
-    checks.positive_int("keep_checkpoint_max", self.keep_checkpoint_max, allow_none=True)  # >= 1: the restart's
+    checks.positive_int("keep_checkpoint_max", self.keep_checkpoint_max, allow_none=True)  # a restart resumes from one
     if self.seed is not None:
       checks.non_negative_int("seed", self.seed)
 
