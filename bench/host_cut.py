@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from bench import runner  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tfps.testing import applied_steps  # pylint: disable=g-import-not-at-top,wrong-import-position
 from tfps.testing import host_cluster  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tfps.training import checkpoints as checkpoints_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 SCENARIOS = ("clean", "loss", "ps_cut", "worker_cut", "chief_cut")
 _SCENARIOS = flags.DEFINE_list("scenarios", list(SCENARIOS), "Scenarios to run, in this order.")
@@ -51,9 +52,8 @@ WORKER_CUT_SECS = 30
 
 
 def _wait_for_checkpoint(cluster, model_dir, number):
-  path = os.path.join(model_dir, "checkpoints", f"ckpt-{number}.index")
   deadline = time.monotonic() + TIMEOUT_SECS
-  while not os.path.exists(path):
+  while not checkpoints_lib.is_registered(model_dir, number):
     if time.monotonic() > deadline or cluster.processes[CHIEF].poll() is not None:
       raise RuntimeError(f"no checkpoint {number}; chief log:\n{cluster.log(CHIEF)[-2000:]}")
     time.sleep(0.1)

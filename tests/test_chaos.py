@@ -26,6 +26,7 @@ import pytest
 
 from tfps.cluster import tasks as tasks_lib
 from tfps.testing import applied_steps
+from tfps.training import checkpoints as checkpoints_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 EPOCHS, STEPS = 4, 100
@@ -75,9 +76,8 @@ class Run:
     return tasks_lib.find_task(self.log_dir, name, self.tasks())
 
   def wait_for_checkpoint(self, number, timeout_secs=240):
-    path = self.model_dir / "checkpoints" / f"ckpt-{number}.index"
     deadline = time.monotonic() + timeout_secs
-    while not path.exists():
+    while not checkpoints_lib.is_registered(str(self.model_dir), number):
       assert self.process.poll() is None, self.output()[-3000:]
       assert time.monotonic() < deadline, f"no checkpoint {number} after {timeout_secs}s"
       time.sleep(0.1)
@@ -148,7 +148,7 @@ def kill_after_checkpoints(plan, timeout_secs=240):
   deadline = time.monotonic() + timeout_secs
   while any(left.values()):
     for job, kills in left.items():
-      if kills and (job.model_dir / "checkpoints" / f"ckpt-{kills[0][0]}.index").exists():
+      if kills and checkpoints_lib.is_registered(str(job.model_dir), kills[0][0]):
         time.sleep(0.2)  # into the next epoch, which lasts seconds
         job.kill(kills.pop(0)[1])
         deadline = time.monotonic() + timeout_secs
@@ -179,7 +179,7 @@ def worker_kill_runs(tmp_path_factory, module_subprocess_env):
     kill_after_checkpoints({jobs["default"]: worker_kills + [(4, "ps:0")], jobs["pipelined"]: worker_kills})
     default = jobs["default"]
     deadline = time.monotonic() + 240
-    while not (default.resumed_lines() and (default.model_dir / "checkpoints" / "ckpt-5.index").exists()):
+    while not (default.resumed_lines() and checkpoints_lib.is_registered(str(default.model_dir), 5)):
       assert time.monotonic() < deadline and default.process.poll() is None, default.output()[-3000:]
       time.sleep(0.05)
     time.sleep(0.2)  # into epoch 6, which lasts seconds

@@ -24,6 +24,7 @@ import pytest
 
 from tfps.cluster import tasks as tasks_lib
 from tfps.testing import applied_steps
+from tfps.training import checkpoints as checkpoints_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 EPOCHS, STEPS, MIN_COUNT = 3, 100, 3
@@ -66,7 +67,7 @@ def _run(tmp_path, env, kills, sync_mode="async", steps_per_epoch=STEPS, epochs=
                                 stdin=subprocess.DEVNULL, start_new_session=True)
   try:
     for epoch, name in kills:
-      _wait_for(lambda epoch=epoch: (model_dir / "checkpoints" / f"ckpt-{epoch}.index").exists(),
+      _wait_for(lambda epoch=epoch: checkpoints_lib.is_registered(str(model_dir), epoch),
                 f"checkpoint {epoch}", launcher, out)
       time.sleep(0.2)  # into the next epoch, at some point of a step
       _wait_for(lambda name=name: _task(launcher, name, tmp_path / "logs"), name, launcher, out).send_signal(signal.SIGKILL)

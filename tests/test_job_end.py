@@ -21,6 +21,7 @@ from tfps.errors import EXIT_LOST_TASK
 from tfps.testing import host_cluster as host_cluster_lib
 from tfps.testing import host_forks
 from tfps.testing import hosts as hosts_lib
+from tfps.training import checkpoints as checkpoints_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CHIEF = "chief-host:2222"
@@ -175,7 +176,7 @@ def test_six_hosts_every_task_exits_0_by_itself_after_a_chief_restart(tmp_path, 
     cluster.start_all()
     servers = {task: cluster.processes[task] for task in cluster.tasks if task[0] in ("ps", "worker")}
     deadline = time.monotonic() + 300
-    while not (model_dir / "checkpoints" / "ckpt-1.index").exists():
+    while not checkpoints_lib.is_registered(str(model_dir), 1):
       assert time.monotonic() < deadline, cluster.log(("chief", 0))[-3000:]
       time.sleep(0.2)
     cluster.stop(("chief", 0))  # SIGKILL mid-run: no FINAL; the ps and workers wait for a chief

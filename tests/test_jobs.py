@@ -19,6 +19,7 @@ from tfps.cluster import tasks as tasks_lib
 from tfps.report import series
 from tfps import run_records
 from tfps.testing import applied_steps
+from tfps.training import checkpoints as checkpoints_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH = [sys.executable, "-m", "tfps.cluster.launch", QUICK_STOP]
@@ -93,7 +94,7 @@ def test_killed_chief_resumes_at_the_next_epoch(tmp_path, subprocess_env, launch
                  *script_args],
                 subprocess_env, tmp_path / "first.out")
   launched.append(first)
-  wait_for(lambda: (model_dir / "checkpoints" / "ckpt-2.index").exists(), 240, "the epoch-2 checkpoint")
+  wait_for(lambda: checkpoints_lib.is_registered(str(model_dir), 2), 240, "the epoch-2 checkpoint")
   chief = [tasks_lib.find_task(tmp_path / "logs1", "chief:0", descendants(first))]
   chief[0].send_signal(signal.SIGKILL)
   assert first.wait(timeout=60) == 128 + signal.SIGKILL

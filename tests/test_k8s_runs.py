@@ -19,6 +19,7 @@ from tfps.cli import k8s as k8s_cli
 from tfps.testing import applied_steps
 from tfps.testing import hosts as hosts_lib
 from tfps.testing import k8s_pods
+from tfps.training import checkpoints as checkpoints_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 EPOCHS, STEPS = 4, 100
@@ -61,13 +62,13 @@ class Faults:
   process served by then (its log's second `Serving` line: it then follows that ps process and must end with it)."""
 
   def __init__(self, model_dir):
-    self.checkpoints = model_dir / "checkpoints"
+    self.model_dir = str(model_dir)
     self.done = []
     self.worker_1_served_the_killed_ps = False
 
   def __call__(self, pods):
     for number, task in ((1, ("worker", 1)), (2, ("ps", 1))):
-      if task not in self.done and (self.checkpoints / f"ckpt-{number}.index").exists():
+      if task not in self.done and checkpoints_lib.is_registered(self.model_dir, number):
         if task == ("ps", 1):
           self.worker_1_served_the_killed_ps = pods.log(("worker", 1)).count("Serving worker:1 ") >= 2
         pods.kill(task)

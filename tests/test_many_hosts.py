@@ -27,6 +27,7 @@ import needs
 from tfps.testing import applied_steps
 from tfps.testing import host_cluster as host_cluster_lib
 from tfps.testing import hosts as hosts_lib
+from tfps.training import checkpoints as checkpoints_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TRAINING = (("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1), ("worker", 2), ("chief", 0))
@@ -107,7 +108,7 @@ def test_keras_path_with_packet_loss_a_worker_and_a_ps_cut_off(make_cluster, tmp
       "--count_applied_steps"], form="jobset", role_args={"evaluator": ["--evaluate_every_checkpoint"]})
   cluster.drop(0.01)
   cluster.start_all()
-  wait_for(lambda: (model_dir / "checkpoints" / "ckpt-1.index").exists(), 300, "checkpoint 1", cluster)
+  wait_for(lambda: checkpoints_lib.is_registered(str(model_dir), 1), 300, "checkpoint 1", cluster)
   worker_cut = cut_worker(cluster, model_dir, cut_secs=20)
 
   cut_at = time.monotonic()

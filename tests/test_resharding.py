@@ -102,6 +102,7 @@ def test_a_chief_stopped_mid_run_resumes_from_its_last_checkpoint_on_another_sha
   with pytest.raises(RuntimeError, match="the chief stopped"):
     fit(3, _StopAfterFirstEpoch())
   [last] = checkpoints_lib.list_checkpoints(str(tmp_path))
+  assert checkpoints_lib.is_registered(str(tmp_path), 1) and not checkpoints_lib.is_registered(str(tmp_path), 2)
   saved = tf.train.load_checkpoint(last)
   at_start = _StateAtStart(tmp_path / "at_start")
   history = fit(1, at_start)

@@ -36,6 +36,12 @@ def list_checkpoints(model_dir: str) -> List[str]:
   return list(state.all_model_checkpoint_paths) if state else []
 
 
+def is_registered(model_dir: str, number: int) -> bool:
+  """Whether checkpoint `ckpt-<number>` is whole and listed (the state file names it: it is written last); its files,
+  its `.index` among them, exist a moment before."""
+  return any(checkpoint_number(path) == number for path in list_checkpoints(model_dir))
+
+
 def copy_checkpoint(path: str, folder: str) -> str:
   """Puts checkpoint `path`'s files into `folder` (made if missing) and returns the path of the copy there. On a local
   filesystem each file is a hard link (no bytes copied: a checkpoint's files are never written again, and deleting
