@@ -125,12 +125,12 @@ class _BestCheckpoint:
       if tf.io.gfile.exists(folder):
         tf.io.gfile.rmtree(folder)
     try:
-      copy = checkpoints_lib.copy_checkpoint(path, staging)
+      checkpoints_lib.copy_checkpoint(path, staging)
     except tf.errors.NotFoundError as e:
       logging.warning("Not kept as the best: %s", e.message)
       return
-    best = {"checkpoint": path, "copy": copy.replace(staging, self.best_dir, 1), "metric": metric, "value": value,
-            "step": step}
+    best = {"checkpoint": path, "copy": os.path.join(self.best_dir, os.path.basename(path)), "metric": metric,
+            "value": value, "step": step}
     with tf.io.gfile.GFile(os.path.join(staging, "best.json"), "w") as f:
       json.dump(best, f)
     if tf.io.gfile.exists(self.best_dir):
