@@ -124,12 +124,16 @@ def use_exact_shard_function(model) -> None:
   over the shard's optional next batch. Each copy keeps its original's name, which tf-keras's aggregation matches.
   """
   from tensorflow.python.distribute import input_ops  # pylint: disable=g-import-not-at-top
+  own_test_step = type(model).test_step is not tf_keras.Model.test_step
 
   def shard_function(dataset, total_shards, shard_index):
     metrics, loss = _local_compile_containers(model)
     iterator = iter(input_ops.auto_shard_dataset(dataset, total_shards, shard_index))
 
     def step(batch):
+      if own_test_step:
+        _shard_test_step(model, batch, metrics, loss)
+        return
       x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(batch)
       y_pred = model(x, training=False)
       loss(y, y_pred, sample_weight, regularization_losses=model.losses)
@@ -148,6 +152,33 @@ def use_exact_shard_function(model) -> None:
   function = tf.function(shard_function, reduce_retracing=True)
   scheduled = lambda *args: model._cluster_coordinator.schedule(function, args=args)  # pylint: disable=protected-access
   model._make_test_function_exact = lambda: scheduled  # pylint: disable=protected-access
+
+
+class _CallsNoted:
+  """A compiled loss container that notes whether it was called."""
+
+  def __init__(self, container):
+    self.container, self.called = container, False
+
+  def __call__(self, *args, **kwargs):
+    self.called = True
+    return self.container(*args, **kwargs)
+
+  def __getattr__(self, name):
+    return getattr(self.container, name)
+
+
+def _shard_test_step(model, batch, metrics, loss) -> None:
+  """A `test_step` of the model's own on a shard's batch, the shard's containers (`metrics`, `loss`) its compiled
+  ones while it is traced. A "loss" it returns without calling the compiled loss (TensorFlow Recommenders' models
+  compute it in `compute_loss`) goes to the shard's loss mean, weighted by the batch's examples as tf-keras weights
+  it."""
+  noted = _CallsNoted(loss)
+  with swapped(model, "compiled_loss", noted), swapped(model, "compiled_metrics", metrics):
+    logs = model.test_step(batch)
+  if not noted.called and isinstance(logs, dict) and "loss" in logs:
+    examples = tf.shape(tf.nest.flatten(batch)[0])[0]
+    loss._total_loss_mean.update_state(tf.reduce_mean(logs["loss"]), sample_weight=examples)  # pylint: disable=protected-access
 
 
 def _local_compile_containers(model) -> tuple:

@@ -150,12 +150,26 @@ def ensure_built(model: tf_keras.Model, dataset: tf.data.Dataset, metrics: bool 
   metrics = container is not None and not container.built and (metrics or _tf_private.has_unbuilt_metrics(model))
   if model.built and not metrics:
     return
-  x, y, _ = tf_keras.utils.unpack_x_y_sample_weight(next(iter(dataset.take(1))))
-  outputs = model(x)
-  if metrics and y is not None:
+  batch = next(iter(dataset.take(1)))
+  x, y, _ = tf_keras.utils.unpack_x_y_sample_weight(batch)
+  if _has_call(model):
+    outputs = model(x)
+  else:  # built by its test_step (its steps compute the loss: TensorFlow Recommenders' `compute_loss`)
+    model.test_step(batch)
+    model.reset_metrics()
+    outputs = None
+  if metrics:
+    if outputs is None or y is None:  # a model with a loss of its own: the containers only hold its exact "loss"
+      outputs = y = tf.zeros(())
     container.build(outputs, y)
     if not model.compiled_loss.built:  # its per-output loss metrics too, as a first step would make them
       model.compiled_loss.build(outputs)
+
+
+def _has_call(model: tf_keras.Model) -> bool:
+  """Whether the model computes outputs: a functional model, or a subclass with a `call` of its own (a model of
+  TensorFlow Recommenders may have none, its steps calling `compute_loss`)."""
+  return type(model).call is not tf_keras.Model.call
 
 
 def ensure_metrics_built(model: tf_keras.Model, dataset_fn: Callable) -> None:

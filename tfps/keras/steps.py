@@ -21,40 +21,73 @@ def keras_step(model: tf_keras.Model, metric_results: bool = True) -> steps_lib.
   returns the weighted loss, the function sums it over its steps on the worker, and after them the metric takes the
   sum at once (weighted by the function's examples). The metric's ps receives one update per function, not two
   tensors per step, and the mean `fit` logs is the same. Where a step makes no such update, or more than one (a
-  `train_step` or `compute_loss` of the user's own), each is made in its step as tf-keras makes it."""
-  held_back = []  # whether the trace of the step being built held its loss metric's update back
+  `train_step` or `compute_loss` of the user's own), each is made in its step as tf-keras makes it; and a
+  `train_step` that reports a "loss" without updating the loss metric (TensorFlow Recommenders' models) has it go to
+  the loss metric in the same way (the epoch's mean, where tf-keras logs the last step's), or, where the model tracks
+  no loss metric, logged as the mean over the function's steps."""
+  step = _KerasStep(model, metric_results)
+  return steps_lib.Step(run=step.run, forward=step.forward, optimizer=lambda: model.optimizer,
+                        variables=lambda: model.variables, trainable_variables=lambda: model.trainable_variables,
+                        counter=model.optimizer.iterations, counts_itself=True, outputs=step.outputs,
+                        tables=lambda: tables.tables_of(model), metric_variables=lambda: _metric_variables(model),
+                        loss_is_a_sum=lambda: step.held_back or step.own_loss)
 
-  def run(batch):
-    updates, metric = [], _tf_private.loss_metric(model)
+
+class _KerasStep:
+  """`keras_step`'s functions, and what the trace of the step being built found: whether it held its loss metric's
+  update back (`held_back`), or its train_step reported a "loss" with no update of the loss metric (`own_loss`)."""
+
+  def __init__(self, model: tf_keras.Model, metric_results: bool):
+    self.model, self.metric_results = model, metric_results
+    self.held_back = self.own_loss = False
+
+  def run(self, batch):
+    updates, metric = [], _tf_private.loss_metric(self.model)
     with _tf_private.updates_held(metric, updates):
-      logs = model.train_step(batch)
+      logs = _train_step(self.model, batch)
     count = tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
-    held_back[:] = [len(updates) == 1 and updates[0][1] is not None]
-    if held_back[0]:
+    self.held_back = len(updates) == 1 and updates[0][1] is not None
+    self.own_loss = self.metric_results and not updates and isinstance(logs, dict) and "loss" in logs
+    if self.held_back:
       value, weight = updates[0]
       return tf.cast(value, tf.float32) * tf.cast(weight, tf.float32), count
+    if self.own_loss:
+      return tf.reduce_mean(tf.cast(logs["loss"], tf.float32)) * tf.cast(count, tf.float32), count
     for value, weight in updates:
       metric.update_state(value, sample_weight=weight)
-    return (logs.get("loss", 0.0) if not metric_results else 0.0), count
+    return (logs.get("loss", 0.0) if not self.metric_results else 0.0), count
 
-  def forward(batch):
+  def forward(self, batch):
     features, _, _ = tf_keras.utils.unpack_x_y_sample_weight(batch)
-    model(features, training=True)
+    _call(self.model, features)
 
-  def outputs(loss_sum, examples):
-    updated = []
-    if held_back and held_back[0]:
-      weight = tf.cast(examples, tf.float32)
-      updated = [_tf_private.loss_metric(model).update_state(tf.math.divide_no_nan(loss_sum, weight),
-                                                             sample_weight=weight)]
+  def outputs(self, loss_sum, examples):
+    model, updated, weight = self.model, [], tf.cast(examples, tf.float32)
+    metric = _tf_private.loss_metric(model)
+    logged = self.held_back or (self.own_loss and any(tracked is metric for tracked in model.metrics))
+    if logged:
+      updated = [metric.update_state(tf.math.divide_no_nan(loss_sum, weight), sample_weight=weight)]
     with tf.control_dependencies([loss_sum] + updated):
-      return model.get_metrics_result() if metric_results else (tf.identity(loss_sum), tf.identity(examples))
+      if not self.metric_results:
+        return tf.identity(loss_sum), tf.identity(examples)
+      results = model.get_metrics_result()
+      if self.own_loss and not logged:  # no loss metric fit logs: the function's mean
+        results = {**results, "loss": tf.math.divide_no_nan(loss_sum, weight)}
+      return results
 
-  return steps_lib.Step(run=run, forward=forward, optimizer=lambda: model.optimizer, variables=lambda: model.variables,
-                        trainable_variables=lambda: model.trainable_variables, counter=model.optimizer.iterations,
-                        counts_itself=True, outputs=outputs, tables=lambda: tables.tables_of(model),
-                        metric_variables=lambda: _metric_variables(model),
-                        loss_is_a_sum=lambda: bool(held_back and held_back[0]))
+
+# The model's code as tf-keras's `fit` traces it, with autograph: Python control flow on tensors in its layers' `call`
+# (`if tf.reduce_sum(x) > 0:`; TensorFlow Recommenders' tasks) and in a `train_step` of the user's is converted. The
+# runners' functions are traced without autograph (their own code is graph code); these are converted functions, so
+# while they run, the layers tf-keras calls are converted as under `fit`.
+@tf.autograph.to_graph
+def _train_step(model, batch):
+  return model.train_step(batch)
+
+
+@tf.autograph.to_graph
+def _call(model, features):
+  return model(features, training=True)
 
 
 def _metric_variables(model: tf_keras.Model) -> list:
