@@ -432,6 +432,11 @@ def keras3_model():
     (dict(min_shard_bytes=-1), ValueError, "`min_shard_bytes` (-1) must be a non-negative integer"),
     (dict(seed=-1), ValueError, "`seed` (-1) must be a non-negative integer"),
     (dict(keep_checkpoint_max=0), ValueError, "`keep_checkpoint_max` (0) must be a positive integer or None"),
+    (dict(verbose=1), ValueError, "`verbose` (1) must be one of 0, 2, auto"),
+    (dict(class_weight={0: 1.0, 1: 2.0}), TypeError,
+     "unexpected keyword argument 'class_weight': weight examples in the dataset instead"),
+    (dict(validation_dataset_fn=eval_fn_of(300), validation_steps=50), ValueError,
+     "a worker's validation input ended before `validation_steps` (50) batches: make validation_dataset_fn's"),
 ])
 def test_bad_fit_arguments_get_clear_errors(cluster, kwargs, error, message):
   args = dict(build_model=build_model, train_dataset_fn=train_fn, epochs=1, steps_per_epoch=2, cluster=cluster)
@@ -439,6 +444,40 @@ def test_bad_fit_arguments_get_clear_errors(cluster, kwargs, error, message):
   with pytest.raises(error) as info:
     tfps.fit(args.pop("build_model"), args.pop("train_dataset_fn"), **args)
   assert message in str(info.value)
+  assert isinstance(info.value, tfps.TfpsError)  # a script's tfps.run_main prints it as one line
+
+
+def test_terminate_on_nan_stops_at_the_end_of_the_first_epoch_whose_loss_is_not_finite(cluster, caplog):
+  def diverging():
+    model = build_model()
+    model.compile(tf_keras.optimizers.legacy.SGD(1e30), "binary_crossentropy")
+    return model
+
+  history = tfps.fit(diverging, train_fn, epochs=3, steps_per_epoch=5, cluster=cluster,
+                     callbacks=[tf_keras.callbacks.TerminateOnNaN()])
+  assert len(history.history["loss"]) == 1 and not np.isfinite(history.history["loss"][0]), history.history
+  assert "Epoch 1: invalid loss nan, terminating training" in caplog.text
+
+
+@pytest.mark.parametrize("call,error,message", [
+    (lambda model: tfps.evaluate(model, eval_fn_of(300), steps="3"), ValueError,
+     "`steps` ('3') must be a positive integer"),
+    (lambda model: tfps.evaluate(build_model, eval_fn_of(300), exact=True), TypeError,
+     "`model` must be the tf-keras model tfps.fit trained"),
+    (lambda model: tfps.evaluate(model, eval_fn_of(300), steps=20), ValueError,
+     "a worker's evaluation input ended before `steps` (20) batches"),
+    (lambda model: tfps.export_saved_model(model, "/nonexistent/export", model=model), TypeError,
+     "`build_model` must be the function that built the model"),
+    (lambda model: tfps.export_saved_model(build_model, "/nonexistent/export", checkpoint="/nonexistent/ckpt-1"),
+     ValueError, "`checkpoint` ('/nonexistent/ckpt-1') is not a checkpoint"),
+    (lambda model: tfps.export_saved_model(uncompiled, "/nonexistent/export", model=model), ValueError,
+     "does not fit the model `build_model` returns"),
+])
+def test_bad_evaluate_and_export_arguments_get_clear_errors(trained, call, error, message):
+  history, _ = trained
+  with pytest.raises(error) as info:
+    call(history.model)
+  assert message in str(info.value) and isinstance(info.value, tfps.TfpsError)
 
 
 def test_a_finite_training_dataset_with_a_batch_for_every_step_trains(cluster):

@@ -5,6 +5,8 @@ from typing import Any, Callable, Mapping, Tuple
 
 import tensorflow as tf
 
+from tfps.errors import ArgumentTypeError
+
 INPUT_FN_ARGS = ("params", "mode", "config", "input_context")
 MODEL_FN_ARGS = ("labels", "mode", "params", "config")
 
@@ -17,7 +19,7 @@ def _named_args(fn: Callable, what: str, available: Mapping[str, Any], skip_firs
   if skip_first:
     if not parameters or parameters[0].kind not in (inspect.Parameter.POSITIONAL_ONLY,
                                                      inspect.Parameter.POSITIONAL_OR_KEYWORD):
-      raise TypeError(f"{what} must take `features` as its first argument; its signature is {inspect.signature(fn)}")
+      raise ArgumentTypeError(f"{what} must take `features` as its first argument; its signature is {inspect.signature(fn)}")
     parameters = parameters[1:]
   kwargs = {}
   for parameter in parameters:
@@ -26,7 +28,7 @@ def _named_args(fn: Callable, what: str, available: Mapping[str, Any], skip_firs
     if parameter.name in available:
       kwargs[parameter.name] = available[parameter.name]
     elif parameter.default is inspect.Parameter.empty:
-      raise TypeError(f"{what} takes argument {parameter.name!r}, which tfps cannot supply; the arguments it can "
+      raise ArgumentTypeError(f"{what} takes argument {parameter.name!r}, which tfps cannot supply; the arguments it can "
                       f"pass by name are: {', '.join(available)}")
   return kwargs
 
@@ -34,7 +36,7 @@ def _named_args(fn: Callable, what: str, available: Mapping[str, Any], skip_firs
 def check_model_fn(model_fn: Callable) -> None:
   """Raises `TypeError` if `model_fn` cannot be called as `model_fn(features, labels, mode, params, config)`."""
   if not callable(model_fn):
-    raise TypeError(f"`model_fn` must be callable, got {type(model_fn).__name__}")
+    raise ArgumentTypeError(f"`model_fn` must be callable, got {type(model_fn).__name__}")
   _named_args(model_fn, "model_fn", dict.fromkeys(MODEL_FN_ARGS), skip_first=True)
 
 
@@ -51,13 +53,13 @@ def call_input_fn(input_fn: Callable, mode: str, params: dict, config,
                   input_context: tf.distribute.InputContext = None) -> tf.data.Dataset:
   """The dataset of `input_fn`, called with the arguments it names (`params`, `mode`, `config`, `input_context`)."""
   if not callable(input_fn):
-    raise TypeError(f"input_fn must be a function that builds a tf.data.Dataset (it runs on every worker), got "
+    raise ArgumentTypeError(f"input_fn must be a function that builds a tf.data.Dataset (it runs on every worker), got "
                     f"{type(input_fn).__name__}; move the code that builds the dataset into a function")
   available = {"params": dict(params), "mode": mode, "config": config,
                "input_context": input_context or tf.distribute.InputContext()}
   dataset = input_fn(**_named_args(input_fn, "input_fn", available, skip_first=False))
   if not isinstance(dataset, tf.data.Dataset):
-    raise TypeError(f"input_fn must return a tf.data.Dataset of (features, labels) in mode {mode!r}, got "
+    raise ArgumentTypeError(f"input_fn must return a tf.data.Dataset of (features, labels) in mode {mode!r}, got "
                     f"{type(dataset).__name__}")
   return dataset
 
@@ -68,7 +70,7 @@ def split_element(element, mode: str) -> Tuple[Any, Any]:
     return element
   if mode == "infer":
     return element, None
-  raise TypeError(f"input_fn's dataset must yield (features, labels) pairs in mode {mode!r}; got an element of type "
+  raise ArgumentTypeError(f"input_fn's dataset must yield (features, labels) pairs in mode {mode!r}; got an element of type "
                   f"{type(element).__name__}")
 
 

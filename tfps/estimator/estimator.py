@@ -7,6 +7,7 @@ from tfps import checks
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import options as options_lib
 from tfps.cluster import roles
+from tfps.errors import ArgumentTypeError, UsageError
 from tfps.estimator import calls, evaluation, local, spec
 from tfps.estimator.distributed import DistributedModel
 from tfps.estimator.spec import RunConfig
@@ -38,10 +39,10 @@ class Estimator:
     calls.check_model_fn(model_fn)
     config = config or RunConfig()
     if not isinstance(config, RunConfig):
-      raise TypeError(f"`config` must be a tfps.RunConfig, got {type(config).__name__}")
+      raise ArgumentTypeError(f"`config` must be a tfps.RunConfig, got {type(config).__name__}")
     model_dir = model_dir or config.model_dir
     if not model_dir:
-      raise ValueError("`model_dir` is None and config.model_dir is None; give one of them")
+      raise UsageError("`model_dir` is None and config.model_dir is None; give one of them")
     self._model_fn = model_fn
     self._config = config.replace(model_dir=os.fspath(model_dir))
     self._params = dict(params or {})
@@ -89,7 +90,7 @@ class Estimator:
     chief writes `model_dir/checkpoints/FINAL`, which tells a sidecar evaluator that the last checkpoint is final.
     """
     if steps is not None and max_steps is not None:
-      raise ValueError(f"give `steps` ({steps}) or `max_steps` ({max_steps}), not both")
+      raise UsageError(f"give `steps` ({steps}) or `max_steps` ({max_steps}), not both")
     checks.positive_int("steps", steps, allow_none=True)
     checks.positive_int("max_steps", max_steps, allow_none=True)
     self.distributed_model().train(input_fn, max_steps=max_steps, steps=steps)

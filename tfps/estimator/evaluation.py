@@ -13,6 +13,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import tensorflow as tf
 
+from tfps.errors import UsageError
 from tfps.training import dataset_fns
 from tfps.training import sidecar
 from tfps.estimator import calls
@@ -100,7 +101,7 @@ class ShardedEvaluation:
   def _aggregate(self, partials: list) -> Dict[str, object]:
     batches = int(sum(p["batches"] for p in partials))
     if batches == 0:
-      raise ValueError("the evaluation dataset yielded no batches")
+      raise UsageError("the evaluation dataset yielded no batches")
     results = {"loss": float(sum(p["loss_sum"] for p in partials)) / batches,
                "examples": int(sum(p["examples"] for p in partials))}
     states = [np.sum([p["states"][i] for p in partials], axis=0) for i in range(len(partials[0]["states"]))]

@@ -12,6 +12,7 @@ from typing import Callable, Dict, Iterator, Optional
 import tensorflow as tf
 
 from tfps import _tf_private
+from tfps.errors import ArgumentTypeError, UsageError
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.training import deltas
 from tfps.estimator import calls
@@ -25,7 +26,7 @@ def latest_checkpoint(model_dir: str, checkpoint_path: Optional[str] = None, req
   """`checkpoint_path`, or the newest checkpoint of `model_dir`; if there is none, None or (`required`) `ValueError`."""
   path = checkpoint_path or tf.train.latest_checkpoint(checkpoints_lib.checkpoint_dir(model_dir))
   if not path and required:
-    raise ValueError(f"no checkpoint in model_dir {model_dir!r}; train first or pass checkpoint_path")
+    raise UsageError(f"no checkpoint in model_dir {model_dir!r}; train first or pass checkpoint_path")
   return path
 
 
@@ -96,7 +97,7 @@ class LocalModel:
     """Writes a SavedModel of the PREDICT graph to a new timestamped folder in `export_dir_base`; returns it."""
     specs = serving_input_fn() if callable(serving_input_fn) else serving_input_fn
     if not isinstance(specs, dict) or not all(isinstance(s, tf.TensorSpec) for s in specs.values()):
-      raise TypeError("serving_input_receiver_fn must be (or return) a dict of feature name -> tf.TensorSpec, got "
+      raise ArgumentTypeError("serving_input_receiver_fn must be (or return) a dict of feature name -> tf.TensorSpec, got "
                       f"{specs!r:.100}")
     export_dir = os.path.join(export_dir_base, str(int(time.time())))
     while os.path.exists(export_dir):

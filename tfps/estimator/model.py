@@ -5,6 +5,7 @@ from typing import Callable, Optional, Tuple
 
 import tensorflow as tf
 
+from tfps.errors import UsageError
 from tfps.estimator import calls
 from tfps.training import steps as steps_lib
 from tfps.estimator.spec import EstimatorSpec, ModeKeys, validate_spec
@@ -47,7 +48,7 @@ class ModelFnModel:
     gradients = tape.gradient(loss, variables)
     pairs = [(g, v) for g, v in zip(gradients, variables) if g is not None]
     if not pairs:
-      raise ValueError("the TRAIN loss of model_fn depends on none of its trainable variables; nothing to train")
+      raise UsageError("the TRAIN loss of model_fn depends on none of its trainable variables; nothing to train")
     self.optimizer.apply_gradients(pairs)
     return loss, calls.batch_size(features, labels)
 

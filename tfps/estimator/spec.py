@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from tfps import checks
 from tfps.training import modes
-from tfps.errors import TfpsError, UsageError
+from tfps.errors import ArgumentTypeError, TfpsError, UsageError
 
 
 class ModelFnError(TfpsError, ValueError):
@@ -60,9 +60,9 @@ class EstimatorSpec:
                eval_metric_ops: Optional[Mapping[str, Any]] = None, export_outputs: Any = None, **unsupported):
     for name, value in unsupported.items():
       if name not in _UNSUPPORTED_SPEC_ARGS:
-        raise TypeError(f"EstimatorSpec got an unexpected argument {name!r}")
+        raise ArgumentTypeError(f"EstimatorSpec got an unexpected argument {name!r}")
       if value is not None:
-        raise TypeError(f"EstimatorSpec({name}=...) is not supported: {_UNSUPPORTED_SPEC_ARGS[name]}")
+        raise ArgumentTypeError(f"EstimatorSpec({name}=...) is not supported: {_UNSUPPORTED_SPEC_ARGS[name]}")
     if mode not in ModeKeys.ALL:
       raise ModelFnError(f"EstimatorSpec `mode` ({mode!r}) must be one of ModeKeys.TRAIN, EVAL, PREDICT "
                          f"({', '.join(repr(m) for m in ModeKeys.ALL)})")
@@ -195,12 +195,12 @@ class RunConfig:
 def _mode_of(mode: Optional[modes.TrainingMode], mode_fields: dict) -> modes.TrainingMode:
   unknown = sorted(set(mode_fields) - set(_MODE_FIELDS))
   if unknown:
-    raise TypeError(f"RunConfig got an unexpected argument {unknown[0]!r}")
+    raise ArgumentTypeError(f"RunConfig got an unexpected argument {unknown[0]!r}")
   if mode is not None and mode_fields:
     raise UsageError(f"RunConfig got `mode` and {', '.join(sorted(mode_fields))}: give the mode whole or its "
                      "fields, not both")
   if mode is not None and not isinstance(mode, modes.TrainingMode):
-    raise TypeError(f"RunConfig `mode` must be a tfps.TrainingMode, got {type(mode).__name__}")
+    raise ArgumentTypeError(f"RunConfig `mode` must be a tfps.TrainingMode, got {type(mode).__name__}")
   return mode if mode is not None else modes.TrainingMode(**mode_fields)
 
 
@@ -219,7 +219,7 @@ class TrainSpec:
 
   def __post_init__(self):
     if not callable(self.input_fn):
-      raise TypeError(f"TrainSpec `input_fn` must be callable, got {type(self.input_fn).__name__}")
+      raise ArgumentTypeError(f"TrainSpec `input_fn` must be callable, got {type(self.input_fn).__name__}")
     checks.positive_int("max_steps", self.max_steps, allow_none=True)
 
 
@@ -247,7 +247,7 @@ class EvalSpec:
 
   def __post_init__(self):
     if not callable(self.input_fn):
-      raise TypeError(f"EvalSpec `input_fn` must be callable, got {type(self.input_fn).__name__}")
+      raise ArgumentTypeError(f"EvalSpec `input_fn` must be callable, got {type(self.input_fn).__name__}")
     checks.positive_int("steps", self.steps, allow_none=True)
     for name in ("start_delay_secs", "throttle_secs"):
       checks.non_negative_number(name, getattr(self, name), "number of seconds")

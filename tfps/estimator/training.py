@@ -6,6 +6,7 @@ from typing import Dict, List, Optional
 from absl import logging
 
 from tfps import run_records
+from tfps.errors import ArgumentTypeError
 from tfps.training import sidecar
 from tfps.estimator import evaluation
 from tfps.estimator.estimator import Estimator
@@ -16,7 +17,7 @@ def _check_args(estimator, train_spec, eval_spec) -> None:
   for name, value, kind in (("estimator", estimator, Estimator), ("train_spec", train_spec, TrainSpec),
                             ("eval_spec", eval_spec, EvalSpec)):
     if not isinstance(value, kind):
-      raise TypeError(f"`{name}` must be a tfps.{kind.__name__}, got {type(value).__name__}")
+      raise ArgumentTypeError(f"`{name}` must be a tfps.{kind.__name__}, got {type(value).__name__}")
 
 
 def train_and_evaluate(estimator: Estimator, train_spec: TrainSpec, eval_spec: EvalSpec) -> Optional[dict]:
@@ -79,7 +80,7 @@ def run_evaluator(estimator: Estimator, eval_spec: EvalSpec, poll_secs: float = 
   for `timeout_secs` (None: waits forever).
   """
   if not isinstance(eval_spec, EvalSpec):
-    raise TypeError(f"`eval_spec` must be a tfps.EvalSpec, got {type(eval_spec).__name__}")
+    raise ArgumentTypeError(f"`eval_spec` must be a tfps.EvalSpec, got {type(eval_spec).__name__}")
   time.sleep(eval_spec.start_delay_secs)
   model = estimator.local_model()
   runs = []

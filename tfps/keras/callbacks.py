@@ -1,6 +1,7 @@
 """The callbacks `tfps.fit` adds: a progress line per logging interval, dynamic tables' metrics and a checkpoint per
 epoch."""
 
+import math
 import os
 import threading
 import time
@@ -203,6 +204,22 @@ class DynamicTableMetrics(tf_keras.callbacks.Callback):
     if self._tables is None:
       self._tables = tables.tables_of(self.model)
     logs.update(tables.table_metrics(self._tables))
+
+
+class TerminateOnNaNAtEpochEnd(tf_keras.callbacks.Callback):
+  """tf-keras's `TerminateOnNaN` at each epoch's end: under ParameterServerStrategy a batch's loss is a value on its
+  worker (`TerminateOnNaN` failed on it), the epoch's is on the chief."""
+
+  def on_epoch_end(self, epoch, logs=None):
+    loss = _fetch_scalar((logs or {}).get("loss"))
+    if loss is not None and not math.isfinite(loss):
+      logging.warning("Epoch %d: invalid loss %s, terminating training", epoch + 1, loss)
+      self.model.stop_training = True
+
+
+def epoch_level(callback: tf_keras.callbacks.Callback) -> tf_keras.callbacks.Callback:
+  """`callback`, or the epoch-level callback that does its job under ParameterServerStrategy."""
+  return TerminateOnNaNAtEpochEnd() if type(callback) is tf_keras.callbacks.TerminateOnNaN else callback
 
 
 def _fetch(value):

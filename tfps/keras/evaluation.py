@@ -70,11 +70,17 @@ def evaluate_on_cluster(model: tf_keras.Model, dataset_fn: Callable, num_workers
     ensure_metrics_built(model, dataset_fn)
     dataset_fn, shards = plan_exact_evaluation(dataset_fn, "dataset_fn", num_workers)
   elif steps is None:
-    raise ValueError("`steps` is required unless exact=True: under ParameterServerStrategy tfps cannot tell where a "
+    raise UsageError("`steps` is required unless exact=True: under ParameterServerStrategy tfps cannot tell where a "
                      "dataset ends")
   _tf_private.set_exact_evaluation_shards(model, shards)
-  logs = model.evaluate(tf_keras.utils.experimental.DatasetCreator(dataset_fn), steps=None if exact else steps,
-                        return_dict=True, verbose=0)
+  try:
+    logs = model.evaluate(tf_keras.utils.experimental.DatasetCreator(dataset_fn), steps=None if exact else steps,
+                          return_dict=True, verbose=0)
+  except (tf.errors.OutOfRangeError, tf.errors.CancelledError):
+    if exact:
+      raise
+    raise UsageError(f"a worker's evaluation input ended before `steps` ({steps}) batches: make dataset_fn's dataset "
+                     "repeat (`.repeat()`), or evaluate a finite set once with exact=True") from None
   return to_floats(logs)
 
 

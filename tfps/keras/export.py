@@ -13,6 +13,7 @@ from absl import logging
 import tensorflow as tf
 import tf_keras
 
+from tfps.errors import ArgumentTypeError, CheckpointMismatchError, UsageError
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.training import dataset_fns
 
@@ -21,14 +22,17 @@ def _source_checkpoint(model, model_dir, checkpoint, scratch_dir) -> str:
   given = [name for name, value in (("model", model), ("model_dir", model_dir), ("checkpoint", checkpoint))
            if value is not None]
   if len(given) != 1:
-    raise ValueError(f"give exactly one of `model`, `model_dir`, `checkpoint` to export from; got {given or 'none'}")
+    raise UsageError(f"give exactly one of `model`, `model_dir`, `checkpoint` to export from; got {given or 'none'}")
   if model is not None:
     return tf.train.Checkpoint(model=model).write(os.path.join(scratch_dir, "ckpt"))
   if model_dir is not None:
     paths = checkpoints_lib.list_checkpoints(model_dir)
     if not paths:
-      raise ValueError(f"no checkpoint in {checkpoints_lib.checkpoint_dir(model_dir)!r} to export")
+      raise UsageError(f"no checkpoint in {checkpoints_lib.checkpoint_dir(model_dir)!r} to export")
     return paths[-1]
+  if not tf.io.gfile.exists(f"{checkpoint}.index"):
+    raise UsageError(f"`checkpoint` ({checkpoint!r}) is not a checkpoint (no {checkpoint}.index); give a checkpoint's "
+                     "path (model_dir/checkpoints/ckpt-N), or `model_dir` to export its newest")
   return checkpoint
 
 
@@ -48,6 +52,9 @@ def export_saved_model(build_model: Callable[[], tf_keras.Model], export_dir: st
     checkpoint: export this checkpoint path.
     dataset_fn: gives one batch to build a model whose inputs are not declared (subclassed models).
   """
+  if not callable(build_model) or isinstance(build_model, tf_keras.Model):
+    raise ArgumentTypeError(f"`build_model` must be the function that built the model (called here outside any "
+                            f"strategy), got {type(build_model).__name__}; the trained model goes in `model=`")
   with tempfile.TemporaryDirectory() as scratch_dir:
     source = _source_checkpoint(model, model_dir, checkpoint, scratch_dir)
     outside_strategies(lambda: _save_plain(build_model, source, export_dir, dataset_fn))
@@ -81,11 +88,14 @@ def _save_plain(build_model, source: str, export_dir: str, dataset_fn) -> None:
   plain = build_model()
   if not plain.built:
     if dataset_fn is None:
-      raise ValueError("`build_model` returns a model with undeclared inputs; pass `dataset_fn` so tfps can build "
+      raise UsageError("`build_model` returns a model with undeclared inputs; pass `dataset_fn` so tfps can build "
                        "it with one batch")
     features = next(iter(dataset_fns.make_dataset(dataset_fn, "dataset_fn").take(1)))
     plain(features[0] if isinstance(features, tuple) else features)
-  status = tf.train.Checkpoint(model=plain).read(source)
-  status.expect_partial().assert_existing_objects_matched()
+  try:
+    tf.train.Checkpoint(model=plain).read(source).expect_partial().assert_existing_objects_matched()
+  except (AssertionError, ValueError) as e:
+    first = str(e).strip().split("\n")[0]
+    raise CheckpointMismatchError(f"checkpoint {source} does not fit the model `build_model` returns: {first}") from None
   plain.save(export_dir, include_optimizer=False)
   logging.info("Exported %s to %s", source, export_dir)

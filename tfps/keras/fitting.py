@@ -54,6 +54,7 @@ class FitOptions:
   def __post_init__(self):
     checks.positive_int("steps_per_execution", self.steps_per_execution, allow_none=True)
     checks.positive_int("keep_checkpoint_max", self.keep_checkpoint_max, allow_none=True)  # a restart resumes from one
+    checks.one_of("verbose", self.verbose, (0, 2, "auto"))  # under ParameterServerStrategy tf-keras has no progress bar (1)
     if self.seed is not None:
       checks.non_negative_int("seed", self.seed)
 
@@ -92,7 +93,7 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
     validation_dataset_fn: like `train_dataset_fn`, for evaluation after every epoch (and by the sidecar).
     validation_steps: evaluation steps; not needed with `exact_evaluation`.
     model_dir: checkpoints (one per epoch: a restarted chief resumes from it) and TensorBoard logs; None: nothing.
-    callbacks: user callbacks, run after tfps's own (epoch-level only, or with `_supports_tf_logs`).
+    callbacks: user callbacks, after tfps's own: epoch-level, or with `_supports_tf_logs` (TerminateOnNaN: by epoch).
     sync_mode: "async" (default), "sync" or "geo", or a `tfps.TrainingMode` (to set `geo_steps` or
       `replicas_to_aggregate`); a script passes `tfps.mode_from_flags()`.
     cluster: the cluster, seen from the chief; default: TF_CONFIG. A script passes the `cluster` `tfps.run_task`
@@ -107,7 +108,7 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
       batch_size: examples per step, for the examples/s of the progress line (default: the dataset's static batch
         size; without either the line shows steps/s).
       keep_checkpoint_max: checkpoints kept in `model_dir/checkpoints` (5; None keeps all).
-      verbose: tf-keras's verbosity (0: only tfps's progress lines).
+      verbose: tf-keras's verbosity (0: only tfps's progress lines; 2 or "auto": a line per epoch).
       delta_export_secs: seconds between exports of the changed rows to `model_dir/deltas`, within epochs too
         (None: none; docs/delta_export.md).
       seed: the same seed, the same initial weights (`_build`; None: unseeded), as the Estimator's `tf_random_seed`.
@@ -115,7 +116,7 @@ def fit(build_model: Callable[[], tf_keras.Model], train_dataset_fn: Callable, *
   fit_options = _fit_options(options)  # what remains in `options`: strategy fields given one by one
   exports = deltas.delta_callbacks(build_model, train_dataset_fn, model_dir, fit_options.delta_export_secs)
   run = _Run(build_model, train_dataset_fn, epochs, steps_per_epoch, validation_dataset_fn, validation_steps,
-             model_dir, (*callbacks, *exports), fit_options)
+             model_dir, (*map(callbacks_lib.epoch_level, callbacks), *exports), fit_options)
   _check_run(run)
   mode = modes.as_mode(sync_mode)
   strategy_options = options_lib.as_strategy_options(strategy_options, **options)
@@ -131,13 +132,24 @@ def _show_progress_lines() -> None:
 
 
 _FIT_OPTIONS = tuple(field.name for field in dataclasses.fields(FitOptions))
+# `Model.fit` arguments tfps.fit does not take, and what to do instead.
+_MODEL_FIT_ONLY = {
+    "class_weight": "weight examples in the dataset instead, as (features, labels, sample_weights) elements",
+    "initial_epoch": "a chief started again on the same model_dir resumes after its last checkpoint's epoch itself",
+    "validation_freq": "tfps.fit evaluates after every epoch; a sidecar evaluator (tfps.run_sidecar_evaluator) "
+                       "evaluates without holding up training",
+    "x": "give train_dataset_fn, a function of an input context that returns a repeated tf.data.Dataset",
+    "validation_data": "give validation_dataset_fn, a function of an input context that returns a tf.data.Dataset",
+}
 
 
 def _fit_options(options: dict) -> FitOptions:
   """Takes `fit`'s `FitOptions` out of its keyword `options` (an unknown keyword is a `TypeError`, as Python's)."""
   unknown = sorted(set(options) - set(_FIT_OPTIONS) - set(options_lib.FIELDS))
   if unknown:
-    raise TypeError(f"fit() got an unexpected keyword argument {unknown[0]!r}")
+    hint = _MODEL_FIT_ONLY.get(unknown[0])
+    raise ArgumentTypeError(f"fit() got an unexpected keyword argument {unknown[0]!r}" +
+                            (f": {hint}" if hint else ""))
   return FitOptions(**{name: options.pop(name) for name in list(options) if name in _FIT_OPTIONS})
 
 
@@ -181,7 +193,7 @@ def build_model_in_scope(build_model: Callable, strategy) -> tf_keras.Model:
     raise ArgumentTypeError(f"`build_model` must return a tf-keras Model, got {type(model).__name__} from "
                             f"{module}.{hint}")
   if not _tf_private.is_compiled(model):
-    raise ValueError("`build_model` returned a model that is not compiled; call model.compile(...) in build_model")
+    raise UsageError("`build_model` returned a model that is not compiled; call model.compile(...) in build_model")
   return model
 
 
@@ -279,23 +291,27 @@ def _validation(chief: chief_lib.Chief, model: tf_keras.Model, run: _Run):
 
 def _fit(model: tf_keras.Model, run: _Run, initial_epoch: int, validation, all_callbacks) -> tf_keras.callbacks.History:
   """tf-keras's `Model.fit`, its errors under ParameterServerStrategy said in one line."""
-  ran_out = _InputRanOut()
+  ran_out, evaluating = _InputRanOut(), _Evaluating()
   logging_lib.getLogger("tensorflow").addHandler(ran_out)
   try:
     return model.fit(keras_steps.UNUSED_BY_FIT, epochs=run.epochs, steps_per_epoch=run.steps_per_epoch,
                      initial_epoch=initial_epoch, validation_data=validation,
                      validation_steps=None if run.options.exact_evaluation else run.validation_steps,
-                     callbacks=all_callbacks, verbose=run.options.verbose)
+                     callbacks=[*all_callbacks, evaluating], verbose=run.options.verbose)
   except (tf.errors.OutOfRangeError, tf.errors.CancelledError) as e:
     # A dataset whose length was not known (`check_lasts`) ended: tf-keras then stops the epoch, and the functions
     # still pending (cancelled) or the next one raise.
+    if evaluating.now:
+      raise UsageError(f"a worker's validation input ended before `validation_steps` ({run.validation_steps}) "
+                       "batches: make validation_dataset_fn's dataset repeat (`.repeat()`), or evaluate a finite set "
+                       "once with exact_evaluation=True") from None
     if isinstance(e, tf.errors.OutOfRangeError) or ran_out.seen:
       raise UsageError("a worker's training input ended before its steps did: `train_dataset_fn` must return a "
                        "dataset that repeats (`.repeat()`)") from None
     raise
   except ValueError as e:
     if _tf_private.BATCH_CALLBACKS_REFUSED in str(e):
-      raise ValueError(f"{e}. Under ParameterServerStrategy a callback may only use epoch-level hooks "
+      raise UsageError(f"{e}. Under ParameterServerStrategy a callback may only use epoch-level hooks "
                        "(on_epoch_end, ...), or set `_supports_tf_logs = True` and handle remote values") from None
     raise
   finally:
@@ -303,6 +319,20 @@ def _fit(model: tf_keras.Model, run: _Run, initial_epoch: int, validation, all_c
     for callback in all_callbacks:
       if isinstance(callback, callbacks_lib.ProgressLogger):
         callback.stop()
+
+
+class _Evaluating(tf_keras.callbacks.Callback):
+  """Whether `fit` is evaluating now (between `on_test_begin` and `on_test_end`)."""
+
+  def __init__(self):
+    super().__init__()
+    self.now = False
+
+  def on_test_begin(self, logs=None):
+    self.now = True
+
+  def on_test_end(self, logs=None):
+    self.now = False
 
 
 class _InputRanOut(logging_lib.Handler):
@@ -345,5 +375,9 @@ def evaluate(model: tf_keras.Model, dataset_fn: Callable, steps: Optional[int] =
 
   With `exact=True` a finite dataset is evaluated so that every example counts exactly once (`steps` is not used).
   """
+  if not isinstance(model, tf_keras.Model):
+    raise ArgumentTypeError(f"`model` must be the tf-keras model tfps.fit trained (`history.model`), got "
+                            f"{type(model).__name__}")
+  checks.positive_int("steps", steps, allow_none=True)
   num_workers = strategy_lib.cluster_of(model.distribute_strategy).num_workers
   return evaluation.evaluate_on_cluster(model, dataset_fn, num_workers, steps=steps, exact=exact)
