@@ -246,6 +246,48 @@ def test_bad_model_fn_in_training(cluster, tmp_path, model_fn, error, message):
     estimator.train(synthetic.train_input_fn, max_steps=1)
 
 
+def _tf1_minimize(spec, mode):
+  if mode == tfps.ModeKeys.TRAIN:
+    tf.compat.v1.train.AdagradOptimizer(0.1).minimize(spec.loss, tf.compat.v1.train.get_global_step())
+  return spec
+
+
+def _rate_of_the_global_step(spec, mode):
+  rate = tf.compat.v1.train.exponential_decay(0.1, tf.compat.v1.train.get_global_step(), 100, 0.9)
+  return tfps.EstimatorSpec(mode, loss=spec.loss, optimizer=tf_keras.optimizers.legacy.Adagrad(rate),
+                            predictions=spec.predictions)
+
+
+def _pairs_of_arrays(params):
+  return np.zeros((4, 2)), np.zeros(4)
+
+
+@pytest.mark.parametrize("model_fn, input_fn, message", [
+    (_wrap(_tf1_minimize), synthetic.train_input_fn,
+     r"^model_fn called a TF1 optimizer's minimize\(\) \(No variables to optimize.\): tfps takes the gradients of "
+     r"the loss and applies them; return EstimatorSpec\(mode, loss=loss, optimizer=optimizer\) instead"),
+    (_wrap(_rate_of_the_global_step), synthetic.train_input_fn,
+     r"^the optimizer's learning rate is a tensor model_fn computed \(.*ExponentialDecay.*\): it belongs to one "
+     "trace of model_fn.*schedules.LearningRateSchedule"),
+    (synthetic.model_fn, _pairs_of_arrays, r"^input_fn must return a tf.data.Dataset of \(features, labels\) in mode "
+     "'train', got tuple$"),
+])
+def test_tf1_habits_and_a_wrong_input_fn_get_one_line_errors_in_training(cluster, tmp_path, model_fn, input_fn,
+                                                                         message):
+  estimator = tfps.Estimator(model_fn, model_dir=str(tmp_path), cluster=cluster)
+  with pytest.raises(tfps.TfpsError, match=message):
+    estimator.train(input_fn, max_steps=1)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(params=[1, 2]), r"^`params` must be a dict \(passed to model_fn and input_fn\), got list$"),
+    (dict(warm_start_from="/tmp/other"), r"^Estimator\(warm_start_from=...\) is not supported; to go on from "),
+])
+def test_bad_estimator_arguments_get_one_line_errors(tmp_path, kwargs, message):
+  with pytest.raises(tfps.TfpsError, match=message):
+    tfps.Estimator(synthetic.model_fn, model_dir=str(tmp_path), **kwargs)
+
+
 def test_model_fn_with_a_metric_in_train_mode(cluster, tmp_path):
   def model_fn(features, labels, mode, params):
     spec = synthetic.model_fn(features, labels, mode, params)

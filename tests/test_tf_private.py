@@ -416,6 +416,15 @@ def test_a_legacy_optimizers_coefficients_take_the_learning_rate_given_for_their
   assert _tf_private.learning_rate_variable(tf_keras.optimizers.SGD(0.5)) is None
 
 
+def test_the_learning_rate_given_is_read_without_making_a_legacy_optimizers_variables():
+  legacy = tf_keras.optimizers.legacy.Adagrad(0.25)
+  assert _tf_private.learning_rate_given(legacy) == 0.25 and _tf_private.learning_rate_variable(legacy) is None
+  schedule = tf_keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
+  assert _tf_private.learning_rate_given(tf_keras.optimizers.legacy.SGD(schedule)) is schedule
+  assert _tf_private.learning_rate_given(tf.compat.v1.train.AdagradOptimizer(0.5)) == 0.5
+  assert float(_tf_private.learning_rate_given(tf_keras.optimizers.SGD(0.5))) == 0.5
+
+
 def test_a_current_optimizer_updates_from_the_step_values_copied_before_them_and_changes_no_value():
   """`step_values_on_each_ps`: a current optimizer's updates read the learning rate and `iterations` copied on each
   variable's device when the block opened (a learning rate assigned later is not read), and apply the values its

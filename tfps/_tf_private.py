@@ -323,6 +323,15 @@ def learning_rate_variable(optimizer):
   return rate if isinstance(rate, tf.Variable) else None
 
 
+def learning_rate_given(optimizer):
+  """The learning rate `optimizer` was made with, read without making its hyperparameter variables (reading a legacy
+  tf-keras optimizer's `learning_rate` makes them): a legacy one keeps it in `_hyper`, a current one and a TF1 one
+  (`tf.compat.v1.train.*`) in `_learning_rate`; None where there is none."""
+  if isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer):
+    return optimizer._hyper.get("learning_rate")  # pylint: disable=protected-access
+  return getattr(optimizer, "_learning_rate", None)
+
+
 def learning_rate_read(optimizer, read: Callable[[str], object]):
   """While tracing: a tf-keras legacy optimizer's coefficients on a variable's device (`_prepare_local`, under that
   device, which reads the learning rate from `_hyper`) take the rate `read(device)` gives, where it gives one (a

@@ -19,7 +19,8 @@ def _named_args(fn: Callable, what: str, available: Mapping[str, Any], skip_firs
   if skip_first:
     if not parameters or parameters[0].kind not in (inspect.Parameter.POSITIONAL_ONLY,
                                                      inspect.Parameter.POSITIONAL_OR_KEYWORD):
-      raise ArgumentTypeError(f"{what} must take `features` as its first argument; its signature is {inspect.signature(fn)}")
+      raise ArgumentTypeError(f"{what} must take `features` as its first argument; its signature is "
+                              f"{inspect.signature(fn)}")
     parameters = parameters[1:]
   kwargs = {}
   for parameter in parameters:
@@ -28,8 +29,8 @@ def _named_args(fn: Callable, what: str, available: Mapping[str, Any], skip_firs
     if parameter.name in available:
       kwargs[parameter.name] = available[parameter.name]
     elif parameter.default is inspect.Parameter.empty:
-      raise ArgumentTypeError(f"{what} takes argument {parameter.name!r}, which tfps cannot supply; the arguments it can "
-                      f"pass by name are: {', '.join(available)}")
+      raise ArgumentTypeError(f"{what} takes argument {parameter.name!r}, which tfps cannot supply; the arguments it "
+                              f"can pass by name are: {', '.join(available)}")
   return kwargs
 
 
@@ -54,13 +55,13 @@ def call_input_fn(input_fn: Callable, mode: str, params: dict, config,
   """The dataset of `input_fn`, called with the arguments it names (`params`, `mode`, `config`, `input_context`)."""
   if not callable(input_fn):
     raise ArgumentTypeError(f"input_fn must be a function that builds a tf.data.Dataset (it runs on every worker), got "
-                    f"{type(input_fn).__name__}; move the code that builds the dataset into a function")
+                            f"{type(input_fn).__name__}; move the code that builds the dataset into a function")
   available = {"params": dict(params), "mode": mode, "config": config,
                "input_context": input_context or tf.distribute.InputContext()}
   dataset = input_fn(**_named_args(input_fn, "input_fn", available, skip_first=False))
   if not isinstance(dataset, tf.data.Dataset):
     raise ArgumentTypeError(f"input_fn must return a tf.data.Dataset of (features, labels) in mode {mode!r}, got "
-                    f"{type(dataset).__name__}")
+                            f"{type(dataset).__name__}")
   return dataset
 
 
@@ -70,8 +71,8 @@ def split_element(element, mode: str) -> Tuple[Any, Any]:
     return element
   if mode == "infer":
     return element, None
-  raise ArgumentTypeError(f"input_fn's dataset must yield (features, labels) pairs in mode {mode!r}; got an element of type "
-                  f"{type(element).__name__}")
+  raise ArgumentTypeError(f"input_fn's dataset must yield (features, labels) pairs in mode {mode!r}; got an element "
+                          f"of type {type(element).__name__}")
 
 
 def batch_size(features, labels) -> tf.Tensor:

@@ -53,6 +53,9 @@ class DistributedModel:
     def dataset_fn(input_context):
       return calls.call_input_fn(input_fn, ModeKeys.TRAIN, self.model.params, self._config, input_context)
 
+    # First on the chief: a mistake in input_fn (or what it returns) raises as it is, not inside the trace of the
+    # workers' dataset function, where autograph wraps it.
+    calls.split_element(dataset_fn(tf.distribute.InputContext()).element_spec, ModeKeys.TRAIN)
     return dataset_fns.per_worker_iterator(self.strategy, self.coordinator, dataset_fn, "input_fn")
 
   def _build(self, iterator) -> None:

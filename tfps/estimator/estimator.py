@@ -27,6 +27,7 @@ class Estimator:
     model_dir: where checkpoints, `loss.log` and evaluation results go (else `config.model_dir`).
     config: a `RunConfig`.
     params: passed to `model_fn` and `input_fn`s that take `params`.
+    warm_start_from: not supported (a one-line error says what to do instead).
     cluster: the cluster to train on (e.g. `tfps.testing.local_cluster()`, or in a script the cluster
       `tfps.run_task` gives); default: TF_CONFIG.
     strategy_options: a `tfps.StrategyOptions` (or a dict of its fields), checked here; a script passes
@@ -34,12 +35,18 @@ class Estimator:
   """
 
   def __init__(self, model_fn: Callable, model_dir: Optional[str] = None, config: Optional[RunConfig] = None,
-               params: Optional[Mapping] = None, *, cluster: Optional[cluster_lib.ClusterConfig] = None,
+               params: Optional[Mapping] = None, warm_start_from=None, *,
+               cluster: Optional[cluster_lib.ClusterConfig] = None,
                strategy_options: Union[None, options_lib.StrategyOptions, Mapping] = None):
     calls.check_model_fn(model_fn)
     config = config or RunConfig()
     if not isinstance(config, RunConfig):
       raise ArgumentTypeError(f"`config` must be a tfps.RunConfig, got {type(config).__name__}")
+    if params is not None and not isinstance(params, Mapping):
+      raise ArgumentTypeError(f"`params` must be a dict (passed to model_fn and input_fn), got {type(params).__name__}")
+    if warm_start_from is not None:
+      raise UsageError("Estimator(warm_start_from=...) is not supported; to go on from another run, train in a copy "
+                       "of its model_dir (its variables, optimizer state and global step carry over)")
     model_dir = model_dir or config.model_dir
     if not model_dir:
       raise UsageError("`model_dir` is None and config.model_dir is None; give one of them")

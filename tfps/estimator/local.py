@@ -97,8 +97,8 @@ class LocalModel:
     """Writes a SavedModel of the PREDICT graph to a new timestamped folder in `export_dir_base`; returns it."""
     specs = serving_input_fn() if callable(serving_input_fn) else serving_input_fn
     if not isinstance(specs, dict) or not all(isinstance(s, tf.TensorSpec) for s in specs.values()):
-      raise ArgumentTypeError("serving_input_receiver_fn must be (or return) a dict of feature name -> tf.TensorSpec, got "
-                      f"{specs!r:.100}")
+      raise ArgumentTypeError("serving_input_receiver_fn must be (or return) a dict of feature name -> tf.TensorSpec, "
+                              f"got {specs!r:.100}")
     export_dir = os.path.join(export_dir_base, str(int(time.time())))
     while os.path.exists(export_dir):
       export_dir = os.path.join(export_dir_base, str(int(export_dir.rsplit(os.sep, 1)[-1]) + 1))

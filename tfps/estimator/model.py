@@ -5,6 +5,7 @@ from typing import Callable, Optional, Tuple
 
 import tensorflow as tf
 
+from tfps import _tf_private
 from tfps.errors import UsageError
 from tfps.estimator import calls
 from tfps.training import steps as steps_lib
@@ -32,10 +33,18 @@ class ModelFnModel:
   def __call__(self, features, labels, mode: str) -> EstimatorSpec:
     """The validated EstimatorSpec of `model_fn(features, labels, mode, ...)` on this model's variables."""
     with _global_step_of(self.global_step):
-      spec = self.variables.call(
-          lambda: calls.call_model_fn(self.model_fn, features, labels, mode, self.params, self.config), mode)
+      try:
+        spec = self.variables.call(
+            lambda: calls.call_model_fn(self.model_fn, features, labels, mode, self.params, self.config), mode)
+      except ValueError as e:
+        if "No variables to optimize" not in str(e):
+          raise
+        raise UsageError(f"model_fn called a TF1 optimizer's minimize() ({e}): tfps takes the gradients of the loss "
+                         "and applies them; return EstimatorSpec(mode, loss=loss, optimizer=optimizer) instead of a "
+                         "train_op") from None
     spec = validate_spec(spec, mode)
     if mode == ModeKeys.TRAIN and self.optimizer is None:
+      _check_hyperparameters(spec.optimizer)
       self.optimizer = spec.optimizer  # model_fn builds a new optimizer on every trace; the first one is kept
     return spec
 
@@ -67,6 +76,17 @@ class ModelFnModel:
   def checkpoint_objects(self) -> dict:
     """What a checkpoint of this model holds: the model variables (and the optimizer, once a TRAIN call made one)."""
     return {"model": self.variables, **({"optimizer": self.optimizer} if self.optimizer is not None else {})}
+
+
+def _check_hyperparameters(optimizer) -> None:
+  """Raises where the optimizer's learning rate is a tensor of the model_fn's trace (one computed from the global
+  step): only the first TRAIN trace's optimizer is kept, and later traces cannot read that trace's tensors."""
+  rate = _tf_private.learning_rate_given(optimizer)
+  if tf.is_tensor(rate) and tf.is_symbolic_tensor(rate) and not isinstance(rate, tf.Variable):
+    raise UsageError(f"the optimizer's learning rate is a tensor model_fn computed ({rate.name}): it belongs to one "
+                     "trace of model_fn, and tfps traces it more than once. Give a number or a tf_keras.optimizers."
+                     "schedules.LearningRateSchedule (e.g. ExponentialDecay, for tf.compat.v1.train.exponential_decay),"
+                     " which reads the optimizer's step")
 
 
 @contextlib.contextmanager

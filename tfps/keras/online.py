@@ -144,7 +144,7 @@ def _checked(build_model, make_batches, model_dir, max_steps, sync_mode, options
   if unknown:
     hint = "a stream has no epochs; " if "epoch" in unknown[0] else ""
     raise ArgumentTypeError(f"train_on_stream() got an unexpected keyword argument {unknown[0]!r} ({hint}it takes "
-                    f"{', '.join(fields)} and the StrategyOptions fields)")
+                            f"{', '.join(fields)} and the StrategyOptions fields)")
   settings = StreamOptions(**{name: options.pop(name) for name in list(options) if name in fields})
   mode = modes.as_mode(sync_mode)
   online.check_mode(mode)
