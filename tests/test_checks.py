@@ -14,6 +14,10 @@ from tfps.errors import UsageError
     (lambda: checks.non_negative_int("seed", -1), "`seed` (-1) must be a non-negative integer"),
     (lambda: checks.non_negative_number("throttle_secs", -0.5, "number of seconds"),
      "`throttle_secs` (-0.5) must be a non-negative number of seconds"),
+    (lambda: checks.non_negative_number("poll_secs", float("nan"), "number of seconds"),
+     "`poll_secs` (nan) must be a non-negative number of seconds"),
+    (lambda: checks.non_negative_number("poll_secs", float("inf"), "number of seconds"),
+     "`poll_secs` (inf) must be a non-negative number of seconds"),
     (lambda: checks.int_in_range("shard_index", 3, 0, 2), "`shard_index` (3) must be an integer in 0-2"),
     (lambda: checks.one_of("sync_mode", "fast", ("async", "sync", "geo")),
      "`sync_mode` ('fast') must be one of async, sync, geo"),
@@ -24,6 +28,16 @@ def test_bad_values_raise_one_line_usage_errors(call, message):
     call()
   assert str(info.value) == message
   assert isinstance(info.value, ValueError)  # callers catching ValueError keep working
+
+
+def test_a_directory_is_made_or_refused_in_one_line(tmp_path):
+  assert checks.directory("model_dir", str(tmp_path / "a" / "b")) == str(tmp_path / "a" / "b")
+  assert (tmp_path / "a" / "b").is_dir()
+  (tmp_path / "file").write_text("")
+  with pytest.raises(UsageError, match=r"^`model_dir` \('.*/file'\) is a file, not a directory$"):
+    checks.directory("model_dir", str(tmp_path / "file"))
+  with pytest.raises(UsageError, match=r"^`model_dir` \('/proc/nope/run'\) cannot be made a directory: "):
+    checks.directory("model_dir", "/proc/nope/run")
 
 
 def test_good_values_come_back():

@@ -15,6 +15,7 @@ from tfps.data import criteo
 from tfps.data import movielens
 from tfps.data import pipeline
 from tfps.data import synthetic
+from tfps.errors import UsageError
 
 BUCKETS = 1000
 
@@ -101,6 +102,17 @@ def test_malformed_rows_fail_in_strict_mode(tmp_path):
     _once(path, strict=True)
   with pytest.raises(tf.errors.InvalidArgumentError, match="malformed Criteo row"):
     _read_all(_once(path, strict=True, scan=False))
+
+
+@pytest.mark.parametrize("repeat", [True, False], ids=["training", "evaluation"])
+def test_files_without_a_usable_row_are_refused_instead_of_read_forever(tmp_path, repeat):
+  path = _malformed_csv(tmp_path, good_rows=0)
+  with pytest.raises(UsageError, match=r"^no usable row to read: Criteo: 4 rows in 1 file\(s\); 4 malformed skipped"):
+    criteo.criteo_dataset_fn(path, batch_size=2, repeat=repeat)
+  header_only = tmp_path / "header.csv"
+  header_only.write_text(",".join(criteo.COLUMNS) + "\n")
+  with pytest.raises(UsageError, match=r"^no usable row to read: Criteo: 0 rows in 1 file\(s\)"):
+    criteo.criteo_dataset_fn(str(header_only), batch_size=2, repeat=repeat)
 
 
 def test_argument_errors(criteo_sample, tmp_path):

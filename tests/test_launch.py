@@ -115,6 +115,7 @@ def test_signal_to_launcher_leaves_no_process_behind(tmp_path, marked_env, signu
     (["--num_ps=two", "x.py"], "tfps-launch: flag --num_ps=two: invalid literal"),
     (["x.py", "--epochs=2"], "tfps-launch: Unknown command line flag 'epochs' (the script's own flags go after `--`"),
     (["README.md"], "tfps-launch: script 'README.md' does not compile as Python: unterminated string literal"),
+    (["--stop_grace_secs=nan", "x.py"], "tfps-launch: --stop_grace_secs=nan: must be a finite number"),
 ])
 def test_bad_launcher_arguments_are_one_line(args, message):
   result = subprocess.run([sys.executable, "-m", "tfps.cluster.launch", *args], cwd=REPO, capture_output=True, text=True,
@@ -207,6 +208,8 @@ CHECK = "import sys; from tfps import flags; flags.check_script_flags(sys.argv[1
      ["--n=x"], 2, "script.py: flag --n=x: invalid literal for int() with base 10: 'x'"),
     ("from absl import app, flags\nflags.DEFINE_integer('n', 1, 'n')\nif __name__ == '__main__':\n  app.run(print)\n",
      ["--n=2"], 0, ""),
+    ("from absl import app, flags\nflags.DEFINE_float('rate', 0.1, 'r', lower_bound=0)\nif __name__ == '__main__':\n"
+     "  app.run(print)\n", ["--rate=inf"], 2, "script.py: --rate=inf: must be a finite number"),
     ("import argparse\nimport sys\nif __name__ == '__main__':\n  print('main ran')\n", ["--anything"], 0, ""),
     ("import tensorflow\nraise SystemExit('unreachable')\n", ["--n=x"], 0, ""),  # needs TensorFlow: left to its tasks
 ])

@@ -4,6 +4,7 @@ and what is allowed (``"`epochs` (0) must be a positive integer"``).
 `UsageError` is a `ValueError`, so callers that catch `ValueError` keep working; `tfps.run_main` prints it as one line.
 """
 
+import math
 from typing import Any, Iterable, Optional
 
 from tfps.errors import UsageError
@@ -33,7 +34,7 @@ def non_negative_int(name: str, value: Any) -> int:
 
 def non_negative_number(name: str, value: Any, unit: str = "number") -> float:
   """Returns `value` if it is an int or float >= 0, else raises `UsageError` (`unit`: "number of seconds", ...)."""
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
     raise UsageError(f"`{name}` ({value!r}) must be a non-negative {unit}")
   return value
 
@@ -59,3 +60,18 @@ def positive_ints(name: str, values: Any) -> list:
   if any(not is_int(v) or v < 1 for v in values):
     raise UsageError(f"`{name}` ({values!r}) must be positive integers")
   return values
+
+
+def directory(name: str, path: Any) -> str:
+  """Returns `path` if it is a directory, or makes it one (a local path or a URL TensorFlow's file system reads);
+  raises `UsageError` where it is a file or cannot be made (``"`model_dir` ('/data/run') is a file, not a
+  directory"``)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (this module is imported without TensorFlow)
+  try:
+    if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
+      raise UsageError(f"`{name}` ({path!r}) is a file, not a directory")
+    tf.io.gfile.makedirs(path)
+  except (OSError, tf.errors.OpError) as e:
+    reason = getattr(e, "message", None) or getattr(e, "strerror", None) or str(e)
+    raise UsageError(f"`{name}` ({path!r}) cannot be made a directory: {reason}") from None
+  return path

@@ -15,6 +15,7 @@ cross-field rules), `mode_from_flags` a `TrainingMode`, `strategy_options_from_f
 
 import dataclasses
 import importlib.abc
+import math
 import os
 import runpy
 import sys
@@ -252,11 +253,24 @@ def command_line_parser(program: str, unknown_hint: str = "") -> Callable[[Seque
   which a supervisor takes for a failure and restarts. `unknown_hint` follows the line of an unknown flag."""
   def parse(argv: Sequence[str]) -> list:
     try:
-      return flags.FLAGS(list(argv))
+      remaining = flags.FLAGS(list(argv))
     except flags.Error as e:
       hint = f" ({unknown_hint})" if unknown_hint and isinstance(e, flags.UnrecognizedFlagError) else ""
       refuse(program, str(e).splitlines()[0] + hint)
+    not_finite = _not_finite_float(flags.FLAGS)
+    if not_finite is not None:
+      refuse(program, f"--{not_finite.name}={not_finite.value}: must be a finite number")
+    return remaining
   return parse
+
+
+def _not_finite_float(flag_values: flags.FlagValues):
+  """A float flag set to nan or inf, which absl's parser (and its bounds) let through; None if there is none."""
+  for name in flag_values:
+    flag = flag_values[name]
+    if isinstance(flag.value, float) and not math.isfinite(flag.value):
+      return flag
+  return None
 
 
 def show_usage_in_help(usage: str) -> None:

@@ -188,7 +188,7 @@ def data_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> Data:
     generated = _synthetic_files(fv)
     return generated[:-1] if train else generated[-1:]
 
-  return Data(_deferred(lambda: make(files(True), **common)), _deferred(lambda: make(files(False), scan=False, **once)),
+  return Data(_deferred(lambda: make(files(True), **common)), _deferred(lambda: make(files(False), **once)),
               categorical, dense, batch_size=fv.batch_size)
 
 

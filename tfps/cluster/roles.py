@@ -45,6 +45,12 @@ def resolve_cluster(cluster: Optional[cluster_lib.ClusterConfig] = None) -> clus
   return config
 
 
+def _check_settings(model_dir: Optional[str], lost_chief_timeout_secs: float) -> None:
+  checks.non_negative_number("lost_chief_timeout_secs", lost_chief_timeout_secs, "number of seconds")
+  if model_dir is not None:  # every task reads it (ps and workers: the FINAL marker)
+    checks.directory("model_dir", model_dir)
+
+
 def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None,
              evaluator_fn: Optional[Callable[[Optional[cluster_lib.ClusterConfig]], T]] = None,
              cluster: Optional[cluster_lib.ClusterConfig] = None,
@@ -74,7 +80,7 @@ def run_task(chief_fn: Optional[Callable[[cluster_lib.ClusterConfig], T]] = None
   if cluster is None and chief_fn is None and cluster_lib.from_environ(os.environ) is None:
     return evaluator_fn(None)
   config = resolve_cluster(cluster)
-  checks.non_negative_number("lost_chief_timeout_secs", lost_chief_timeout_secs, "number of seconds")
+  _check_settings(model_dir, lost_chief_timeout_secs)
   console.drop_executor_teardown_errors()
   if config.task_type in ("ps", "worker"):
     from tfps.cluster import server  # pylint: disable=g-import-not-at-top

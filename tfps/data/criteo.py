@@ -47,7 +47,7 @@ def guess_format(files: Sequence[str]) -> str:
   """"csv" where every file ends in `.csv`, "tsv" where none does (the raw Criteo files have no extension)."""
   is_csv = {os.fspath(path).endswith(".csv") for path in files}
   if len(is_csv) > 1:
-    raise ValueError(f"files mix .csv and other extensions ({files[0]!r}, ...); give `file_format` explicitly")
+    raise UsageError(f"files mix .csv and other extensions ({files[0]!r}, ...); give `file_format` explicitly")
   return "csv" if is_csv.pop() else "tsv"
 
 

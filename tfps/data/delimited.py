@@ -27,7 +27,7 @@ import tensorflow as tf
 from tfps import checks
 from tfps.data import pipeline
 from tfps.data.spec import FeatureSpec, row_pattern
-from tfps.errors import TfpsError
+from tfps.errors import TfpsError, UsageError
 
 _HASH_SPACE = (1 << 62) - 1
 _SCAN_BATCH = 8192
@@ -102,7 +102,8 @@ def delimited_dataset_fn(file_pattern: pipeline.FilePattern, spec: FeatureSpec, 
     spec: the columns and features (`tfps.data.spec.load_spec(path)` reads one).
     batch_size: rows per batch (per worker under PSS).
     strict: stop at the first malformed row instead of skipping it.
-    scan: count malformed rows now (in this process) and log a summary; in strict mode raise at the first one.
+    scan: count malformed rows now (in this process) and log a summary; in strict mode raise at the first one; no
+      usable row at all raises (without a scan, a repeating reader of no usable row never yields a batch).
     repeat: repeat forever (training) or read once (evaluation).
     shuffle_buffer: rows in the shuffle buffer; 0 keeps file order (with `seed`, or one file, fully deterministic).
     seed: seed of file and row shuffling; None draws a different order in each process.
@@ -113,11 +114,15 @@ def delimited_dataset_fn(file_pattern: pipeline.FilePattern, spec: FeatureSpec, 
 
   Raises:
     MalformedRowError: `strict` and `scan` and a file has a malformed row.
+    UsageError: `scan` and no row of the files is usable.
   """
   files = pipeline.list_files(file_pattern)
   checks.positive_int("batch_size", batch_size)
   if scan:
-    scan_files(files, spec, strict=strict).log()
+    summary = scan_files(files, spec, strict=strict)
+    summary.log()
+    if summary.rows == summary.malformed:  # repeated, the reader would look for a good row forever
+      raise UsageError(f"no usable row to read: {summary.describe()}")
 
   def parse(batch):
     features, label = parse_lines(batch, spec)

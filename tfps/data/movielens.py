@@ -24,6 +24,7 @@ import tensorflow as tf
 from tfps.data import delimited
 from tfps.data import pipeline
 from tfps.data.spec import Categorical, FeatureSpec
+from tfps.errors import UsageError
 
 NUM_GENRES = 19
 AGE_BANDS = (18, 25, 35, 45, 50, 56)  # band edges: <18, 18-24, 25-34, 35-44, 45-49, 50-55, 56+
@@ -72,7 +73,7 @@ class MovieLensTables:
 def _path(data_dir: str, name: str) -> str:
   path = os.path.join(data_dir, name)
   if not os.path.isfile(path):
-    raise ValueError(f"`data_dir` ({data_dir!r}) has no {name}; point it at the unpacked MovieLens 100K folder "
+    raise UsageError(f"`data_dir` ({data_dir!r}) has no {name}; point it at the unpacked MovieLens 100K folder "
                      "(ml-100k: u.data, u.item, u.user, u1.base, ...)")
   return path
 

@@ -32,6 +32,7 @@ import tensorflow as tf
 
 from tfps import checks
 from tfps.training import strategy as strategy_lib
+from tfps.errors import UsageError
 
 FilePattern = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
@@ -40,12 +41,12 @@ def list_files(file_pattern: FilePattern) -> List[str]:
   """The sorted files matching `file_pattern` (a path, a glob, or a sequence of them).
 
   Raises:
-    ValueError: nothing matches.
+    UsageError: nothing matches.
   """
   patterns = [file_pattern] if isinstance(file_pattern, (str, os.PathLike)) else list(file_pattern)
   files = sorted({path for pattern in patterns for path in glob.glob(os.fspath(pattern)) if os.path.isfile(path)})
   if not files:
-    raise ValueError(f"`file_pattern` ({file_pattern!r}) matches no file; give a path or glob of existing files")
+    raise UsageError(f"`file_pattern` ({file_pattern!r}) matches no file; give a path or glob of existing files")
   return files
 
 
@@ -76,7 +77,7 @@ def shard_plan(num_files: int, input_context: Optional[tf.distribute.InputContex
     repeat: whether the reader repeats (training); only a repeating reader is split by PSS worker.
   """
   if (shard_index is None) != (num_shards is None):
-    raise ValueError(f"give both `shard_index` ({shard_index!r}) and `num_shards` ({num_shards!r}) or neither")
+    raise UsageError(f"give both `shard_index` ({shard_index!r}) and `num_shards` ({num_shards!r}) or neither")
   if num_shards is None:
     if input_context is not None and input_context.num_input_pipelines > 1:
       num_shards, shard_index = input_context.num_input_pipelines, input_context.input_pipeline_id

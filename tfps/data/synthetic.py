@@ -24,6 +24,7 @@ import numpy as np
 
 from tfps import checks
 from tfps.data import schema as criteo
+from tfps.errors import UsageError
 
 SIGNAL_DENSE = 4  # I1..I4 carry signal
 SIGNAL_CATEGORICAL = 6  # C1..C6 carry signal
@@ -61,11 +62,11 @@ class SyntheticSpec:
       checks.positive_int(name, getattr(self, name))
     checks.non_negative_int("seed", self.seed)
     if not self.zipf_exponent > 0:
-      raise ValueError(f"`zipf_exponent` ({self.zipf_exponent!r}) must be positive")
+      raise UsageError(f"`zipf_exponent` ({self.zipf_exponent!r}) must be positive")
     if not 0 <= self.missing_rate < 1:
-      raise ValueError(f"`missing_rate` ({self.missing_rate!r}) must be in [0, 1)")
+      raise UsageError(f"`missing_rate` ({self.missing_rate!r}) must be in [0, 1)")
     if not 0 < self.positive_rate < 1:
-      raise ValueError(f"`positive_rate` ({self.positive_rate!r}) must be in (0, 1)")
+      raise UsageError(f"`positive_rate` ({self.positive_rate!r}) must be in (0, 1)")
     criteo.check_format(self.file_format)
 
 
@@ -191,7 +192,7 @@ def generate_criteo(output_dir: str, spec: SyntheticSpec = SyntheticSpec()) -> S
   Returns:
     The files written and their statistics.
   """
-  os.makedirs(output_dir, exist_ok=True)
+  checks.directory("data_dir", output_dir)
   model = _PlantedModel(spec)
   header = (",".join(criteo.COLUMNS) + "\n").encode() if spec.file_format == "csv" else b""
   sizes = [spec.rows // spec.num_files + (1 if part < spec.rows % spec.num_files else 0)

@@ -50,6 +50,7 @@ class Estimator:
     model_dir = model_dir or config.model_dir
     if not model_dir:
       raise UsageError("`model_dir` is None and config.model_dir is None; give one of them")
+    checks.directory("model_dir", os.fspath(model_dir))
     self._model_fn = model_fn
     self._config = config.replace(model_dir=os.fspath(model_dir))
     self._params = dict(params or {})

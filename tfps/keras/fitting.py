@@ -171,6 +171,8 @@ def _check_run(run: _Run) -> None:
   if run.validation_dataset_fn is not None:
     dataset_fns.check_dataset_fn(run.validation_dataset_fn, "validation_dataset_fn")
   checks.positive_int("epochs", run.epochs)
+  if run.model_dir is not None:
+    checks.directory("model_dir", run.model_dir)
   if run.steps_per_epoch is None:
     raise UsageError("`steps_per_epoch` is required: under ParameterServerStrategy a training dataset repeats "
                      "forever, so tfps cannot tell where an epoch ends")
