@@ -49,6 +49,31 @@ def test_each_message_is_applied_once_and_the_checkpoint_holds_its_offsets(clust
   assert online_stream.committed(kafka_broker, "g1") == ends
 
 
+def test_a_run_on_another_topic_is_refused_and_the_checkpoint_left_as_it_was(cluster, kafka_broker, tmp_path):
+  online_stream.produce(kafka_broker, range(16), topic="first")
+  assert online.train_on_stream(_estimator(cluster, tmp_path), _batches(kafka_broker, "g-first", "first"),
+                                max_steps=2) == 2
+  online_stream.produce(kafka_broker, range(16), topic="second")
+  # Refused by the name check, or (where an offset of "first" is past the end of "second") by the source, naming it.
+  with pytest.raises(tfps.TfpsError, match=r"ckpt-2 holds the position of 'kafka first@"):
+    online.train_on_stream(_estimator(cluster, tmp_path), _batches(kafka_broker, "g-first", "second"), max_steps=4)
+  assert stream_positions.read_positions(str(tmp_path), str(tmp_path / "checkpoints" / "ckpt-2")) == \
+      online_stream.end_offsets(kafka_broker, "first")
+
+
+@pytest.mark.parametrize("saved, reading, refused", [
+    ("kafka clicks@h1:9092", "kafka clicks@h2:9092,h3:9092", False), ("kafka clicks@h1:9092", "kafka views@h1:9092", True),
+    ("folder /data/a", "folder /mnt/a", False), ("folder /data/a", "kafka clicks@h1:9092", True),
+])
+def test_a_position_is_taken_only_by_the_stream_it_was_read_from(saved, reading, refused):
+  check = lambda: stream_positions.check_same_stream("run/checkpoints/ckpt-3", {"stream": saved}, reading)
+  if refused:
+    with pytest.raises(tfps.UsageError, match=f"ckpt-3 holds the position of '{saved}', and this run reads "):
+      check()
+  else:
+    check()
+
+
 def test_a_stream_with_pipelined_updates_is_refused_in_one_line_before_connecting(tmp_path):
   estimator = tfps.Estimator(online_stream.model_fn, model_dir=str(tmp_path),
                              config=tfps.RunConfig(pipelined_updates=True))

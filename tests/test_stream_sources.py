@@ -120,6 +120,35 @@ def test_a_folder_slice_is_read_once_complete_in_order_and_resumed_at_its_line(t
   assert [r.value for r in resumed.read(10, 0.3)] == [b"4,0,1"]
 
 
+def test_a_slice_completed_after_a_later_one_is_waited_for_and_one_appearing_behind_is_named(tmp_path, caplog):
+  _write(tmp_path, "slice-1.csv", ["1,1,1"])
+  _write(tmp_path, "slice-2.csv", ["2,0,1"], done=False)
+  _write(tmp_path, "slice-3.csv", ["3,1,1"])
+  source = folder_lib.FolderSource(str(tmp_path), pattern="slice-*.csv", poll_secs=0.05)
+  assert [r.value for r in source.read(10, 0.3)] == [b"1,1,1"]  # slice-3 is complete, but slice-2 comes first
+  assert source.read(10, 0.3) == []
+  assert "waiting for slice slice-2.csv to be complete (its .done marker) before slice-3.csv" in caplog.text
+  open(tmp_path / "slice-2.csv.done", "w", encoding="utf-8").close()
+  assert [r.value for r in source.read(10, 1.0)] == [b"2,0,1", b"3,1,1"]
+  _write(tmp_path, "slice-0.csv", ["0,0,1"])  # behind the position: never read, named once
+  _write(tmp_path, "slice-4.csv", ["4,0,1"])
+  assert [r.value for r in source.read(10, 1.0)] == [b"4,0,1"]
+  assert caplog.text.count("slice(s) slice-0.csv appeared after slice-3.csv was read") == 1
+
+
+def test_a_kafka_run_on_fewer_partitions_carries_the_others_positions(kafka_broker):
+  online_stream.produce(kafka_broker, range(40), topic="narrowed")
+  first = _source(kafka_broker, "narrowed")
+  _read_all(first, 40)
+  ends = first.positions()
+  assert sorted(ends) == ["0", "1", "2", "3"]
+  narrowed = _source(kafka_broker, "narrowed", partitions=[0], positions=ends)
+  assert narrowed.positions() == ends  # a later run on every partition starts each where this checkpoint leaves it
+  online_stream.produce(kafka_broker, range(40, 60), topic="narrowed")
+  read = _read_all(narrowed, 60 - 40, timeout_secs=3)
+  assert {record.key for record in read} <= {"0"} and narrowed.positions()["1"] == ends["1"]
+
+
 def test_a_renamed_slice_is_complete_and_a_vanished_one_is_named(tmp_path):
   _write(tmp_path, ".slice-1.csv.tmp", ["1,1,1"], done=False)
   source = folder_lib.FolderSource(str(tmp_path), complete="rename", poll_secs=0.05)

@@ -10,7 +10,6 @@ from tfps.estimator import stream_evaluation
 from tfps.training import dataset_fns
 from tfps.training import loop
 from tfps.training import online
-from tfps.training import stream_positions
 from tfps.training import tables
 from tfps.training import window_evaluation
 
@@ -41,7 +40,7 @@ def train_on_stream(estimator, make_batches: Callable, *, max_steps: Optional[in
   checks.positive_int("max_steps", max_steps, allow_none=True)
   config = estimator.config
   online.check_mode(config.mode)
-  batches = make_batches(stream_positions.newest_positions(estimator.model_dir))
+  batches = online.open_batches(make_batches, estimator.model_dir)
   after_checkpoint, evaluation_due = window_evaluation.with_window_evaluation(
       batches, after_checkpoint, estimator.model_dir,
       stream_evaluation.window_evaluation_of(estimator, batches.window_input_fn(eval_batch_size)),

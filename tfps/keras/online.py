@@ -32,7 +32,6 @@ from tfps.training import loop
 from tfps.training import modes
 from tfps.training import online
 from tfps.training import runners
-from tfps.training import stream_positions
 from tfps.training import tables
 from tfps.training import window_evaluation
 
@@ -115,7 +114,7 @@ def train_on_stream(build_model: Callable[[], tf_keras.Model], make_batches: Cal
   if not _env.command_line_parsed() and logging.get_verbosity() < logging.INFO:
     logging.set_verbosity(logging.INFO)  # outside absl.app (a notebook), absl would hide the progress lines
   chief = chief_lib.connect(config, mode, options_lib.as_strategy_options(strategy_options, **options))
-  batches = make_batches(stream_positions.newest_positions(model_dir))
+  batches = online.open_batches(make_batches, model_dir)
   after_checkpoint, evaluation_due = window_evaluation.with_window_evaluation(
       batches, after_checkpoint, model_dir,
       stream_evaluation.window_evaluation_of(build_model, batches.window_input_fn(settings.eval_batch_size)),

@@ -30,7 +30,7 @@ from absl import logging
 
 from tfps import _tf_private
 from tfps import run_records
-from tfps.errors import UsageError
+from tfps.errors import TfpsError, UnreachableTaskError, UsageError
 from tfps.training import delta_schedule
 from tfps.training import loop as loop_lib
 from tfps.training import stream_positions
@@ -258,6 +258,28 @@ def _schedule(runner, batches, per_step: int, stacked) -> list:
                                            (end - start) // per_step))
     start = end
   return results
+
+
+def open_batches(make_batches: Callable, model_dir: str):
+  """`make_batches(positions)` from the newest checkpoint's position in `model_dir`, checked to be of the stream
+  that checkpoint read (`stream_positions.check_same_stream`; the source is closed where it is not). A source that
+  refuses the position says which stream it is of."""
+  checkpoint, record = stream_positions.newest_record(model_dir)
+  try:
+    batches = make_batches(stream_positions.newest_positions(model_dir))
+  except UnreachableTaskError:
+    raise
+  except TfpsError as e:
+    if record is None:
+      raise
+    raise type(e)(f"{e} ({checkpoint} holds the position of {record['stream']!r})") from None
+  if record is not None:
+    try:
+      stream_positions.check_same_stream(checkpoint, record, batches.source.name)
+    except UsageError:
+      batches.source.close()
+      raise
+  return batches
 
 
 def check_mode(mode) -> None:

@@ -13,11 +13,12 @@ sidecar evaluation read it (`tfps.training.window_evaluation`).
 import json
 import os
 import re
-from typing import Optional
+from typing import Optional, Tuple
 
 from absl import logging
 import tensorflow as tf
 
+from tfps.errors import UsageError
 from tfps.training import checkpoints as checkpoints_lib
 
 _NAME = re.compile(r"(?:stream-(\d+)\.json|window-(\d+)\.csv)$")
@@ -69,15 +70,37 @@ def read_positions(model_dir: str, checkpoint: Optional[str]) -> Optional[dict]:
   return None if record is None else record["positions"]
 
 
+def newest_record(model_dir: str) -> Tuple[Optional[str], Optional[dict]]:
+  """`(checkpoint, record)`: the newest checkpoint of `model_dir` and what its `stream-N.json` holds (`read_record`);
+  None for what there is not."""
+  latest = tf.train.latest_checkpoint(checkpoints_lib.checkpoint_dir(model_dir))
+  return latest, (read_record(model_dir, checkpoints_lib.checkpoint_number(latest)) if latest else None)
+
+
 def newest_positions(model_dir: str) -> Optional[dict]:
   """The position the newest checkpoint of `model_dir` holds (None: no checkpoint, or one not trained on a stream:
   the stream starts where its source starts)."""
-  latest = tf.train.latest_checkpoint(checkpoints_lib.checkpoint_dir(model_dir))
-  positions = read_positions(model_dir, latest)
-  if latest and positions is None:
+  latest, record = newest_record(model_dir)
+  if latest and record is None:
     logging.warning("%s holds no stream position (it was not trained on a stream); the stream starts where its "
                     "source starts", latest)
-  return positions
+  return None if record is None else record["positions"]
+
+
+def check_same_stream(checkpoint: str, record: dict, stream: str) -> None:
+  """Raises `UsageError` where `record` (of `checkpoint`) holds the position of another stream than `stream` (a
+  source's name): another Kafka topic, or another kind of source, whose offsets or slice names would be taken as this
+  one's (records skipped or trained twice, silently). The brokers' addresses and a folder's path may change between
+  runs."""
+  if _identity(record["stream"]) != _identity(stream):
+    raise UsageError(f"{checkpoint} holds the position of {record['stream']!r}, and this run reads {stream!r}: that "
+                     "position is not this stream's; read the same stream, or train on this one in a new model_dir")
+
+
+def _identity(stream: str) -> str:
+  """What must not change between runs: a Kafka stream's topic ("kafka TOPIC@BROKERS"), another source's kind."""
+  kind = stream.split(" ", 1)[0]
+  return stream.split("@", 1)[0] if kind == "kafka" else kind
 
 
 def prune_positions(model_dir: str, kept_checkpoints) -> None:

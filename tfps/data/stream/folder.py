@@ -1,5 +1,6 @@
 """A folder of slices as a stream source: files that appear over time (hourly slices), read in name order, each once
-it is complete.
+it is complete: a slice completed before an earlier one waits for it (a warning names both), and a slice that
+appears behind the one being read is named in a warning and never read.
 
 A slice is complete when its `.done` marker is there (`complete="marker"`: `slice-0004.csv` with
 `slice-0004.csv.done`), or as soon as it matches the pattern (`complete="rename"`: the writer writes another name,
@@ -12,8 +13,9 @@ before the rename).
 import fnmatch
 import os
 import time
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
+from absl import logging
 import tensorflow as tf
 
 from tfps.data.stream.sources import Positions, Record, Source, StreamError
@@ -47,17 +49,43 @@ class FolderSource(Source):
     self._slice, self._line = (positions or {}).get(KEY, [None, 0])
     self._lines: Optional[List[bytes]] = None  # the current slice's lines, once opened
     self._written: Optional[float] = None  # the current slice's complete time, once opened
+    self._seen = set()  # the slices seen so far (a slice that appears behind the position is named once)
+    self._waiting_for: Optional[str] = None  # an incomplete slice a later complete one waits for (warned once)
     if self._slice is not None and self._slice not in self._complete_slices():
       raise StreamError(f"{self.name}: slice {self._slice!r}, read up to line {self._line}, has vanished; "
                         "its unread lines are lost")
 
   def _complete_slices(self) -> List[str]:
+    return self._slices()[0]
+
+  def _slices(self) -> Tuple[List[str], List[str]]:
+    """`(complete, incomplete)` slices in name order (incomplete: a slice without its marker yet)."""
     names = set(tf.io.gfile.listdir(self._folder))
-    slices = [n for n in names if fnmatch.fnmatch(n, self._pattern) and not n.endswith(DONE_SUFFIX)
-              and not n.startswith(".") and not tf.io.gfile.isdir(os.path.join(self._folder, n))]
+    slices = sorted(n for n in names if fnmatch.fnmatch(n, self._pattern) and not n.endswith(DONE_SUFFIX)
+                    and not n.startswith(".") and not tf.io.gfile.isdir(os.path.join(self._folder, n)))
     if self._complete == "marker":
-      slices = [n for n in slices if n + DONE_SUFFIX in names]
-    return sorted(slices)
+      return [n for n in slices if n + DONE_SUFFIX in names], [n for n in slices if n + DONE_SUFFIX not in names]
+    return slices, []
+
+  def _next_slice(self) -> Optional[str]:
+    """The slice to read after the current one: the next in name order once it is complete (a later slice completed
+    first waits for it); None while there is none. Slices that appear before the current one are never read: each is
+    named once in a warning."""
+    complete, incomplete = self._slices()
+    passed = [n for n in complete + incomplete if self._slice is not None and n < self._slice and n not in self._seen]
+    if passed and self._seen:
+      logging.warning("%s: slice(s) %s appeared after %s was read; slices are read in name order, so they are not "
+                      "read", self.name, ", ".join(passed), self._slice)
+    self._seen.update(complete + incomplete)
+    later = sorted(n for n in complete + incomplete if self._slice is None or n > self._slice)
+    if not later or later[0] not in complete:
+      ahead = next((n for n in later if n in complete), None)
+      if ahead is not None and later[0] != self._waiting_for:
+        logging.warning("%s: waiting for slice %s to be complete (its %s marker) before %s, which is", self.name,
+                        later[0], DONE_SUFFIX, ahead)
+        self._waiting_for = later[0]
+      return None
+    return later[0]
 
   def _open(self, name: str) -> None:
     path = os.path.join(self._folder, name)
@@ -85,10 +113,10 @@ class FolderSource(Source):
     if self._lines is None and self._slice is not None:
       self._open(self._slice)
       return True
-    later = [n for n in self._complete_slices() if self._slice is None or n > self._slice]
-    if not later:
+    name = self._next_slice()
+    if name is None:
       return False
-    self._open(later[0])
+    self._open(name)
     self._line = 0
     return True
 

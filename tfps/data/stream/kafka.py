@@ -54,6 +54,9 @@ class KafkaSource(Source):
     if missing:
       raise StreamError(f"{self.name}: partition(s) {missing} not in the topic (it has {sorted(known)})")
     self._next = self._starts(chosen, dict(positions or {}), start)
+    # The positions of partitions not read this time, carried into every position this run gives: a later run that
+    # reads them starts where the checkpoint left them, not at `start`.
+    self._carried = {str(p): int(offset) for p, offset in (positions or {}).items() if int(p) not in self._next}
     self._newest_time: Optional[float] = None
     self._consumer.assign([kafka.TopicPartition(topic, p, offset) for p, offset in sorted(self._next.items())])
     logging.info("%s: reading partitions %s from offsets %s", self.name, chosen,
@@ -128,7 +131,8 @@ class KafkaSource(Source):
     return records
 
   def positions(self) -> Positions:
-    return {str(p): offset for p, offset in sorted(self._next.items())}
+    read = {str(p): offset for p, offset in self._next.items()}
+    return dict(sorted({**self._carried, **read}.items(), key=lambda item: int(item[0])))
 
   def lag(self, positions: Positions):
     """`(messages, seconds)`: the records written after `positions`, over the assigned partitions, and the age of
