@@ -147,6 +147,9 @@ def test_unreadable_spec_and_flags(tmp_path):
     spec_lib.load_spec(path)
   with pytest.raises(spec_lib.FeatureSpecError, match=r"nope\.json: cannot be read \(No such file"):
     spec_lib.load_spec(tmp_path / "nope.json")
+  (tmp_path / "utf16.json").write_bytes(b"\xff\xfe{")  # an editor's UTF-16
+  with pytest.raises(spec_lib.FeatureSpecError, match=r"utf16\.json: not UTF-8 text \(byte 0xff at 0\); save it as "):
+    spec_lib.load_spec(tmp_path / "utf16.json")
 
   def parse(*argv):
     flag_values = flags.FlagValues()

@@ -52,6 +52,11 @@ def spawn(server, tmp_path, what, **env):
   return process, log
 
 
+def test_the_tasks_environment_drops_the_cluster_of_the_users_shell():
+  env = tasks_lib.shared_environ({"TF_CONFIG": "{}", "TFPS_TASK_TYPE": "worker", "HOME": "/root"})
+  assert "TF_CONFIG" not in env and "TFPS_TASK_TYPE" not in env and env["HOME"] == "/root"
+
+
 def test_a_forked_task_gets_its_environment_output_and_status_and_is_our_child(server, tmp_path):
   process, log = spawn(server, tmp_path, "7", TF_CONFIG='{"task": 1}')
   assert process.pid in [child.pid for child in psutil.Process().children()]  # re-parented to us

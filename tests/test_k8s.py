@@ -18,7 +18,7 @@ from tfps.cluster import k8s_cli
 REPO = pathlib.Path(__file__).resolve().parents[1]
 HOSTS = ["--ps_hosts=a:2222,b:2222", "--worker_hosts=c:2222,d:2222,e:2222", "--chief_hosts=f:2222",
          "--evaluator_hosts=g:2222"]
-COMMAND = ["python", "scripts/train_keras.py", *HOSTS, "--flagfile=configs/wide_deep_synthetic.cfg",
+COMMAND = ["python", "scripts/train.py", *HOSTS, "--flagfile=configs/wide_deep_synthetic.cfg",
            "--model_dir=/shared/run", "--epochs=2"]
 K8S_VERSION = "1.30"
 
@@ -43,7 +43,7 @@ def test_tfjob_has_one_replica_spec_per_job_with_restart_on_failure(tmp_path):
     container, = spec["template"]["spec"]["containers"]
     assert container["name"] == "tensorflow"
     assert container["ports"] == [{"name": "tfjob-port", "containerPort": 2222, "protocol": "TCP"}]
-    assert container["command"] == ["python", "scripts/train_keras.py", "--flagfile=configs/wide_deep_synthetic.cfg",
+    assert container["command"] == ["python", "scripts/train.py", "--flagfile=configs/wide_deep_synthetic.cfg",
                                     "--model_dir=/shared/run", "--epochs=2"]  # cluster flags left to TF_CONFIG
     assert container["volumeMounts"] == [{"name": "model-dir", "mountPath": "/shared"}]
     assert spec["template"]["spec"]["volumes"][0]["persistentVolumeClaim"] == {"claimName": "tfps-models"}
@@ -162,7 +162,7 @@ def test_jobset_validates_against_the_crds_schema_and_restarts_the_set_for_a_ps(
 
 
 def tfjob_command():
-  return ["python", "scripts/train_keras.py", "--flagfile=configs/wide_deep_synthetic.cfg", "--model_dir=/shared/run",
+  return ["python", "scripts/train.py", "--flagfile=configs/wide_deep_synthetic.cfg", "--model_dir=/shared/run",
           "--epochs=2"]
 
 
@@ -189,6 +189,10 @@ def test_network_policy_admits_only_the_jobs_pods_to_the_task_port(tmp_path):
     (["--max_restarts=-1"], COMMAND, "--max_restarts"),
     (["--image="], COMMAND, "--image is required"),
     (["--kind=tfjob", "--claim="], COMMAND, "--claim is required"),
+    ([], [*COMMAND, "--evaluator_hosts", "g:2222"], "give --evaluator_hosts with its value after '='"),
+    ([], [*COMMAND[:-1], "--model_dir=/shared/../etc/run"], "--model_dir=/etc/run is not under --mount_path=/shared"),
+    (["--cpu=-1"], COMMAND, "--cpu=-1 is not a Kubernetes quantity (e.g. 2, 500m, 4Gi)"),
+    (["--memory=lots"], COMMAND, "--memory=lots is not a Kubernetes quantity"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, flags, command, message):
   out = tmp_path / "job.yaml"
@@ -198,3 +202,10 @@ def test_bad_input_is_one_line(tmp_path, capsys, flags, command, message):
   assert code == 2
   assert message in err and err.count("\n") == 1, err
   assert not out.exists()  # nothing written
+
+
+def test_an_output_that_cannot_be_written_is_one_line(capsys):
+  code = k8s_cli.main(["tfps-k8s", "--name=ctr", "--image=i", "--claim=c", "--output=/proc/nope/job.yaml", "--",
+                       *COMMAND], cwd=str(REPO))
+  assert code == 2 and capsys.readouterr().err == "tfps-k8s: --output=/proc/nope/job.yaml cannot be written " \
+      "(No such file or directory)\n"

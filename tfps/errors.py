@@ -64,6 +64,10 @@ class AddressInUseError(TfpsError, OSError):
   """A task cannot listen at its address: another process holds the port on that host."""
 
 
+class IdleTimeoutError(TfpsError, TimeoutError):
+  """What a follower waited for (a sidecar evaluator: a new checkpoint) did not come within its timeout."""
+
+
 class UsageError(TfpsError, ValueError):
   """An argument a user gave is not one tfps can use; the message names it, its value and what is allowed."""
 

@@ -12,6 +12,7 @@ exit status 2, nothing written; `watch` tells a refused chain in one line and go
 (`--once`: exit status 2).
 """
 
+import math
 import os
 import signal
 import sys
@@ -50,7 +51,7 @@ def _number(name: str, text: str, kind, command: str):
     value = kind(text)
   except ValueError:
     value = None
-  if value is None or value <= 0:
+  if value is None or not 0 < value < math.inf:
     raise ValueError(f"{name}={text!r} must be a positive {'integer' if kind is int else 'number'}; {USAGE[command]}")
   return value
 

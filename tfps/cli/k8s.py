@@ -12,6 +12,8 @@ Bad input: one line on stderr, exit status 2.
 
 import json
 import os
+import posixpath
+import re
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -27,6 +29,8 @@ USAGE = ("usage: tfps-k8s --name=N --namespace=NS --image=IMAGE --claim=PVC [--k
          "[--max_restarts=N] -- python SCRIPT --ps_hosts=... --worker_hosts=... [--chief_hosts=...] "
          "[--evaluator_hosts=...] --model_dir=MOUNT/...")
 _CLUSTER_FLAGS = tuple(f"{job}_hosts" for job in cluster_lib.JOB_NAMES) + ("job_name", "task_index")
+_VALUED_FLAGS = ("model_dir", "flagfile")  # read from the command too
+_QUANTITY = re.compile(r"^(?=.*[1-9])[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")  # a positive one
 
 
 def define_flags(flag_values: flags.FlagValues) -> None:
@@ -57,6 +61,9 @@ def read_script_flags(args: Sequence[str], cwd: str = ".") -> Tuple[Dict[str, st
   values, kept = {}, []
   for arg in args:
     name, _, value = arg.lstrip("-").partition("=")
+    if arg.startswith("--") and "=" not in arg and name in (*_CLUSTER_FLAGS, *_VALUED_FLAGS):
+      raise UsageError(f"give --{name} with its value after '=' (--{name}=VALUE): tfps-k8s reads the command's "
+                       f"cluster flags, model_dir and flagfiles in that form")
     if arg.startswith("--") and name in _CLUSTER_FLAGS:
       values[name] = value
       continue
@@ -98,6 +105,7 @@ def spec_from_flags(flag_values: flags.FlagValues, command: Sequence[str], cwd: 
     hosts = cluster_lib.parse_hosts(script_values.get(f"{job}_hosts", ""), f"--{job}_hosts")
     replicas.append((job, len(hosts)))
   model_dir = script_values.get("model_dir")
+  model_dir = model_dir and posixpath.normpath(model_dir)
   mount = flag_values["mount_path"].value.rstrip("/")
   if not model_dir or not (model_dir == mount or model_dir.startswith(mount + "/")):
     raise UsageError(f"--model_dir={model_dir} is not under --mount_path={mount}: every pod must see model_dir on the "
@@ -105,6 +113,9 @@ def spec_from_flags(flag_values: flags.FlagValues, command: Sequence[str], cwd: 
   if not flag_values["name"].value:
     raise UsageError(f"--name is required; {USAGE}")
   max_restarts = flag_values["max_restarts"].value
+  for name in ("cpu", "memory"):
+    if not _QUANTITY.match(flag_values[name].value):
+      raise UsageError(f"--{name}={flag_values[name].value} is not a Kubernetes quantity (e.g. 2, 500m, 4Gi)")
   if max_restarts is not None and flag_values["kind"].value != "jobset":
     raise UsageError(f"--max_restarts={max_restarts} is a JobSet's (the set recreated after a ps failed); "
                      f"--kind={flag_values['kind'].value} restarts each failed pod alone, up to "
@@ -142,9 +153,13 @@ def main(argv: Sequence[str], cwd: str = ".") -> int:
     return 2
   if flag_values["output"].value == "-":
     sys.stdout.write(text)
-  else:
+    return 0
+  try:
     with open(flag_values["output"].value, "w", encoding="utf-8") as f:
       f.write(text)
+  except OSError as e:
+    print(f"tfps-k8s: --output={flag_values['output'].value} cannot be written ({e.strerror})", file=sys.stderr)
+    return 2
   return 0
 
 

@@ -51,14 +51,16 @@ def task_environ(config: cluster_lib.ClusterConfig, base: Optional[Dict[str, str
 
 def shared_environ(base: Optional[Dict[str, str]] = None, verbose: bool = False,
                    log_dir: Optional[pathlib.Path] = None) -> Dict[str, str]:
-  """What every task's environment has (the fork server's): `base` (default: ours) without TF_CONFIG, plus the
-  settings tfps needs.
+  """What every task's environment has (the fork server's): `base` (default: ours) without TF_CONFIG and
+  TFPS_TASK_TYPE (a cluster of the user's shell, or a pod's: each task gets its own TF_CONFIG), plus the settings tfps
+  needs.
 
   `verbose` lets TensorFlow's C++ INFO lines through (TF_CPP_MIN_LOG_LEVEL=0) unless the user set a level;
   `log_dir` is where the chief tells the launcher its model_dir (for the end-of-run summary).
   """
   env = dict(os.environ if base is None else base)
   env.pop("TF_CONFIG", None)
+  env.pop("TFPS_TASK_TYPE", None)
   if verbose and _env.USER_LOG_LEVEL is None:
     env[_env.LOG_LEVEL] = "0"
   if log_dir is not None:

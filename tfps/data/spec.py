@@ -240,6 +240,9 @@ def load_spec(path: Union[str, os.PathLike]) -> FeatureSpec:
     raise FeatureSpecError(f"feature spec {path}: cannot be read ({e.strerror})") from None
   except json.JSONDecodeError as e:
     raise FeatureSpecError(f"feature spec {path}: not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+  except UnicodeDecodeError as e:
+    raise FeatureSpecError(f"feature spec {path}: not UTF-8 text (byte {e.object[e.start]:#04x} at {e.start}); "
+                           "save it as UTF-8") from None
   return spec_from_dict(raw, path)
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfps import checks
+from tfps.errors import IdleTimeoutError
 from tfps.training import checkpoints as checkpoints_lib
 
 METRICS_FILE = "metrics.jsonl"
@@ -70,7 +71,8 @@ def follow_checkpoints(model_dir: str, evaluate: Callable[[str], Dict], *, eval_
     eval_dir_name: the folder under `model_dir` that receives `metrics.jsonl` and the TensorBoard scalars.
     evaluate_every_checkpoint: evaluate every checkpoint in order, not only the newest.
     poll_secs: seconds between looks at `model_dir`.
-    idle_timeout_secs: raise `TimeoutError` when no new checkpoint appears for this long (None: wait forever).
+    idle_timeout_secs: raise `IdleTimeoutError` (a `TimeoutError`) when no new checkpoint appears for this long
+      (None: wait forever).
     after_record: called with each record (e.g. to keep the best checkpoint).
 
   A checkpoint deleted before it was read (the chief keeps only its newest few) is skipped with a warning.
@@ -80,6 +82,9 @@ def follow_checkpoints(model_dir: str, evaluate: Callable[[str], Dict], *, eval_
     checks.non_negative_number("idle_timeout_secs", idle_timeout_secs, "number of seconds")
   eval_dir = os.path.join(model_dir, eval_dir_name)
   seen, records, last_new = set(), [], time.monotonic()
+  if not checkpoints_lib.list_checkpoints(model_dir):
+    logging.info("Waiting for a checkpoint in %s (up to %s)", checkpoints_lib.checkpoint_dir(model_dir),
+                 "no end" if idle_timeout_secs is None else f"{idle_timeout_secs:g} s")
   while True:
     final = checkpoints_lib.read_final_marker(model_dir)  # read first: a checkpoint listed later is not missed
     pending = [path for path in checkpoints_lib.list_checkpoints(model_dir) if path not in seen]
@@ -87,25 +92,41 @@ def follow_checkpoints(model_dir: str, evaluate: Callable[[str], Dict], *, eval_
       last_new = time.monotonic()
       seen.update(pending)
       for path in pending if evaluate_every_checkpoint else pending[-1:]:
-        try:
-          step = checkpoints_lib.checkpoint_step(path)
-          metrics = evaluate(path)
-        except (tf.errors.OpError, ValueError) as e:
-          if not _gone(path):
-            raise
-          logging.warning("Skipping checkpoint %s (deleted before it was read): %s", path, str(e).splitlines()[0])
-          continue
-        record = write_evaluation(eval_dir, path, step, metrics)
-        logging.info("Evaluated %s (step %d): %s", path, step, _format(metrics))
-        if after_record is not None:
-          after_record(record)
-        records.append(record)
-    if final is not None and (final.get("last_checkpoint") is None or final["last_checkpoint"] in seen):
+        record = _evaluated(path, evaluate, eval_dir)
+        if record is not None:
+          if after_record is not None:
+            after_record(record)
+          records.append(record)
+    if _finished(final, seen):
       logging.info("Training finished; the sidecar evaluator evaluated %d checkpoint(s)", len(records))
       return records
     if idle_timeout_secs is not None and time.monotonic() - last_new > idle_timeout_secs:
-      raise TimeoutError(f"no new checkpoint in {model_dir} for {idle_timeout_secs:g}s; is training running?")
+      raise IdleTimeoutError(f"no new checkpoint in {model_dir} for {idle_timeout_secs:g}s; is training running?")
     time.sleep(poll_secs)
+
+
+def _evaluated(path: str, evaluate: Callable[[str], Dict], eval_dir: str) -> Optional[dict]:
+  """The record of checkpoint `path` evaluated (written to `eval_dir`), or None where it was deleted first."""
+  try:
+    step = checkpoints_lib.checkpoint_step(path)
+    metrics = evaluate(path)
+  except (tf.errors.OpError, ValueError) as e:
+    if not _gone(path):
+      raise
+    logging.warning("Skipping checkpoint %s (deleted before it was read): %s", path, str(e).splitlines()[0])
+    return None
+  record = write_evaluation(eval_dir, path, step, metrics)
+  logging.info("Evaluated %s (step %d): %s", path, step, _format(metrics))
+  return record
+
+
+def _finished(final: Optional[dict], seen) -> bool:
+  """Whether the FINAL marker `final` names a checkpoint in `seen` (or none): by name, as the chief may spell
+  model_dir otherwise (a relative path, another mount of the same storage)."""
+  if final is None:
+    return False
+  last = final.get("last_checkpoint")
+  return last is None or os.path.basename(last) in {os.path.basename(path) for path in seen}
 
 
 def _format(metrics: Dict) -> str:
