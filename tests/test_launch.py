@@ -1,5 +1,6 @@
 """tfps-launch end to end with stand-in tasks (no TensorFlow): exit codes, a failing task's log tail, no orphans."""
 
+import json
 import os
 import pathlib
 import signal
@@ -105,6 +106,22 @@ def test_signal_to_launcher_leaves_no_process_behind(tmp_path, marked_env, signu
   _, err = proc.communicate(timeout=60)
   assert proc.returncode == 128 + signum
   assert f"received {signal.Signals(signum).name}; stopping every task" in err
+  assert tasks_of(tmp_path) == []
+
+
+def test_a_signal_to_the_launcher_stops_the_chief_while_the_other_tasks_still_run(tmp_path, marked_env):
+  """An online chief on SIGTERM ends its steps in flight and writes a checkpoint: its ps and workers must still
+  run then."""
+  term_file = tmp_path / "who_runs.json"
+  proc = launch(tmp_path, "--num_workers=2", script_args=["--chief_hang", f"--chief_term_file={term_file}"],
+                env=marked_env)
+  deadline = time.monotonic() + 90
+  while len(tasks_lib.task_pids(tmp_path / "logs")) < 4 and time.monotonic() < deadline:
+    time.sleep(0.1)
+  time.sleep(1.0)  # the chief's handler is set once its main runs
+  proc.send_signal(signal.SIGINT)
+  proc.communicate(timeout=60)
+  assert json.loads(term_file.read_text()) == {"ps:0": True, "worker:0": True, "worker:1": True, "chief:0": True}
   assert tasks_of(tmp_path) == []
 
 

@@ -223,8 +223,11 @@ class TaskGroup:
             f"{lines.rstrip() or '  | (empty log)'}")
 
   def stop_all(self) -> None:
-    """Stops every task."""
-    self.stop(self.tasks)
+    """Stops every task: the chief first, then the others (an online chief given SIGTERM ends its steps in flight
+    and writes a checkpoint, which needs its ps and workers)."""
+    chief = [task for task in self.tasks if task.name[0] == "chief"]
+    self.stop(chief)
+    self.stop([task for task in self.tasks if task not in chief])
 
   def stop(self, tasks: Sequence[Task]) -> None:
     """SIGTERM to `tasks` and their descendants, SIGKILL to whatever is left after the grace period."""
