@@ -2,6 +2,8 @@
 tests/online_stream.py, folders of slices, records parsed with a feature spec."""
 
 import os
+import subprocess
+import sys
 import time
 
 import portpicker
@@ -34,6 +36,35 @@ def test_an_unreachable_broker_is_named_and_retried_until_the_connect_timeout():
   with pytest.raises(BrokerUnreachableError, match=f"no broker at {address} answered within 2 s"):
     kafka.KafkaSource(address, "clicks", connect_timeout_secs=2, options={"log_level": 0})
   assert time.monotonic() - start < 20
+
+
+BROKERS_GONE = """
+import gc, sys
+from confluent_kafka import Producer
+from tfps.data.stream import kafka
+holder = Producer({"test.mock.num.brokers": 1, "log_level": 0})
+bootstrap = ",".join(f"{b.host}:{b.port}" for b in holder.list_topics(timeout=10).brokers.values())
+producer = Producer({"bootstrap.servers": bootstrap, "log_level": 0})
+for i in range(4):
+  producer.produce("gone", value=b"1,1,1")
+producer.flush(10)
+source = kafka.KafkaSource(bootstrap, "gone", group_id="g", start="earliest", connect_timeout_secs=10)
+read = 0
+while read < 4:
+  read += len(source.read(10, 1.0))
+del holder, producer
+gc.collect()
+print(sum(len(source.read(10, 1.0)) for _ in range(4)), flush=True)
+"""
+
+
+def test_brokers_lost_mid_stream_are_a_warning_and_librdkafkas_own_lines_stay_off_the_console(subprocess_env):
+  result = subprocess.run([sys.executable, "-c", BROKERS_GONE], capture_output=True, text=True, timeout=120,
+                          env=subprocess_env)
+  assert result.stdout.strip().splitlines()[-1] == "0", result.stderr[-2000:]
+  assert "|FAIL|" not in result.stderr  # librdkafka wrote one per broker and retry, 20 a second
+  assert "1/1 brokers are down; no record is read until a broker answers" in result.stderr
+  assert result.stderr.count("Connection refused") <= 2, result.stderr  # each kind of error at most once a minute
 
 
 def test_a_missing_topic_or_partition_is_one_line(kafka_broker):
