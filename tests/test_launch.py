@@ -83,11 +83,16 @@ def test_evaluator_runs_and_finishes_after_the_chief(tmp_path, marked_env):
   assert "evaluator done" in (tmp_path / "logs" / "evaluator-0.log").read_text()
 
 
-def test_failed_evaluator_fails_the_launch_but_not_training(tmp_path, marked_env):
+@pytest.mark.parametrize("code, said", [
+    (3, "task evaluator:0 exited with code 3"),
+    (2, "evaluator:0 refused its input (exit status 2: fake_task.py: evaluator:0 refuses --fail_task=evaluator:0 on "
+        "purpose); not restarting it: training goes on without it; the launch will exit 1"),
+])
+def test_failed_evaluator_fails_the_launch_but_not_training(tmp_path, marked_env, code, said):
   proc = launch(tmp_path, "--evaluator", "--max_restarts=0", script_args=["--fail_task=evaluator:0", "--fail_secs=0.1",
-                                                     "--chief_secs=2"], env=marked_env)
+                                                     f"--fail_code={code}", "--chief_secs=2"], env=marked_env)
   out, err = proc.communicate(timeout=60)
-  assert "task evaluator:0 exited with code 3" in err
+  assert said in err and "stopping every task" not in err, err
   assert "chief done" in out
   assert proc.returncode == 1
 
@@ -133,6 +138,11 @@ def test_a_signal_to_the_launcher_stops_the_chief_while_the_other_tasks_still_ru
     (["x.py", "--epochs=2"], "tfps-launch: Unknown command line flag 'epochs' (the script's own flags go after `--`"),
     (["README.md"], "tfps-launch: script 'README.md' does not compile as Python: unterminated string literal"),
     (["--stop_grace_secs=nan", "x.py"], "tfps-launch: --stop_grace_secs=nan: must be a finite number"),
+    (["--log_dir=README.md", "tests/fixtures/fake_task.py"], "tfps-launch: --log_dir=README.md is a file, not a "
+     "directory"),
+    (["--log_dir=/proc/nope", "tests/fixtures/fake_task.py"], "tfps-launch: --log_dir=/proc/nope cannot be made a "
+     "directory (No such file or directory)"),
+    (["--host=::1", "tests/fixtures/fake_task.py"], "tfps-launch: --host=::1: an IPv6 address is not supported"),
 ])
 def test_bad_launcher_arguments_are_one_line(args, message):
   result = subprocess.run([sys.executable, "-m", "tfps.cluster.launch", *args], cwd=REPO, capture_output=True, text=True,

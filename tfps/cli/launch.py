@@ -68,6 +68,14 @@ class LaunchConfig:
     for name in ("num_ps", "num_workers"):
       if getattr(self, name) < 1:
         raise app.UsageError(f"--{name}={getattr(self, name)} must be at least 1")
+    if ":" in self.host:
+      raise app.UsageError(f"--host={self.host}: an IPv6 address is not supported; use 127.0.0.1 (the default)")
+    if pathlib.Path(self.log_dir).exists() and not pathlib.Path(self.log_dir).is_dir():
+      raise app.UsageError(f"--log_dir={self.log_dir} is a file, not a directory")
+    try:
+      pathlib.Path(self.log_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+      raise app.UsageError(f"--log_dir={self.log_dir} cannot be made a directory ({e.strerror})") from None
     if not self.expose_ports and not isolation.is_loopback(self.host):
       raise app.UsageError(f"--host={self.host} is not a loopback address, and the tasks run in a network namespace "
                            f"with only loopback; use 127.0.0.1 (the default), or {isolation.OPT_OUT_FLAG} to run "

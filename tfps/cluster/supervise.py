@@ -67,11 +67,13 @@ class Supervisor:
     if refused:  # its one line, once: on the console already if streamed, else quoted from its log
       lines = [] if task.stream else [line.strip() for line in task.tail(quiet=True) if line.strip()][-1:]
       why = f": {lines[0]}" if lines else "; its last line above says why"
-      _say(f"{task.label} refused its input (exit status {EXIT_REFUSED}{why}); not restarting it: stopping every task")
+      then = "training goes on without it; the launch will exit 1" if job == "evaluator" else "stopping every task"
+      _say(f"{task.label} refused its input (exit status {EXIT_REFUSED}{why}); not restarting it: {then}")
     else:
       _say(self.group.describe_exit(task))
       if self.restarts >= self.max_restarts and self.max_restarts:
-        _say(f"no restarts left (--max_restarts={self.max_restarts}); stopping every task")
+        then = "training goes on without the evaluator" if job == "evaluator" else "stopping every task"
+        _say(f"no restarts left (--max_restarts={self.max_restarts}); {then}")
     if refused or self.restarts >= self.max_restarts:
       if job == "evaluator":
         self.evaluator_failed = True
