@@ -27,6 +27,7 @@ import time
 from absl import flags
 
 import tfps
+from tfps import checks
 from tfps.cli import flags as tfps_flags
 from tfps.cli import model_flags
 
@@ -104,6 +105,7 @@ def _served(serving_dir):
     return
   from tfps import run_records  # pylint: disable=g-import-not-at-top
   from tfps.training import delta_files, delta_freshness  # pylint: disable=g-import-not-at-top
+  checks.directory("serve_deltas", serving_dir)  # before training: a file there would leave nothing served
   folder = os.path.join(_MODEL_DIR.value, "deltas")
   os.makedirs(folder, exist_ok=True)
   watch = subprocess.Popen([sys.executable, "-m", "tfps.cli.delta", "watch", folder, f"--serving={serving_dir}",

@@ -106,7 +106,10 @@ CHECK_WITHOUT_TENSORFLOW = ("import sys; from tfps.cli import delta; status = de
     (["watch", "{tmp}/deltas", "--serving={tmp}/serving", "--interval=nan"],
      "--interval='nan' must be a positive number; usage: tfps-delta watch FOLDER --serving=DIR [--keep=3] "
      "[--interval=1] [--once]"),
-], ids=["gap", "missing_base", "out_exists", "bad_keep", "nan_interval"])
+    (["watch", "{tmp}", "--serving={tmp}/serving", "--once"],
+     "no export in '{tmp}' to serve (a run's exports are in its model_dir/deltas); usage: tfps-delta watch FOLDER "
+     "--serving=DIR [--keep=3] [--interval=1] [--once]"),
+], ids=["gap", "missing_base", "out_exists", "bad_keep", "nan_interval", "no_export"])
 def test_command_line_checks_its_arguments_before_importing_tensorflow(tmp_path, subprocess_env, args, error):
   """A bad argument: one line on stderr, exit status 2, and TensorFlow never imported (no start-up noise)."""
   folder = str(tmp_path / "deltas")

@@ -14,6 +14,7 @@ exit status 2, nothing written; `watch` tells a refused chain in one line and go
 
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -77,6 +78,9 @@ def _check_watch(args: Sequence[str]) -> dict:
     raise ValueError(f"give --serving=DIR, the folder of served versions; {USAGE['watch']}")
   if os.path.exists(serving) and not os.path.isdir(serving):
     raise ValueError(f"--serving={serving!r} is a file, not a folder; {USAGE['watch']}")
+  if "--once" in options and not any(re.match(r"^(base|delta)-\d+$", name) for name in os.listdir(folders[0])):
+    raise ValueError(f"no export in {folders[0]!r} to serve (a run's exports are in its model_dir/deltas); "
+                     f"{USAGE['watch']}")
   return {"folder": folders[0], "serving_dir": serving, "once": "--once" in options,
           "keep": _number("--keep", options.get("--keep", "3"), int, "watch"),
           "interval_secs": _number("--interval", options.get("--interval", "1"), float, "watch")}
