@@ -79,10 +79,7 @@ class RunRecorder:
     summary_path = os.path.join(run_dir(model_dir), SUMMARY_FILE)
     if os.path.exists(summary_path):  # a previous run's: this one writes its own at its end
       os.remove(summary_path)
-    launch_dir = os.environ.get(LAUNCH_DIR_ENV)
-    if launch_dir and os.path.isdir(launch_dir):
-      with open(os.path.join(launch_dir, MODEL_DIR_POINTER), "w", encoding="utf-8") as f:
-        json.dump({"model_dir": os.path.abspath(model_dir)}, f)
+    tell_launcher(model_dir)
 
   def progress(self, step: int, metrics: Dict[str, float], examples_per_sec: Optional[float] = None) -> None:
     """A training progress record (the metrics are running means of the current epoch or interval)."""
@@ -114,8 +111,20 @@ class RunRecorder:
 
   def _measured_during_run(self) -> Dict[str, float]:
     """Metrics `update_summary` added while training ran (inline evaluations after checkpoints)."""
-    summary = read_json(os.path.join(run_dir(self.model_dir), SUMMARY_FILE)) or {}
-    return summary.get("final_metrics", {})
+    return final_metrics(self.model_dir)
+
+
+def tell_launcher(model_dir: str) -> None:
+  """Under tfps-launch: tells it the run's model_dir (its end-of-run summary reads the run records there)."""
+  launch_dir = os.environ.get(LAUNCH_DIR_ENV)
+  if launch_dir and os.path.isdir(launch_dir):
+    with open(os.path.join(launch_dir, MODEL_DIR_POINTER), "w", encoding="utf-8") as f:
+      json.dump({"model_dir": os.path.abspath(model_dir)}, f)
+
+
+def final_metrics(model_dir: str) -> Dict[str, float]:
+  """The final metrics of the run in `model_dir` (its summary's), or none."""
+  return (read_json(os.path.join(run_dir(model_dir), SUMMARY_FILE)) or {}).get("final_metrics", {})
 
 
 def record_validation(model_dir: str, step: int, metrics: Dict[str, float]) -> None:

@@ -6,6 +6,7 @@ from absl import logging
 import tensorflow as tf
 import tf_keras
 
+from tfps import run_records
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.training import dataset_fns
 from tfps.cluster import config as cluster_lib
@@ -119,6 +120,7 @@ class DistributedModel:
       max_steps = step + steps
     if max_steps is not None and step >= max_steps:
       logging.info("Global step %d already reached max_steps %d; nothing to train", step, max_steps)
+      run_records.tell_launcher(self._config.model_dir)  # its summary is the run's that reached them
       return step
     logging.info("Training from step %d to %s (%s)", step,
                  max_steps if max_steps is not None else "the end of the input",

@@ -356,6 +356,8 @@ def _restore_finished(chief: chief_lib.Chief, model, marker: dict, model_dir: st
   history = tf_keras.callbacks.History()
   history.set_model(model)
   history.on_train_begin()
+  history.history = {name: [value] for name, value in run_records.final_metrics(model_dir).items()}  # its last epoch's
+  run_records.tell_launcher(model_dir)  # whose summary is that run's
   return history
 
 
