@@ -111,6 +111,12 @@ def test_report_command_errors_are_one_line(tmp_path):
   no_matplotlib = run_report(str(tmp_path), prelude="import sys; sys.modules['matplotlib'] = None; ")
   assert no_matplotlib.returncode == 2
   assert no_matplotlib.stderr.strip() == "tfps-report: " + cli.plot.INSTALL_HINT
+  for out, said in [(tmp_path, f"--out '{tmp_path}' is a folder; give the path of a .png file"),
+                    ("/proc/nope/x.png", "--out '/proc/nope/x.png' cannot be written (No such file or directory)")]:
+    refused = run_report(str(tmp_path), f"--out={out}")
+    assert refused.returncode == 2 and refused.stderr == f"tfps-report: {said}\n", refused.stderr
+  with open(tmp_path / "run" / run_records.PROGRESS_FILE, "a", encoding="utf-8") as f:
+    f.write('{"step": 7, "kind": "train", "metrics": {"loss": 0.7}}\n')  # a record without its time
   written = run_report(str(tmp_path))
   assert written.returncode == 0, written.stderr
   assert (tmp_path / "run" / "report.png").read_bytes()[:8] == PNG_MAGIC

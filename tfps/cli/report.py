@@ -42,8 +42,13 @@ def write_report(model_dir: str, out_path: Optional[str] = None, serving_dir: Op
     raise UsageError(f"no run records in {model_dir!r}: expected {run_records.run_dir(model_dir)}/"
                      f"{run_records.PROGRESS_FILE} or eval/metrics.jsonl (written by tfps.fit or tfps.Estimator)")
   out_path = out_path or os.path.join(run_records.run_dir(model_dir), REPORT_FILE)
-  return plot.write_png(series_lib.build_series(run, freshness_records(serving_dir)), out_path,
-                        title=os.path.abspath(model_dir))
+  if os.path.isdir(out_path):
+    raise UsageError(f"--out {out_path!r} is a folder; give the path of a .png file")
+  try:
+    return plot.write_png(series_lib.build_series(run, freshness_records(serving_dir)), out_path,
+                          title=os.path.abspath(model_dir))
+  except OSError as e:
+    raise UsageError(f"--out {out_path!r} cannot be written ({e.strerror or e})") from None
 
 
 def window_lines(model_dir: str) -> list:

@@ -46,7 +46,7 @@ def _curve(label: str, records: Sequence[dict], metric: str) -> Curve:
 
 def restart_steps(progress: Sequence[dict], restarts: Sequence[dict]) -> List[int]:
   """The step each restart happened at: that of the last progress record written before it (0 before any)."""
-  timed = sorted((record["time"], record["step"]) for record in progress)
+  timed = sorted((record["time"], record["step"]) for record in progress if "time" in record and "step" in record)
   times = [time for time, _ in timed]
   steps = []
   for restart in restarts:
