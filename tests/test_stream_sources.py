@@ -100,6 +100,15 @@ def test_malformed_records_are_counted_and_skipped_or_stop_a_strict_stream(kafka
     strict.next_batch(10)
 
 
+def test_a_spec_that_matches_no_record_is_said_while_the_stream_waits(tmp_path, caplog):
+  _write(tmp_path, "slice-1.csv", [f"{i},1,1,extra" for i in range(150)])  # a column more than the spec
+  stream = batches_lib.StreamBatches(folder_lib.FolderSource(str(tmp_path), poll_secs=0.05), online_stream.SPEC,
+                                     batch_size=2)
+  assert stream.next_batch(0.5) is None
+  assert "150 of the 150 records read so far are malformed; does the feature spec describe this stream?" in \
+      caplog.text
+
+
 def test_json_records_are_read_by_the_spec_columns(kafka_broker):
   records = [b'{"id": 5, "label": 1, "price": 3}', b'{"id": 6, "label": 0}', b"[1]"]
   online_stream.produce(kafka_broker, [], extra=records, topic="json")

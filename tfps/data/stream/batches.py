@@ -84,6 +84,7 @@ class StreamBatches:
     self._pending = collections.deque()  # (record, line or None where malformed or held out, when read), in order
     self._good = 0  # the well-formed records in `_pending`
     self.malformed = self.records = 0
+    self._warn_at = 100  # malformed records at which the next warning is due where most records are malformed
 
     def parse(lines):  # the file reader's parse; every tensor `batch_size` long, as the trace says
       return tf.nest.map_structure(lambda t: tf.ensure_shape(t, [batch_size] + t.shape[1:]),
@@ -217,6 +218,12 @@ class StreamBatches:
           logging.warning("%s: record %s is malformed and skipped: %r (malformed records are counted in the "
                           "progress lines)", self.source.name, record.where, record.value[:120])
         lines[index] = None
+    if self.malformed >= self._warn_at:
+      self._warn_at *= 10
+      if self.malformed > 0.9 * self.records:
+        logging.warning("%s: %d of the %d records read so far are malformed; does the feature spec describe this "
+                        "stream? (expected %s)", self.source.name, self.malformed, self.records,
+                        self.spec.describe_row())
     return lines
 
   def _line(self, value: bytes) -> Optional[bytes]:
