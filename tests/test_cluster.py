@@ -41,6 +41,7 @@ BAD_HOSTS = [
     (hosts(ps=(W0,)), "127.0.0.1:2001 is used twice (worker_hosts[0] and ps_hosts[0])"),
     (hosts(chief=(PS,)), "127.0.0.1:2000 is used twice (chief_hosts[0] and ps_hosts[0])"),
     (hosts(evaluator=(W1,)), "127.0.0.1:2002 is used twice (worker_hosts[1] and evaluator_hosts[0])"),
+    (hosts(ps=("H0:2222",), worker=("h0:02222", W1)), "H0:2222 is used twice (worker_hosts[0] and ps_hosts[0])"),
     (hosts(task_type="master"), "job_name 'master' is not one of chief, worker, ps, evaluator"),
     (hosts(task_type=""), "job_name '' is not one of"),
     (hosts(task_type="worker", task_index=2), "task_index 2 is out of range for job 'worker' with 2 task(s); allowed 0-1"),

@@ -63,6 +63,9 @@ def test_tfps_config_prints_the_derived_tf_config(capsys):
 BAD_POD_ENVS = [
     (dict(TFPS_REPLICAS="ps=2,gpu=1"), "TFPS_REPLICAS entry 'gpu=1' is not job=count"),
     (dict(TFPS_REPLICAS="ps=two"), "TFPS_REPLICAS entry 'ps=two'"),
+    (dict(TFPS_REPLICAS="ps=\u00b2,worker=2"), "TFPS_REPLICAS entry 'ps=\u00b2'"),
+    (dict(TFPS_PORT="\u00b2", HOSTNAME="a-0"), "TFPS_PORT"),
+    (dict(TFPS_HOST_PATTERN="{job.x}", HOSTNAME="a-0"), "TFPS_HOST_PATTERN='{job.x}' is not a pattern over"),
     (dict(TFPS_REPLICAS=""), "TFPS_REPLICAS='' names no job"),
     (dict(HOSTNAME="trainer"), "HOSTNAME='trainer' does not end in -<ordinal>"),
     (dict(HOSTNAME="ctr-worker-7"), "task_index 7 is out of range for job 'worker' with 3 task(s)"),

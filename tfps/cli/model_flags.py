@@ -126,7 +126,7 @@ def _check_feature_spec(path: Optional[str]) -> bool:
 
 
 def _positive_ints(values) -> bool:
-  return all(str(v).isdigit() and int(v) > 0 for v in values)
+  return all(str(v).isascii() and str(v).isdigit() and int(v) > 0 for v in values)
 
 
 def _ints(flag_values: flags.FlagValues, name: str):

@@ -143,6 +143,13 @@ class ClusterConfig:
     return f"{self.task_type}:{self.task_index} of {self.sizes()}"
 
 
+def _address_key(host: str) -> Tuple[str, str]:
+  """What makes two `host:port` entries one address: host names ignore case, and a port is a number (02222 is
+  2222)."""
+  name, _, port = host.rpartition(":")
+  return name.lower(), port.lstrip("0")
+
+
 def _validate(config: ClusterConfig) -> None:
   if not config.ps_hosts:
     raise ClusterConfigError("ps_hosts is empty; a parameter-server cluster needs at least one ps")
@@ -156,11 +163,11 @@ def _validate(config: ClusterConfig) -> None:
   seen = {}
   for job in JOB_NAMES:
     for index, host in enumerate(config.hosts(job)):
-      where = f"{job}_hosts[{index}]"
-      if host in seen:
-        raise ClusterConfigError(f"{host} is used twice ({seen[host]} and {where}); each task needs its own "
+      where, key = f"{job}_hosts[{index}]", _address_key(host)
+      if key in seen:
+        raise ClusterConfigError(f"{host} is used twice ({seen[key]} and {where}); each task needs its own "
                                  "host:port")
-      seen[host] = where
+      seen[key] = where
   if config.task_type not in JOB_NAMES:
     raise ClusterConfigError(f"job_name {config.task_type!r} is not one of {', '.join(JOB_NAMES)}")
   if isinstance(config.task_index, bool) or not isinstance(config.task_index, int):
@@ -265,7 +272,7 @@ def parse_replicas(text: str) -> dict:
   for item in (part.strip() for part in text.split(",") if part.strip()):
     job, _, count = item.partition("=")
     job = job.strip()
-    if job not in JOB_NAMES or not count.strip().isdigit():
+    if job not in JOB_NAMES or not _is_number(count.strip()):
       raise ClusterConfigError(f"TFPS_REPLICAS entry {item!r} is not job=count with job one of "
                                f"{', '.join(JOB_NAMES)} (e.g. ps=2,worker=3,chief=1)")
     replicas[job] = int(count)
@@ -277,7 +284,7 @@ def parse_replicas(text: str) -> dict:
 def _host_name(pattern: str, fields: dict, task_type: str, index: int) -> str:
   try:
     name = pattern.format(**fields, type=task_type, index=index)
-  except (KeyError, IndexError, ValueError) as e:
+  except (KeyError, IndexError, ValueError, AttributeError) as e:
     raise ClusterConfigError(f"TFPS_HOST_PATTERN={pattern!r} is not a pattern over "
                              f"{', '.join('{' + f + '}' for f in _PATTERN_FIELDS)} ({e})") from None
   if "{job}" in pattern and not fields["job"]:
@@ -285,11 +292,16 @@ def _host_name(pattern: str, fields: dict, task_type: str, index: int) -> str:
   return name
 
 
+def _is_number(text: str) -> bool:
+  """Whether `text` is digits 0-9 (`str.isdigit` takes "²" too, which `int` refuses)."""
+  return text.isascii() and text.isdigit()
+
+
 def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
   text = environ.get(name, "").strip()
   if not text:
     return default
-  if not text.isdigit():
+  if not _is_number(text):
     raise ClusterConfigError(f"{name}={text!r} is not a non-negative integer")
   return int(text)
 
