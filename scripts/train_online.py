@@ -108,6 +108,7 @@ def _served(serving_dir):
   checks.directory("serve_deltas", serving_dir)  # before training: a file there would leave nothing served
   folder = os.path.join(_MODEL_DIR.value, "deltas")
   os.makedirs(folder, exist_ok=True)
+  started = time.time()  # the summary's freshness is this run's: the serving folder keeps earlier runs' versions
   watch = subprocess.Popen([sys.executable, "-m", "tfps.cli.delta", "watch", folder, f"--serving={serving_dir}",
                             "--interval=0.5"])
   try:
@@ -119,7 +120,7 @@ def _served(serving_dir):
   finally:
     watch.terminate()
     watch.wait(timeout=60)
-  line = delta_freshness.summary_line(delta_freshness.read(serving_dir))
+  line = delta_freshness.summary_line(delta_freshness.read(serving_dir, since=started))
   run_records.add_to_summary(_MODEL_DIR.value, "freshness", {"serving": serving_dir, "line": line})
 
 

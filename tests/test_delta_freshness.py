@@ -117,6 +117,8 @@ def test_each_served_version_has_its_freshness_within_the_bound(served):
     assert 0 <= export and record["freshness_secs"] <= 2 * SECS + export, record  # the target
   assert out.splitlines()[-1] == delta_freshness.summary_line(records)
   assert out.splitlines()[-1].startswith(f"freshness of {len(records)} served version(s), from an example's write")
+  later = records[-1]["swapped_at"]  # a run's summary counts the versions swapped in since it started
+  assert delta_freshness.read(serving, since=later) == records[-1:]
 
 
 @pytest.mark.slow  # the run above

@@ -58,10 +58,12 @@ def append(serving_dir: str, record: dict) -> None:
   run_records.append_jsonl(os.path.join(serving_dir, FRESHNESS_FILE), record)
 
 
-def read(serving_dir: str) -> List[dict]:
-  """The freshness records of `serving_dir` in the order written ([] where there are none); a line cut short (the
+def read(serving_dir: str, since: Optional[float] = None) -> List[dict]:
+  """The freshness records of `serving_dir` in the order written ([] where there are none), those of versions
+  swapped in at `since` (a time) or later where given (the folder keeps earlier runs' versions); a line cut short (the
   watch killed while it wrote) is skipped."""
-  return run_records.read_jsonl(os.path.join(serving_dir, FRESHNESS_FILE))
+  records = run_records.read_jsonl(os.path.join(serving_dir, FRESHNESS_FILE))
+  return [record for record in records if since is None or record["swapped_at"] >= since]
 
 
 def summary_line(records: Sequence[dict]) -> Optional[str]:
