@@ -143,6 +143,8 @@ def test_a_signal_to_the_launcher_stops_the_chief_while_the_other_tasks_still_ru
     (["--log_dir=/proc/nope", "tests/fixtures/fake_task.py"], "tfps-launch: --log_dir=/proc/nope cannot be made a "
      "directory (No such file or directory)"),
     (["--host=::1", "tests/fixtures/fake_task.py"], "tfps-launch: --host=::1: an IPv6 address is not supported"),
+    (["scripts/train.py", "--", "--sync_mode=geo", "--replicas_to_aggregate=2"],  # before any task starts
+     "tfps-launch: train.py: `replicas_to_aggregate` (2) applies only to sync_mode=sync, not geo"),
 ])
 def test_bad_launcher_arguments_are_one_line(args, message):
   result = subprocess.run([sys.executable, "-m", "tfps.cluster.launch", *args], cwd=REPO, capture_output=True, text=True,
