@@ -70,16 +70,28 @@ class LaunchConfig:
         raise app.UsageError(f"--{name}={getattr(self, name)} must be at least 1")
     if ":" in self.host:
       raise app.UsageError(f"--host={self.host}: an IPv6 address is not supported; use 127.0.0.1 (the default)")
-    if pathlib.Path(self.log_dir).exists() and not pathlib.Path(self.log_dir).is_dir():
-      raise app.UsageError(f"--log_dir={self.log_dir} is a file, not a directory")
-    try:
-      pathlib.Path(self.log_dir).mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-      raise app.UsageError(f"--log_dir={self.log_dir} cannot be made a directory ({e.strerror})") from None
+    _check_log_dir(self.log_dir)
     if not self.expose_ports and not isolation.is_loopback(self.host):
       raise app.UsageError(f"--host={self.host} is not a loopback address, and the tasks run in a network namespace "
                            f"with only loopback; use 127.0.0.1 (the default), or {isolation.OPT_OUT_FLAG} to run "
                            "them in this one, reachable from other hosts (docs/security.md)")
+
+
+def _check_log_dir(log_dir: str) -> None:
+  """Raises `app.UsageError` where `log_dir` is a file or cannot be made (tried, and what the try made removed: the
+  tasks' group makes it once the launch goes on)."""
+  path = pathlib.Path(log_dir).absolute()
+  if path.exists():
+    if not path.is_dir():
+      raise app.UsageError(f"--log_dir={log_dir} is a file, not a directory")
+    return
+  missing = [path, *(parent for parent in path.parents if not parent.exists())]
+  try:
+    path.mkdir(parents=True)
+  except OSError as e:
+    raise app.UsageError(f"--log_dir={log_dir} cannot be made a directory ({e.strerror})") from None
+  for made in missing:
+    made.rmdir()
 
 
 def config_from_args(argv: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS) -> LaunchConfig:
