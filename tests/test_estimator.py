@@ -281,11 +281,33 @@ def test_tf1_habits_and_a_wrong_input_fn_get_one_line_errors_in_training(cluster
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(params=[1, 2]), r"^`params` must be a dict \(passed to model_fn and input_fn\), got list$"),
-    (dict(warm_start_from="/tmp/other"), r"^Estimator\(warm_start_from=...\) is not supported; to go on from "),
+    (dict(warm_start_from="/nonexistent/run"), r"^`warm_start_from` \('/nonexistent/run'\) is neither a checkpoint "
+                                                r"nor a model_dir with checkpoints$"),
+    (dict(warm_start_from=3), r"^`warm_start_from` must be a model_dir or a checkpoint path, got int$"),
 ])
 def test_bad_estimator_arguments_get_one_line_errors(tmp_path, kwargs, message):
   with pytest.raises(tfps.TfpsError, match=message):
     tfps.Estimator(synthetic.model_fn, model_dir=str(tmp_path), **kwargs)
+
+
+def test_a_run_warm_started_from_another_starts_at_its_variables_with_a_new_step_and_optimizer(trained, tmp_path):
+  estimator, _, _ = trained
+  source = estimator.latest_checkpoint()
+  warm = tfps.Estimator(synthetic.model_fn, model_dir=str(tmp_path), config=tfps.RunConfig(steps_per_execution=1),
+                        cluster=estimator.distributed_model().cluster, warm_start_from=estimator.model_dir,
+                        params={"batch_size": BATCH})
+  warm.train(synthetic.train_input_fn, max_steps=1)
+  after = warm.latest_checkpoint()
+  assert after.endswith("ckpt-1")  # the step starts anew
+  table = "model/created/0/.ATTRIBUTES/VARIABLE_VALUE"  # the user table, 5,000 rows (the first variable made)
+  accumulator = "model/created/0/.OPTIMIZER_SLOT/optimizer/accumulator/.ATTRIBUTES/VARIABLE_VALUE"
+  before, now = tf.train.load_variable(source, table), tf.train.load_variable(after, table)
+  assert np.all(before == now, axis=1).mean() > 0.9  # one step of 64 examples moves few rows: the others are the source's
+  assert not np.all(before == now)
+  trained_slots, new_slots = tf.train.load_variable(source, accumulator), tf.train.load_variable(after, accumulator)
+  untouched = np.all(before == now, axis=1)
+  assert np.all(new_slots[untouched] == np.float32(0.1))  # Adagrad's start, not the source's accumulators
+  assert np.mean(trained_slots[untouched] != np.float32(0.1)) > 0.5
 
 
 def test_model_fn_with_a_metric_in_train_mode(cluster, tmp_path):

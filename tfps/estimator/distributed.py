@@ -30,8 +30,9 @@ class DistributedModel:
   ps, resumes at the checkpointed step (`tfps.training.resharding`)."""
 
   def __init__(self, model_fn: Callable, params: dict, config: RunConfig, cluster: cluster_lib.ClusterConfig,
-               strategy_options: options_lib.StrategyOptions):
+               strategy_options: options_lib.StrategyOptions, warm_start_from: Optional[str] = None):
     self._config = config
+    self._warm_start_from = warm_start_from  # a checkpoint whose model variables a run without checkpoints starts at
     self.cluster = cluster
     self._num_workers = cluster.num_workers
     self.chief = chief_lib.connect(cluster, config.mode, strategy_options)
@@ -94,6 +95,9 @@ class DistributedModel:
     restored = self.chief.resume(self._config.model_dir, self._checkpoints.checkpoint)
     if restored:  # checked against the model first; any number of ps and shards on either side
       logging.info("Restored %s; resuming at step %d", restored, int(self.global_step.numpy()))
+    elif self._warm_start_from:  # the model's variables alone: the optimizer's state and the step start anew
+      self.chief.restore(self._warm_start_from, tf.train.Checkpoint(model=self.model.variables))
+      logging.info("Warm-started the model's variables from %s; training starts at step 0", self._warm_start_from)
     self.runner = self.chief.build_runner(self.model.step(self.global_step), self._config.steps_per_execution)
 
   def prepare(self, input_fn: Callable) -> checkpoints_lib.CheckpointWriter:

@@ -3,6 +3,8 @@
 import os
 from typing import Callable, Iterator, Mapping, Optional, Union
 
+import tensorflow as tf
+
 from tfps import checks
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import options as options_lib
@@ -11,6 +13,7 @@ from tfps.errors import ArgumentTypeError, UsageError
 from tfps.estimator import calls, evaluation, local, spec
 from tfps.estimator.distributed import DistributedModel
 from tfps.estimator.spec import RunConfig
+from tfps.training import checkpoints as checkpoints_lib
 
 
 class Estimator:
@@ -27,7 +30,9 @@ class Estimator:
     model_dir: where checkpoints, `loss.log` and evaluation results go (else `config.model_dir`).
     config: a `RunConfig`.
     params: passed to `model_fn` and `input_fn`s that take `params`.
-    warm_start_from: not supported (a one-line error says what to do instead).
+    warm_start_from: a run's model_dir (its newest checkpoint) or a checkpoint path: a run with no checkpoint of its
+      own starts with the model variables held there (all of them, on any number of ps; the optimizer's state and the
+      global step start anew). A model_dir with checkpoints resumes from its own and ignores it.
     cluster: the cluster to train on (e.g. `tfps.testing.local_cluster()`, or in a script the cluster
       `tfps.run_task` gives); default: TF_CONFIG.
     strategy_options: a `tfps.StrategyOptions` (or a dict of its fields), checked here; a script passes
@@ -44,9 +49,7 @@ class Estimator:
       raise ArgumentTypeError(f"`config` must be a tfps.RunConfig, got {type(config).__name__}")
     if params is not None and not isinstance(params, Mapping):
       raise ArgumentTypeError(f"`params` must be a dict (passed to model_fn and input_fn), got {type(params).__name__}")
-    if warm_start_from is not None:
-      raise UsageError("Estimator(warm_start_from=...) is not supported; to go on from another run, train in a copy "
-                       "of its model_dir (its variables, optimizer state and global step carry over)")
+    self._warm_start_from = _warm_start_checkpoint(warm_start_from)
     model_dir = model_dir or config.model_dir
     if not model_dir:
       raise UsageError("`model_dir` is None and config.model_dir is None; give one of them")
@@ -84,7 +87,7 @@ class Estimator:
       cluster = roles.resolve_cluster(self._cluster)
       os.makedirs(self.model_dir, exist_ok=True)
       self._distributed = DistributedModel(self._model_fn, self._params, self._config, cluster,
-                                           self._strategy_options)
+                                           self._strategy_options, self._warm_start_from)
     return self._distributed
 
   def local_model(self):
@@ -136,3 +139,19 @@ class Estimator:
   def latest_checkpoint(self) -> Optional[str]:
     """The newest checkpoint in `model_dir/checkpoints`, or None."""
     return local.latest_checkpoint(self.model_dir, required=False)
+
+
+def _warm_start_checkpoint(source) -> Optional[str]:
+  """The checkpoint `warm_start_from` names: a model_dir's newest, or a checkpoint path (tf.estimator's
+  `WarmStartSettings` is not taken)."""
+  if source is None:
+    return None
+  if not isinstance(source, (str, os.PathLike)):
+    raise ArgumentTypeError(f"`warm_start_from` must be a model_dir or a checkpoint path, got {type(source).__name__}")
+  source = os.fspath(source)
+  if tf.io.gfile.exists(f"{source}.index"):
+    return source
+  saved = checkpoints_lib.list_checkpoints(source) if tf.io.gfile.isdir(source) else []
+  if not saved:
+    raise UsageError(f"`warm_start_from` ({source!r}) is neither a checkpoint nor a model_dir with checkpoints")
+  return saved[-1]
