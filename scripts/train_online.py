@@ -28,12 +28,12 @@ from absl import flags
 
 import tfps
 from tfps import checks
-from tfps.cli import flags as tfps_flags
 from tfps.cli import model_flags
+from tfps.cli import stream_flags
 
 tfps.define_flags()
 tfps.define_mode_flags()
-tfps_flags.define_stream_flags()  # before the model flags: with --stream no training files are needed
+stream_flags.define_stream_flags()  # before the model flags: with --stream no training files are needed
 model_flags.define_model_flags()
 _MODEL_DIR = flags.DEFINE_string("model_dir", "/tmp/tfps_online", "Checkpoints (with the stream's offsets), logs.")
 _MAX_STEPS = flags.DEFINE_integer("max_steps", None, "Stop at this global step (default: never; SIGTERM stops).",
@@ -90,7 +90,7 @@ def _train_estimator(cluster, mode):
   fv = flags.FLAGS
   estimator = _estimator(cluster, mode)
   with _served(_SERVE_DELTAS.value):
-    online.train_on_stream(estimator, tfps_flags.stream_batches_from_flags(), max_steps=_MAX_STEPS.value,
+    online.train_on_stream(estimator, stream_flags.stream_batches_from_flags(), max_steps=_MAX_STEPS.value,
                            checkpoint_every_secs=fv.checkpoint_every_secs,
                            evaluate_every_steps=fv.stream_eval_every_steps,
                            evaluate_every_secs=fv.stream_eval_every_secs, eval_batch_size=fv.batch_size)
@@ -154,7 +154,7 @@ def _train_keras(cluster, mode):
   from tfps.keras import online  # pylint: disable=g-import-not-at-top
   fv = flags.FLAGS
   with _served(_SERVE_DELTAS.value):
-    online.train_on_stream(_keras_model(cluster), tfps_flags.stream_batches_from_flags(), model_dir=_MODEL_DIR.value,
+    online.train_on_stream(_keras_model(cluster), stream_flags.stream_batches_from_flags(), model_dir=_MODEL_DIR.value,
                            max_steps=_MAX_STEPS.value, sync_mode=mode, cluster=cluster,
                            strategy_options=tfps.strategy_options_from_flags(),
                            steps_per_execution=_STEPS_PER_EXECUTION.value,

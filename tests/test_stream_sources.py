@@ -212,13 +212,13 @@ def test_a_folder_in_the_stream_folder_is_never_a_slice(tmp_path):
 
 def test_stream_flags_name_what_a_source_needs():
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from tfps.cli import flags as tfps_flags  # pylint: disable=g-import-not-at-top
+  from tfps.cli import stream_flags  # pylint: disable=g-import-not-at-top
   for argv, message in ((["--stream=kafka"], "--stream=kafka needs --kafka_bootstrap and --kafka_topic"),
                         (["--stream=folder"], "--stream=folder needs --stream_folder"),
                         (["--stream=kafka", "--kafka_bootstrap=h:1", "--kafka_topic=t", "--kafka_partitions=a"],
                          r"--kafka_partitions \(a\) must be partition numbers")):
     flag_values = flags.FlagValues()
-    tfps_flags.define_stream_flags(flag_values)
+    stream_flags.define_stream_flags(flag_values)
     with pytest.raises(flags.IllegalFlagValueError, match=message):
       flag_values(["prog", *argv])
 
