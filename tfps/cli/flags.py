@@ -260,10 +260,11 @@ def command_line_parser(program: str, unknown_hint: str = "") -> Callable[[Seque
     not_finite = _not_finite_float(flags.FLAGS)
     if not_finite is not None:
       refuse(program, f"--{not_finite.name}={not_finite.value}: must be a finite number")
-    try:  # the mode flags together, here: tfps-launch's check of a script's flags then refuses them before any task
-      mode_from_flags(flags.FLAGS)
-    except UsageError as e:
-      refuse(program, str(e))
+    if all(field.name in flags.FLAGS for field in dataclasses.fields(modes.TrainingMode)):  # define_mode_flags's
+      try:  # the mode flags together, here: tfps-launch's check of a script's flags refuses them before any task
+        mode_from_flags(flags.FLAGS)
+      except UsageError as e:
+        refuse(program, str(e))
     return remaining
   return parse
 
