@@ -239,6 +239,8 @@ CHECK = "import sys; from tfps import flags; flags.check_script_flags(sys.argv[1
      ["--n=2"], 0, ""),
     ("from absl import app, flags\nflags.DEFINE_float('rate', 0.1, 'r', lower_bound=0)\nif __name__ == '__main__':\n"
      "  app.run(print)\n", ["--rate=inf"], 2, "script.py: --rate=inf: must be a finite number"),
+    ("from absl import app, flags\nflags.DEFINE_enum('sync_mode', 'async', ['async', 'geo'], 'its own')\n"
+     "if __name__ == '__main__':\n  app.run(print)\n", ["--sync_mode=geo"], 0, ""),  # not tfps's mode flags
     ("import argparse\nimport sys\nif __name__ == '__main__':\n  print('main ran')\n", ["--anything"], 0, ""),
     ("import tensorflow\nraise SystemExit('unreachable')\n", ["--n=x"], 0, ""),  # needs TensorFlow: left to its tasks
 ])
