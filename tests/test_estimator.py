@@ -302,7 +302,8 @@ def test_a_run_warm_started_from_another_starts_at_its_variables_with_a_new_step
   table = "model/created/0/.ATTRIBUTES/VARIABLE_VALUE"  # the user table, 5,000 rows (the first variable made)
   accumulator = "model/created/0/.OPTIMIZER_SLOT/optimizer/accumulator/.ATTRIBUTES/VARIABLE_VALUE"
   before, now = tf.train.load_variable(source, table), tf.train.load_variable(after, table)
-  assert np.all(before == now, axis=1).mean() > 0.9  # one step of 64 examples moves few rows: the others are the source's
+  # One step of 64 examples moves few rows: the others hold the source's values.
+  assert np.all(before == now, axis=1).mean() > 0.9
   assert not np.all(before == now)
   trained_slots, new_slots = tf.train.load_variable(source, accumulator), tf.train.load_variable(after, accumulator)
   untouched = np.all(before == now, axis=1)

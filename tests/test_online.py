@@ -62,7 +62,8 @@ def test_a_run_on_another_topic_is_refused_and_the_checkpoint_left_as_it_was(clu
 
 
 @pytest.mark.parametrize("saved, reading, refused", [
-    ("kafka clicks@h1:9092", "kafka clicks@h2:9092,h3:9092", False), ("kafka clicks@h1:9092", "kafka views@h1:9092", True),
+    ("kafka clicks@h1:9092", "kafka clicks@h2:9092,h3:9092", False),
+    ("kafka clicks@h1:9092", "kafka views@h1:9092", True),
     ("folder /data/a", "folder /mnt/a", False), ("folder /data/a", "kafka clicks@h1:9092", True),
 ])
 def test_a_position_is_taken_only_by_the_stream_it_was_read_from(saved, reading, refused):
