@@ -156,6 +156,24 @@ def test_fit_goes_on_from_the_newest_checkpoint_and_refuses_another_model(cluste
   assert checkpoints_lib.list_checkpoints(str(tmp_path)) == kept  # no step ran
 
 
+def test_a_resume_of_a_model_with_many_variables_says_nothing_of_retracing(cluster, tmp_path, caplog):
+  """Each piece is read by one function traced per dtype, device and shape: TensorFlow's retracing warning came at
+  every resume of a model with more than a few variable shapes."""
+  def build():
+    model = tf_keras.Sequential([tf_keras.Input((8,)), *[tf_keras.layers.Dense(8 + i) for i in range(12)],
+                                 tf_keras.layers.Dense(1)])
+    model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "mse")
+    return model
+
+  def data(input_context):
+    del input_context
+    return tf.data.Dataset.from_tensors((tf.ones([16, 8]), tf.ones([16, 1]))).repeat()
+
+  tfps.fit(build, data, epochs=1, steps_per_epoch=2, model_dir=str(tmp_path), cluster=cluster)
+  history = tfps.fit(build, data, epochs=2, steps_per_epoch=2, model_dir=str(tmp_path), cluster=cluster)
+  assert history.epoch == [1] and "retracing" not in caplog.text
+
+
 def _estimator(cluster, model_dir, num_shards, loss_file, embedding_dim=4):
   config = tfps.RunConfig(steps_per_execution=1, save_checkpoints_steps=100, log_step_count_steps=1)
   return tfps.Estimator(reshard_model.build_model_fn("adagrad", embedding_dim, loss_file), model_dir=str(model_dir),
