@@ -7,7 +7,7 @@ which the trainer advances only after the checkpoint that holds them (`commit`).
 """
 
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from absl import logging
 
@@ -21,6 +21,23 @@ _WARN_EVERY_SECS = 60.0
 def _kafka():
   import confluent_kafka  # pylint: disable=g-import-not-at-top  (only where a Kafka stream is read)
   return confluent_kafka
+
+
+def _error_logger(name: str) -> Callable:
+  """The consumer's `error_cb`: librdkafka's errors (brokers down, lost connections) as one warning per kind a
+  minute. A function of its own, not a method: a consumer holding its source would be freed only by the garbage
+  collector, whose close of it (at any later moment) waits for the consumer group."""
+  warned = {}  # Kafka error code -> when it was last logged
+
+  def on_error(error) -> None:
+    now = time.monotonic()
+    if now - warned.get(error.code(), -_WARN_EVERY_SECS) < _WARN_EVERY_SECS:
+      return
+    warned[error.code()] = now
+    down = error.name() == "_ALL_BROKERS_DOWN"
+    logging.warning("%s: %s%s", name, error.str(), "; no record is read until a broker answers" if down else "")
+
+  return on_error
 
 
 class KafkaSource(Source):
@@ -46,12 +63,11 @@ class KafkaSource(Source):
     self.name = f"kafka {topic}@{bootstrap}"
     self._topic, self._bootstrap = topic, bootstrap
     kafka = _kafka()
-    self._warned = {}  # Kafka error code -> when it was last logged
     # librdkafka's own log lines (a "Connection refused" per broker and retry, 20 a second) are off; its errors reach
-    # tfps's log through `_on_error`. `options={"log_level": 7}` turns them on again.
+    # tfps's log through `_error_logger`. `options={"log_level": 7}` turns them on again.
     self._consumer = kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": group_id, "enable.auto.commit": False,
                                      "auto.offset.reset": "error", "enable.partition.eof": False, "log_level": 0,
-                                     "error_cb": self._on_error, **(options or {})})
+                                     "error_cb": _error_logger(self.name), **(options or {})})
     known = self._partitions_of_topic(connect_timeout_secs)
     chosen = sorted(known) if partitions is None else list(partitions)
     missing = [p for p in chosen if p not in known]
@@ -65,15 +81,6 @@ class KafkaSource(Source):
     self._consumer.assign([kafka.TopicPartition(topic, p, offset) for p, offset in sorted(self._next.items())])
     logging.info("%s: reading partitions %s from offsets %s", self.name, chosen,
                  [self._next[p] for p in chosen])
-
-  def _on_error(self, error) -> None:
-    """librdkafka's errors (brokers down, lost connections): one warning per kind a minute."""
-    now = time.monotonic()
-    if now - self._warned.get(error.code(), -_WARN_EVERY_SECS) < _WARN_EVERY_SECS:
-      return
-    self._warned[error.code()] = now
-    down = error.name() == "_ALL_BROKERS_DOWN"
-    logging.warning("%s: %s%s", self.name, error.str(), "; no record is read until a broker answers" if down else "")
 
   def _partitions_of_topic(self, timeout_secs: float) -> List[int]:
     """The topic's partitions, retrying with backoff until `timeout_secs`."""
