@@ -266,7 +266,7 @@ def open_batches(make_batches: Callable, model_dir: str):
   refuses the position says which stream it is of."""
   checkpoint, record = stream_positions.newest_record(model_dir)
   try:
-    batches = make_batches(stream_positions.newest_positions(model_dir))
+    batches = make_batches(None if record is None else record["positions"])
   except UnreachableTaskError:
     raise
   except TfpsError as e:

@@ -71,20 +71,15 @@ def read_positions(model_dir: str, checkpoint: Optional[str]) -> Optional[dict]:
 
 
 def newest_record(model_dir: str) -> Tuple[Optional[str], Optional[dict]]:
-  """`(checkpoint, record)`: the newest checkpoint of `model_dir` and what its `stream-N.json` holds (`read_record`);
-  None for what there is not."""
+  """`(checkpoint, record)`: the newest checkpoint of `model_dir` and what its `stream-N.json` holds (`read_record`:
+  the stream and its position); None for what there is not (no checkpoint, or one not trained on a stream, which is
+  logged: the stream then starts where its source starts)."""
   latest = tf.train.latest_checkpoint(checkpoints_lib.checkpoint_dir(model_dir))
-  return latest, (read_record(model_dir, checkpoints_lib.checkpoint_number(latest)) if latest else None)
-
-
-def newest_positions(model_dir: str) -> Optional[dict]:
-  """The position the newest checkpoint of `model_dir` holds (None: no checkpoint, or one not trained on a stream:
-  the stream starts where its source starts)."""
-  latest, record = newest_record(model_dir)
+  record = read_record(model_dir, checkpoints_lib.checkpoint_number(latest)) if latest else None
   if latest and record is None:
     logging.warning("%s holds no stream position (it was not trained on a stream); the stream starts where its "
                     "source starts", latest)
-  return None if record is None else record["positions"]
+  return latest, record
 
 
 def check_same_stream(checkpoint: str, record: dict, stream: str) -> None:
