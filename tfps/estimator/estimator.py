@@ -85,7 +85,6 @@ class Estimator:
     """The model on the cluster (built on first use: connects to the ps and workers)."""
     if self._distributed is None:
       cluster = roles.resolve_cluster(self._cluster)
-      os.makedirs(self.model_dir, exist_ok=True)
       self._distributed = DistributedModel(self._model_fn, self._params, self._config, cluster,
                                            self._strategy_options, self._warm_start_from)
     return self._distributed
