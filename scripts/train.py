@@ -53,4 +53,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  tfps.run_main(main)
+  tfps.run_main(main, arguments=False)

@@ -184,4 +184,4 @@ def _features():
 
 
 if __name__ == "__main__":
-  tfps.run_main(main)
+  tfps.run_main(main, arguments=False)

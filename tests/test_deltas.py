@@ -299,6 +299,10 @@ def test_command_line_usage_errors_are_one_line(capsys):
   assert capsys.readouterr().err.startswith("tfps-delta: unknown command 'serve' (known: apply, watch)")
   assert delta_cli.main(["tfps-delta", "--help"]) == 0
   assert "usage: tfps-delta apply BASE" in capsys.readouterr().out
+  assert delta_cli.main(["tfps-delta"]) == 2  # no command: told on stderr, not a success
+  no_command = capsys.readouterr()
+  assert (no_command.out, no_command.err.splitlines()[:2]) == ("", ["tfps-delta: give a command (apply, watch)",
+                                                                    delta_cli.USAGE["apply"]])
 
 
 def test_docs_figures_come_from_the_bench_results():

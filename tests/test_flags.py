@@ -182,11 +182,13 @@ def test_tfps_config_bad_tf_config_env():
 @pytest.mark.parametrize("flag, message", [
     ("--bogus_flag=1", "train_keras.py: Unknown command line flag 'bogus_flag'"),
     ("--task_index=x", "train_keras.py: flag --task_index=x: invalid literal for int()"),
+    ("--exact_evaluation true", "train_keras.py: unexpected argument 'true': this program takes flags only "
+                                "(--name=value; a boolean flag is --name or --noname)"),
 ])
 def test_a_training_script_given_a_bad_flag_ends_with_one_line_and_status_2(flag, message, subprocess_env):
   """Status 2 (`EXIT_REFUSED`), which tfps-launch does not restart; absl's own is two lines and status 1."""
-  result = subprocess.run([sys.executable, str(REPO / "scripts" / "train_keras.py"), flag], capture_output=True,
-                          text=True, env=subprocess_env, timeout=180, check=False)
+  result = subprocess.run([sys.executable, str(REPO / "scripts" / "train_keras.py"), *flag.split()],
+                          capture_output=True, text=True, env=subprocess_env, timeout=180, check=False)
   assert result.returncode == 2, result.stderr
   assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr
   assert "Traceback" not in result.stderr and "Pass --helpshort" not in result.stderr

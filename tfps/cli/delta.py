@@ -102,7 +102,10 @@ def _run_watch(settings: dict) -> int:
 
 def main(argv: Sequence[str]) -> int:
   """Runs `tfps-delta` on `argv` (with the program name first); returns the exit status."""
-  if len(argv) < 2 or argv[1] == "help" or any(arg in ("-h", "--help") for arg in argv[1:]):
+  if len(argv) < 2:
+    print("tfps-delta: give a command (apply, watch)\n" + "\n".join(USAGE.values()), file=sys.stderr)
+    return 2
+  if argv[1] == "help" or any(arg in ("-h", "--help") for arg in argv[1:]):
     print(__doc__.split("\n\n")[0].replace("`", "") + "\n" + "\n".join(USAGE.values()))
     return 0
   command = argv[1]

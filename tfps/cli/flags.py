@@ -247,16 +247,21 @@ def define_report_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   declare_program_flags(flag_values, __name__)
 
 
-def command_line_parser(program: str, unknown_hint: str = "") -> Callable[[Sequence[str]], list]:
+def command_line_parser(program: str, unknown_hint: str = "",
+                        arguments: bool = True) -> Callable[[Sequence[str]], list]:
   """absl's flag parsing for `absl.app.run(flags_parser=...)`, but a bad flag (unknown, or a bad value) ends the
   process with one line `program: ...` and status `EXIT_REFUSED`: absl's own ends it with two lines and status 1,
-  which a supervisor takes for a failure and restarts. `unknown_hint` follows the line of an unknown flag."""
+  which a supervisor takes for a failure and restarts. `unknown_hint` follows the line of an unknown flag.
+  `arguments=False`: a word that is not a flag is refused too (`--sync true` would leave async on, `true` unread)."""
   def parse(argv: Sequence[str]) -> list:
     try:
       remaining = flags.FLAGS(list(argv))
     except flags.Error as e:
       hint = f" ({unknown_hint})" if unknown_hint and isinstance(e, flags.UnrecognizedFlagError) else ""
       refuse(program, str(e).splitlines()[0] + hint)
+    if not arguments and len(remaining) > 1:
+      refuse(program, f"unexpected argument {remaining[1]!r}: this program takes flags only (--name=value; a "
+                      f"boolean flag is --name or --noname)")
     not_finite = _not_finite_float(flags.FLAGS)
     if not_finite is not None:
       refuse(program, f"--{not_finite.name}={not_finite.value}: must be a finite number")
@@ -319,8 +324,10 @@ def check_script_flags(script: str, args: Sequence[str]) -> None:
     command_line_parser(os.path.basename(script))(sys.argv)
 
 
-def run_main(main: Callable[[Sequence[str]], Optional[int]], argv: Optional[Sequence[str]] = None) -> None:
-  """`tfps.run_main`: `tfps.cluster.roles.run_main` with a bad flag refused in one line too (`command_line_parser`)."""
+def run_main(main: Callable[[Sequence[str]], Optional[int]], argv: Optional[Sequence[str]] = None,
+             arguments: bool = True) -> None:
+  """`tfps.run_main`: `tfps.cluster.roles.run_main` with a bad flag refused in one line too (`command_line_parser`);
+  `arguments=False` for a program that takes flags only (a stray word is refused, not ignored)."""
   from tfps.cluster import roles  # pylint: disable=g-import-not-at-top  (here: scripts that only read flags, such as
   # the plain-PSS peer of bench/, load no task machinery)
-  roles.run_main(main, argv, flags_parser=command_line_parser(os.path.basename(sys.argv[0])))
+  roles.run_main(main, argv, flags_parser=command_line_parser(os.path.basename(sys.argv[0]), arguments=arguments))
