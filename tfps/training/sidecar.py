@@ -6,6 +6,9 @@ evaluation to `model_dir/<eval_dir_name>/metrics.jsonl`:
 
   {"checkpoint": path, "checkpoint_number": N, "step": optimizer steps, "metrics": {...}, "time": unix seconds}
 
+A sidecar started again (its process restarted, or run again on a finished run) evaluates only checkpoints that
+`metrics.jsonl` holds no record of: a checkpoint is evaluated once, and its record written once.
+
 It returns after the checkpoint the chief's FINAL marker names (`tfps.training.checkpoints`); when no new checkpoint
 appears for `idle_timeout_secs` (default one hour; None waits forever) it raises `TimeoutError`: the one timeout
 convention of both paths.
@@ -55,6 +58,17 @@ def read_evaluations(model_dir: str, eval_dir_name: str = "eval") -> List[dict]:
     return [json.loads(line) for line in records if line.strip()]
 
 
+def _recorded(model_dir: str, eval_dir_name: str) -> set:
+  """The names (`ckpt-N`) of the checkpoints an earlier sidecar of this run evaluated, told in a log line."""
+  names = {os.path.basename(record["checkpoint"]) for record in read_evaluations(model_dir, eval_dir_name)
+           if record.get("checkpoint")}
+  if names:
+    logging.info("%s holds the evaluations of %d checkpoint(s) (of an earlier sidecar): not evaluated again (move "
+                 "the file away to evaluate them again)", os.path.join(model_dir, eval_dir_name, METRICS_FILE),
+                 len(names))
+  return names
+
+
 def _gone(path: str) -> bool:
   return not tf.io.gfile.exists(path + ".index")
 
@@ -75,13 +89,15 @@ def follow_checkpoints(model_dir: str, evaluate: Callable[[str], Dict], *, eval_
       (None: wait forever).
     after_record: called with each record (e.g. to keep the best checkpoint).
 
-  A checkpoint deleted before it was read (the chief keeps only its newest few) is skipped with a warning.
+  A checkpoint deleted before it was read (the chief keeps only its newest few) is skipped with a warning; one that
+  `metrics.jsonl` already has a record of (an earlier sidecar's) is not evaluated again.
   """
   checks.non_negative_number("poll_secs", poll_secs, "number of seconds")
   if idle_timeout_secs is not None:
     checks.non_negative_number("idle_timeout_secs", idle_timeout_secs, "number of seconds")
   eval_dir = os.path.join(model_dir, eval_dir_name)
   seen, records, last_new = set(), [], time.monotonic()
+  before = _recorded(model_dir, eval_dir_name)
   if not checkpoints_lib.list_checkpoints(model_dir):
     logging.info("Waiting for a checkpoint in %s (up to %s)", checkpoints_lib.checkpoint_dir(model_dir),
                  "no end" if idle_timeout_secs is None else f"{idle_timeout_secs:g} s")
@@ -91,6 +107,7 @@ def follow_checkpoints(model_dir: str, evaluate: Callable[[str], Dict], *, eval_
     if pending:
       last_new = time.monotonic()
       seen.update(pending)
+      pending = [path for path in pending if os.path.basename(path) not in before]
       for path in pending if evaluate_every_checkpoint else pending[-1:]:
         record = _evaluated(path, evaluate, eval_dir)
         if record is not None:
