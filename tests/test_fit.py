@@ -357,6 +357,10 @@ def test_a_checkpoint_deleted_before_it_is_kept_as_the_best_leaves_the_best_as_i
   # a sidecar started again reads it; one stopped between the two renames left best.new, taken as the best
   (model_dir / "best").rename(model_dir / "best.new")
   assert evaluation._BestCheckpoint(str(model_dir), "auc", "auto").best == best  # pylint: disable=protected-access
+  # one that chooses by another metric does not compare a loss with that AUC: its first checkpoint is the best
+  by_loss = evaluation._BestCheckpoint(str(model_dir), "loss", "auto")  # pylint: disable=protected-access
+  by_loss({"checkpoint": paths[0], "metrics": {"auc": 0.7, "loss": 0.9}, "step": 10})
+  assert {key: by_loss.best[key] for key in ("metric", "value")} == {"metric": "loss", "value": 0.9}
 
 
 def test_sidecar_newest_only_and_skips_a_deleted_checkpoint(trained, tmp_path, caplog):

@@ -145,8 +145,7 @@ def test_main_job_trains_and_the_sidecar_reports_auc(tmp_path, subprocess_env, l
   assert f"sidecar best checkpoint: {model_dir}/checkpoints/ckpt-" in summary and "restarts: none" in summary
   assert f"TensorBoard logs: {model_dir}/logs" in summary and f"checkpoints: {model_dir}/checkpoints" in summary
   # The report, the standalone sidecar on the finished run (every checkpoint, best by loss) and the standalone sidecar
-  # refusing an unknown metric run side by side; the refusal on a copy of the run: it evaluates (and records) a
-  # checkpoint before it refuses.
+  # refusing an unknown metric run side by side; the refusal on a copy of the run, before it evaluates anything.
   shutil.copytree(model_dir, tmp_path / "copy")
   sidecar = [sys.executable, "scripts/sidecar_eval.py", "--flagfile=configs/main.cfg",
              f"--data_dir={tmp_path / 'data'}", "--synthetic_rows=16000", "--batch_size=256", "--poll_secs=0.1"]
@@ -163,18 +162,24 @@ def test_main_job_trains_and_the_sidecar_reports_auc(tmp_path, subprocess_env, l
   assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == [
       "chief-0.log", "evaluator-0.log", "forkserver.log", "ps-0.log", "tasks.json", "worker-0.log", "worker-1.log"]
 
+  # A sidecar does not evaluate again a checkpoint metrics.jsonl has a record of: moved away, every one is; the best
+  # kept by AUC is not compared with losses.
+  (model_dir / "eval" / "metrics.jsonl").rename(model_dir / "eval" / "metrics.jsonl.first")
   result = subprocess.run(sidecar + [f"--model_dir={model_dir}", "--evaluate_every_checkpoint", "--best_metric=loss"],
                           cwd=REPO, env=subprocess_env, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   again = [json.loads(line) for line in (model_dir / "eval" / "metrics.jsonl").read_text().splitlines()]
-  assert [os.path.basename(e["checkpoint"]) for e in again[len(evaluations):]] == ["ckpt-1", "ckpt-2"]
+  assert [os.path.basename(e["checkpoint"]) for e in again] == ["ckpt-1", "ckpt-2"]
   best = json.loads((model_dir / "best" / "best.json").read_text())
   assert best["metric"] == "loss"
-  assert best["value"] == min(e["metrics"]["loss"] for e in again[len(evaluations):])
+  assert best["value"] == min(e["metrics"]["loss"] for e in again)
+  assert "The best checkpoint kept so far was chosen by auc; choosing by loss from now on" in result.stderr
   code, refused_err = finish(refused, 300)
   assert code == 2
   assert "sidecar_eval.py: `best_metric` 'nope' is not one of the model's metrics: auc, loss" in refused_err
   assert "Traceback" not in refused_err
+  assert (tmp_path / "copy" / "eval" / "metrics.jsonl").read_text() == (
+      model_dir / "eval" / "metrics.jsonl.first").read_text()  # nothing evaluated
 
 
 def test_unreachable_ps_is_named_within_the_connect_timeout(tmp_path, subprocess_env):

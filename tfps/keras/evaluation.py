@@ -114,12 +114,27 @@ class _BestCheckpoint:
     with tf.io.gfile.GFile(path) as f:
       return json.load(f)
 
+  def check_names(self, model: tf_keras.Model) -> None:
+    """Refuses a `best_metric` the model does not report before any checkpoint is evaluated, where its names are
+    known (a model evaluated by tf-keras's own `test_step`, its metrics built: `ensure_built(metrics=True)`)."""
+    if self.best_metric is not None and type(model).test_step is tf_keras.Model.test_step:
+      self._check(self.best_metric, model.metrics_names)
+
+  @staticmethod
+  def _check(metric: str, names) -> None:
+    if metric not in names:
+      raise UsageError(f"`best_metric` {metric!r} is not one of the model's metrics: {', '.join(sorted(names))}")
+
   def __call__(self, record: dict) -> None:
     path, metrics = record["checkpoint"], record["metrics"]
     metric = self.best_metric or ("auc" if "auc" in metrics else "loss")
-    if metric not in metrics:
-      raise UsageError(f"`best_metric` {metric!r} is not one of the model's metrics: {', '.join(sorted(metrics))}")
-    if is_better(metric, metrics[metric], self.best and self.best["value"], self.best_mode):
+    self._check(metric, metrics)
+    previous = self.best if self.best is not None and self.best["metric"] == metric else None
+    if self.best is not None and previous is None:  # an earlier sidecar's best by another metric: not comparable
+      logging.info("The best checkpoint kept so far was chosen by %s; choosing by %s from now on",
+                   self.best["metric"], metric)
+      self.best = None
+    if is_better(metric, metrics[metric], previous and previous["value"], self.best_mode):
       self._keep_best(path, metric, metrics[metric], record["step"])
 
   def _keep_best(self, path: str, metric: str, value: float, step: int) -> None:
@@ -218,7 +233,8 @@ def run_sidecar_evaluator(build_model: Callable[[], tf_keras.Model], dataset_fn:
     check_finite(dataset, "dataset_fn")
   best = _BestCheckpoint(model_dir, best_metric, best_mode)
   model = build_model()
-  ensure_built(model, dataset)
+  ensure_built(model, dataset, metrics=best_metric is not None)
+  best.check_names(model)
 
   def evaluate(path: str) -> Dict[str, float]:
     tf.train.Checkpoint(model=model).read(path).expect_partial()
