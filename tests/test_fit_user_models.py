@@ -113,3 +113,69 @@ def test_the_bundled_retrieval_model_logs_its_loss_and_its_exact_held_out_loss(c
   losses = history.history["loss"]
   assert 0 < losses[1] < min(losses[0], 32 * np.log(32)), losses  # read 0.0: the untouched loss metric was logged
   np.testing.assert_allclose(history.history["val_loss"][-1], _held_out_loss(history.model), rtol=1e-4)
+
+
+class TwoTowerTopK(TwoTower):
+  """With the tutorials' top-K metrics: `FactorizedTopK` over every item, computed when not training."""
+
+  def __init__(self):
+    super().__init__()
+    candidates = tf.data.Dataset.from_tensor_slices(np.arange(USERS)).batch(100).map(self.item)
+    self.task = tfrs.tasks.Retrieval(metrics=tfrs.metrics.FactorizedTopK(candidates=candidates, ks=(1, 10)))
+
+  def compute_loss(self, features, training=False):
+    return self.task(self.user(features["user"]), self.item(features["item"]), compute_metrics=not training)
+
+
+def build_top_k():
+  model = TwoTowerTopK()
+  model.compile(tf_keras.optimizers.legacy.Adagrad(0.5))
+  return model
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "steps"])
+def test_top_k_metrics_are_refused_on_the_workers_before_training(cluster, tmp_path, exact):
+  """tf-keras failed after an epoch: its ValueError on `add_metric` (exact), a gRPC error on a tensor it could not copy
+  to a worker (by steps)."""
+  validation = dict(exact_evaluation=True) if exact else dict(validation_steps=2)
+  with pytest.raises(tfps.UsageError, match=r"^validation_dataset_fn: the model's tfrs.metrics.FactorizedTopK "
+                     r"\('factorized_top_k'\) cannot run on the cluster's workers \(its candidates are read on the "
+                     r"chief\); train without it and measure top-K in the sidecar evaluator"):
+    tfps.fit(build_top_k, pairs, epochs=1, steps_per_epoch=5, cluster=cluster, model_dir=str(tmp_path / "run"),
+             validation_dataset_fn=held_out if exact else lambda context: held_out(context).repeat(), **validation)
+  assert not (tmp_path / "run" / "checkpoints").exists() or not list((tmp_path / "run" / "checkpoints").glob("ckpt-*"))
+
+
+def test_top_k_metrics_are_measured_by_the_sidecar_on_the_trained_checkpoints(cluster, tmp_path):
+  model_dir = str(tmp_path / "run")
+  tfps.fit(build_top_k, pairs, epochs=1, steps_per_epoch=10, cluster=cluster, model_dir=model_dir)
+  records = tfps.run_sidecar_evaluator(build_top_k, held_out, model_dir, poll_secs=0.1, idle_timeout_secs=30)
+  metrics = records[-1]["metrics"]
+  assert {"factorized_top_k/top_1_categorical_accuracy", "factorized_top_k/top_10_categorical_accuracy"} <= set(metrics)
+  assert 0 <= metrics["factorized_top_k/top_1_categorical_accuracy"] <= metrics[
+      "factorized_top_k/top_10_categorical_accuracy"] <= 1
+
+
+class MeanInput(tf_keras.layers.Layer):
+  """Reports the mean of its input with `add_metric`."""
+
+  def call(self, x):
+    self.add_metric(tf.reduce_mean(x), name="mean_input")
+    return x
+
+
+def test_a_metric_added_with_add_metric_is_refused_for_exact_evaluation_before_training(cluster):
+  def build():
+    x = tf_keras.Input((3,), name="x")
+    model = tf_keras.Model({"x": x}, tf_keras.layers.Dense(1, activation="sigmoid")(MeanInput()(x)))
+    model.compile(tf_keras.optimizers.legacy.Adagrad(0.1), "binary_crossentropy")
+    return model
+
+  finite = lambda context: sign_flip_data(context).take(4)
+  with pytest.raises(tfps.UsageError, match=r"^validation_dataset_fn: the metric 'mean_input', added with add_metric, "
+                     r"cannot be evaluated exactly once on the workers .*; evaluate by steps \(exact_evaluation=False\)"):
+    tfps.fit(build, sign_flip_data, epochs=1, steps_per_epoch=2, cluster=cluster, validation_dataset_fn=finite,
+             exact_evaluation=True)
+  history = tfps.fit(build, sign_flip_data, epochs=1, steps_per_epoch=2, cluster=cluster,
+                     validation_dataset_fn=sign_flip_data, validation_steps=2)
+  assert "val_mean_input" in history.history

@@ -15,6 +15,7 @@ import tf_keras
 
 from tfps import _tf_private
 from tfps import checks
+from tfps.keras import evaluable
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.training import sidecar
 from tfps.training import dataset_fns
@@ -65,6 +66,7 @@ def evaluate_on_cluster(model: tf_keras.Model, dataset_fn: Callable, num_workers
                         exact: bool = False) -> Dict[str, float]:
   """Evaluates `model` (built under a ParameterServerStrategy) on the workers; returns `{metric: value}`."""
   dataset_fns.check_dataset_fn(dataset_fn, "dataset_fn")
+  evaluable.check_on_workers(model, exact, "tfps.evaluate")
   shards = 0
   if exact:
     ensure_metrics_built(model, dataset_fn)

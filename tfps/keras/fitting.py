@@ -24,6 +24,7 @@ from tfps.cluster import options as options_lib
 from tfps.training import chief as chief_lib
 from tfps.training import dataset_fns
 from tfps.keras import deltas
+from tfps.keras import evaluable
 from tfps.keras import evaluation
 from tfps.training import exactly_once
 from tfps.keras import steps as keras_steps
@@ -281,6 +282,7 @@ def _validation(chief: chief_lib.Chief, model: tf_keras.Model, run: _Run):
   validation_dataset_fn = run.validation_dataset_fn
   if validation_dataset_fn is None:
     return None
+  evaluable.check_on_workers(model, run.options.exact_evaluation, "validation_dataset_fn")
   if run.options.exact_evaluation:
     # Its metrics are copied to the workers before any step: a model whose own train_step never updates the
     # compiled metrics (the retrieval model's) would have them unbuilt at the first evaluation.
