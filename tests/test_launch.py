@@ -243,6 +243,10 @@ CHECK = "import sys; from tfps import flags; flags.check_script_flags(sys.argv[1
      "if __name__ == '__main__':\n  app.run(print)\n", ["--sync_mode=geo"], 0, ""),  # not tfps's mode flags
     ("import argparse\nimport sys\nif __name__ == '__main__':\n  print('main ran')\n", ["--anything"], 0, ""),
     ("import tensorflow\nraise SystemExit('unreachable')\n", ["--n=x"], 0, ""),  # needs TensorFlow: left to its tasks
+    ("import tfps\nif __name__ == '__main__':\n  tfps.run_main(print, arguments=False)\n", ["stray"], 2,
+     "script.py: unexpected argument 'stray': this program takes flags only (--name=value; a boolean flag is --name "
+     "or --noname)"),
+    ("import tfps\nif __name__ == '__main__':\n  tfps.run_main(print)\n", ["stray"], 0, ""),  # it takes arguments
 ])
 def test_the_flag_check_runs_no_main_and_no_tensorflow(tmp_path, source, args, status, line):
   script = tmp_path / "script.py"

@@ -13,6 +13,7 @@ A flag's way: absl parses it, `config_from_flags` builds a `ClusterConfig` (`tfp
 cross-field rules), `mode_from_flags` a `TrainingMode`, `strategy_options_from_flags` a `StrategyOptions`.
 """
 
+import ast
 import dataclasses
 import importlib.abc
 import math
@@ -321,7 +322,19 @@ def check_script_flags(script: str, args: Sequence[str]) -> None:
     return
   modules = {value.__name__ for value in names.values() if isinstance(value, types.ModuleType)}
   if modules & {"absl.flags", "absl.app", "tfps"}:
-    command_line_parser(os.path.basename(script))(sys.argv)
+    command_line_parser(os.path.basename(script), arguments=_takes_arguments(script))(sys.argv)
+
+
+def _takes_arguments(script: str) -> bool:
+  """False where `script` calls `run_main(..., arguments=False)` (`tfps.run_main`: it takes flags only)."""
+  with open(script, "rb") as f:
+    tree = ast.parse(f.read(), script)
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "run_main":
+      if any(keyword.arg == "arguments" and isinstance(keyword.value, ast.Constant) and keyword.value.value is False
+             for keyword in node.keywords):
+        return False
+  return True
 
 
 def run_main(main: Callable[[Sequence[str]], Optional[int]], argv: Optional[Sequence[str]] = None,
