@@ -228,8 +228,18 @@ def test_movielens_splits(ml100k):
   assert sum(len(b["movie_id"]) for b in movielens.candidates_dataset(tables)) == 1682
 
 
+def test_movielens_split_that_is_not_a_ratings_file_is_one_line(ml100k):
+  """A split in another format (u.item, pipe-separated) was read for a good row forever: training hung."""
+  with pytest.raises(UsageError, match=r"^no usable row to read: MovieLens: 1,682 rows in 1 file\(s\); 1,682 "
+                     r"malformed skipped \(1,682 wrong column count"):
+    movielens.movielens_dataset_fn(ml100k, "u.item", batch_size=8)
+  with pytest.raises(UsageError, match=r"^split 'u9.base' is not a file of .*ml-100k; its ratings files: u.data, "
+                     r"u1.base, u1.test$"):
+    movielens.movielens_dataset_fn(ml100k, "u9.base", batch_size=8)
+
+
 def test_movielens_missing_dir(tmp_path):
-  with pytest.raises(ValueError, match=r"`data_dir` \('.*'\) has no u1.base; point it at the unpacked MovieLens"):
+  with pytest.raises(ValueError, match=r"`data_dir` \('.*'\) has no u.occupation; point it at the unpacked MovieLens"):
     movielens.movielens_dataset_fn(str(tmp_path), "u1.base", batch_size=8)
 
 

@@ -16,6 +16,7 @@ pipeline. A ratings file is one file, so pipelines shard it by line (`tfps.data.
 
 import dataclasses
 import os
+import re
 from typing import Dict, Optional, Tuple
 
 import numpy as np
@@ -78,6 +79,14 @@ def _path(data_dir: str, name: str) -> str:
   return path
 
 
+def _split_path(data_dir: str, split: str) -> str:
+  path = os.path.join(data_dir, split)
+  if not os.path.isfile(path):
+    ratings = sorted(name for name in os.listdir(data_dir) if re.fullmatch(r"u(\d*\.(base|test)|\.data)", name))
+    raise UsageError(f"split {split!r} is not a file of {data_dir}; its ratings files: {', '.join(ratings)}")
+  return path
+
+
 def load_tables(data_dir: str) -> MovieLensTables:
   """Reads `u.user`, `u.occupation` and `u.item` of `data_dir`."""
   with open(_path(data_dir, "u.occupation"), encoding="latin-1") as f:
@@ -115,8 +124,8 @@ def movielens_dataset_fn(data_dir: str, split: str = "u1.base", *, batch_size: i
     repeat, seed, drop_remainder, shard_index, num_shards: as in `tfps.data.criteo_dataset_fn`.
     tables: side tables already loaded from `data_dir` (read again where None).
   """
-  path = _path(data_dir, split)
-  tables = tables or load_tables(data_dir)
+  tables = tables or load_tables(data_dir)  # first: a data_dir that is not MovieLens's is named as such
+  path = _split_path(data_dir, split)
 
   def add_side_features(features):
     user_id, movie_id = features["user_id"], features["movie_id"]
@@ -126,7 +135,7 @@ def movielens_dataset_fn(data_dir: str, split: str = "u1.base", *, batch_size: i
             GENRES: tf.gather(tables.movie_genres, movie_id)}
 
   return delimited.delimited_dataset_fn(
-      path, ratings_spec(tables.num_users, tables.num_movies), batch_size=batch_size, scan=False, repeat=repeat,
+      path, ratings_spec(tables.num_users, tables.num_movies), batch_size=batch_size, repeat=repeat,
       shuffle_buffer=shuffle_buffer, seed=seed, drop_remainder=drop_remainder, shard_index=shard_index,
       num_shards=num_shards, add_features=add_side_features)
 
