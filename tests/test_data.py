@@ -104,6 +104,22 @@ def test_malformed_rows_fail_in_strict_mode(tmp_path):
     _read_all(_once(path, strict=True, scan=False))
 
 
+def test_a_compressed_file_is_refused_and_a_header_that_is_not_utf8_compared(tmp_path, caplog):
+  """A gzip file was read as malformed rows, or with a header, crashed on UnicodeDecodeError (a traceback, and
+  tfps-launch restarted the chief); a latin-1 header (an export's) crashed alike."""
+  import gzip  # pylint: disable=g-import-not-at-top
+  path = pathlib.Path(_malformed_csv(tmp_path, good_rows=4))
+  packed = tmp_path / "bad.csv.gz"
+  packed.write_bytes(gzip.compress(path.read_bytes()))
+  with pytest.raises(UsageError, match=r"^.*bad\.csv\.gz is gzip-compressed; the reader reads plain text files: "
+                     r"decompress it first$"):
+    criteo.criteo_dataset_fn(str(packed), batch_size=2)
+  latin = tmp_path / "latin.csv"
+  latin.write_bytes(path.read_bytes().replace(b"label", b"l\xe4bel", 1))
+  assert criteo.scan_criteo(str(latin)).rows == 8
+  assert "differs from the spec's `columns` at column 1: 'l\ufffdbel' in the file, 'label' in the spec" in caplog.text
+
+
 @pytest.mark.parametrize("repeat", [True, False], ids=["training", "evaluation"])
 def test_files_without_a_usable_row_are_refused_instead_of_read_forever(tmp_path, repeat):
   path = _malformed_csv(tmp_path, good_rows=0)

@@ -207,6 +207,7 @@ def scan_files(file_pattern: pipeline.FilePattern, spec: FeatureSpec, *, strict:
   skip = 1 if spec.header else 0
   pattern = row_pattern(spec)
   for path in files:
+    _check_not_compressed(path)
     if spec.header:
       _check_header(path, spec)
     lines = tf.data.TextLineDataset(path).skip(skip).enumerate(start=skip + 1).batch(_SCAN_BATCH)
@@ -219,10 +220,23 @@ def scan_files(file_pattern: pipeline.FilePattern, spec: FeatureSpec, *, strict:
   return summary
 
 
+_COMPRESSED = {b"\x1f\x8b\x08": "gzip", b"BZh": "bzip2", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}
+
+
+def _check_not_compressed(path: str) -> None:
+  """Refuses a compressed file (the reader reads plain text lines: each would be a malformed row, or a header that
+  is not text)."""
+  with tf.io.gfile.GFile(path, "rb") as f:
+    start = f.read(4)
+  kind = next((kind for magic, kind in _COMPRESSED.items() if start.startswith(magic)), None)
+  if kind is not None:
+    raise UsageError(f"{path} is {kind}-compressed; the reader reads plain text files: decompress it first")
+
+
 def _check_header(path: str, spec: FeatureSpec) -> None:
   """Warns where a file's header names other columns than the spec (the spec's order is what the reader uses)."""
-  with tf.io.gfile.GFile(path) as f:
-    names = f.readline().rstrip("\r\n").split(spec.delimiter)
+  with tf.io.gfile.GFile(path, "rb") as f:  # bytes: a header that is not UTF-8 (an export's) is compared, not a crash
+    names = f.readline().decode("utf-8", "replace").rstrip("\r\n").split(spec.delimiter)
   if names != list(spec.columns):
     first = next((i for i, (a, b) in enumerate(zip(names, spec.columns)) if a != b), min(len(names),
                                                                                          len(spec.columns)))
