@@ -128,6 +128,10 @@ BAD_SPECS = [
     ({"delim": ","}, r"`delim` \(','\) is not a spec field; fields: name, delimiter"),
     ({"columns": None}, r"`columns` \(None\) must be a JSON array"),
     ({"numeric": {}, "categorical": {}}, r"`numeric` \(\{\}\) and `categorical` are both empty"),
+    ({"label_threshold": float("nan")}, r"`label_threshold` \(nan\) must be a finite number or null"),  # JSON's NaN
+    ({"numeric": {"price": {"transform": "log1p", "mean": 40, "std": 12}}},  # was ignored, or applied by another's
+     r"`numeric.price` \(\{'transform': 'log1p', 'mean': 40, 'std': 12\}\) gives `mean` and `std`, which only "
+     r"\"standardize\" uses$"),
 ]
 
 
@@ -147,6 +151,9 @@ def test_unreadable_spec_and_flags(tmp_path):
     spec_lib.load_spec(path)
   with pytest.raises(spec_lib.FeatureSpecError, match=r"nope\.json: cannot be read \(No such file"):
     spec_lib.load_spec(tmp_path / "nope.json")
+  (tmp_path / "twice.json").write_text('{"columns": ["a", "b"], "label": "a", "categorical": {"b": 100, "b": 5}}')
+  with pytest.raises(spec_lib.FeatureSpecError, match=r"twice\.json: the key 'b' is given twice in one object$"):
+    spec_lib.load_spec(tmp_path / "twice.json")  # JSON keeps the last one without a word
   (tmp_path / "utf16.json").write_bytes(b"\xff\xfe{")  # an editor's UTF-16
   with pytest.raises(spec_lib.FeatureSpecError, match=r"utf16\.json: not UTF-8 text \(byte 0xff at 0\); save it as "):
     spec_lib.load_spec(tmp_path / "utf16.json")

@@ -159,8 +159,9 @@ def _check_spec(spec: FeatureSpec, source: str) -> None:
   if spec.label not in names:
     _fail(source, "label", spec.label, f"must be one of `columns` ({', '.join(names)})")
   if spec.label_threshold is not None and (isinstance(spec.label_threshold, bool) or
-                                           not isinstance(spec.label_threshold, (int, float))):
-    _fail(source, "label_threshold", spec.label_threshold, "must be a number or null")
+                                           not isinstance(spec.label_threshold, (int, float)) or
+                                           not math.isfinite(spec.label_threshold)):
+    _fail(source, "label_threshold", spec.label_threshold, "must be a finite number or null")
   used = {spec.label: "label"}
   for kind, features in (("numeric", spec.numeric), ("categorical", spec.categorical)):
     for feature in features:
@@ -175,6 +176,9 @@ def _check_spec(spec: FeatureSpec, source: str) -> None:
     if any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) for v in (n.mean, n.std)) \
         or n.std <= 0:
       _fail(source, f"numeric.{n.name}", {"mean": n.mean, "std": n.std}, "needs a finite `mean` and a `std` > 0")
+    if n.transform != "standardize" and (n.mean, n.std) != (0.0, 1.0):
+      _fail(source, f"numeric.{n.name}", {"transform": n.transform, "mean": n.mean, "std": n.std},
+            'gives `mean` and `std`, which only "standardize" uses')
   for c in spec.categorical:
     if isinstance(c.buckets, bool) or not isinstance(c.buckets, int) or c.buckets < 1:
       _fail(source, f"categorical.{c.name}.buckets", c.buckets, "must be a positive integer")
@@ -235,7 +239,7 @@ def load_spec(path: Union[str, os.PathLike]) -> FeatureSpec:
   path = os.fspath(path)
   try:
     with open(path, encoding="utf-8") as f:
-      raw = json.load(f)
+      raw = json.load(f, object_pairs_hook=lambda pairs: _without_repeats(path, pairs))
   except OSError as e:
     raise FeatureSpecError(f"feature spec {path}: cannot be read ({e.strerror})") from None
   except json.JSONDecodeError as e:
@@ -244,6 +248,15 @@ def load_spec(path: Union[str, os.PathLike]) -> FeatureSpec:
     raise FeatureSpecError(f"feature spec {path}: not UTF-8 text (byte {e.object[e.start]:#04x} at {e.start}); "
                            "save it as UTF-8") from None
   return spec_from_dict(raw, path)
+
+
+def _without_repeats(path: str, pairs) -> dict:
+  """A JSON object's dict, refusing a key given twice (JSON keeps the last one without a word)."""
+  keys = [key for key, _ in pairs]
+  repeated = next((key for key in keys if keys.count(key) > 1), None)
+  if repeated is not None:
+    raise FeatureSpecError(f"feature spec {path}: the key {repeated!r} is given twice in one object")
+  return dict(pairs)
 
 
 def _literal(text: str) -> str:
