@@ -19,19 +19,22 @@ pipeline.
 """
 
 import dataclasses
+import re
 from typing import Callable, List, Optional, Tuple
 
 from absl import logging
+import numpy as np
 import tensorflow as tf
 
 from tfps import checks
 from tfps.data import pipeline
-from tfps.data.spec import FeatureSpec, row_pattern
+from tfps.data.spec import NUMBER, FeatureSpec, row_pattern
 from tfps.errors import TfpsError, UsageError
 
 _HASH_SPACE = (1 << 62) - 1
 _SCAN_BATCH = 8192
 _CHECK_BATCH = 4096
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 WRONG_COLUMN_COUNT = "wrong column count"
 NON_NUMERIC = "non-numeric label/numeric field"
 
@@ -211,8 +214,10 @@ def scan_files(file_pattern: pipeline.FilePattern, spec: FeatureSpec, *, strict:
     if spec.header:
       _check_header(path, spec)
     lines = tf.data.TextLineDataset(path).skip(skip).enumerate(start=skip + 1).batch(_SCAN_BATCH)
-    for numbers, batch, wrong, bad in lines.map(lambda n, b: (n, b, *_classify(b, spec, pattern))).prefetch(2):
+    for numbers, batch, wrong, bad, beyond in lines.map(
+        lambda n, b: (n, b, *_classify(b, spec, pattern))).prefetch(2):
       _tally(summary, path, numbers.numpy(), batch.numpy(), wrong.numpy(), bad.numpy(), max_examples)
+      _refuse_beyond_range(path, spec, numbers.numpy(), batch.numpy(), beyond.numpy())
       if strict and summary.malformed:
         _, line, reason, row = summary.examples[0]
         raise MalformedRowError(f"{path}:{line}: malformed {spec.name} row ({reason}): {row[:120]!r}; expected "
@@ -246,12 +251,47 @@ def _check_header(path: str, spec: FeatureSpec) -> None:
                     spec.columns[first] if first < len(spec.columns) else None, len(names), len(spec.columns))
 
 
-def _classify(lines: tf.Tensor, spec: FeatureSpec, pattern: str) -> Tuple[tf.Tensor, tf.Tensor]:
-  """`(wrong column count, non-numeric)` boolean vectors of a batch of lines."""
-  num_fields = tf.strings.split(lines, spec.delimiter).row_lengths()
-  wrong = tf.not_equal(num_fields, len(spec.columns))
+def _classify(lines: tf.Tensor, spec: FeatureSpec, pattern: str) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+  """`(wrong column count, non-numeric, maybe beyond range)` boolean vectors of a batch of lines."""
+  split = tf.strings.split(lines, spec.delimiter)
+  wrong = tf.not_equal(split.row_lengths(), len(spec.columns))
   bad = tf.logical_and(tf.logical_not(wrong), tf.logical_not(tf.strings.regex_full_match(lines, pattern)))
-  return wrong, bad
+  ok = tf.logical_not(tf.logical_or(wrong, bad))
+  fields = split.to_tensor(default_value="", shape=[None, len(spec.columns)])
+  floats = [n.name for n in spec.numeric] + [spec.label] * (spec.label_threshold is not None)
+  beyond = tf.zeros_like(ok)
+  if floats:  # a well-formed number float32 cannot hold (1e39) would be read as inf
+    raw = tf.gather(fields, [spec.index(name) for name in floats], axis=1)
+    number = tf.logical_and(tf.strings.regex_full_match(raw, NUMBER), ok[:, None])
+    values = tf.strings.to_number(tf.where(number, raw, "0"), tf.float32)
+    beyond = tf.reduce_any(tf.logical_not(tf.math.is_finite(values)), axis=1)
+  integers = [c.name for c in spec.categorical if c.encoding == "integer"]
+  if integers:  # 19 digits or more: maybe beyond int64 (`_refuse_beyond_range` tells)
+    raw = tf.gather(fields, [spec.index(name) for name in integers], axis=1)
+    long = tf.reduce_any(tf.strings.regex_full_match(raw, "-?0*[1-9][0-9]{18,}"), axis=1)
+    beyond = tf.logical_or(beyond, tf.logical_and(long, ok))
+  return wrong, bad, beyond
+
+
+def _refuse_beyond_range(path: str, spec: FeatureSpec, numbers, lines, beyond) -> None:
+  """Raises `UsageError` at the first well-formed row holding a number float32 (numeric columns, a label with a
+  threshold) or int64 (integer-encoded columns) cannot hold: the reader would read it as inf, or fail, and cannot
+  skip it (its row pattern admits it)."""
+  for index in beyond.nonzero()[0]:
+    fields = lines[index].decode("utf-8", "replace").split(spec.delimiter)
+    for name in [n.name for n in spec.numeric] + [spec.label] * (spec.label_threshold is not None):
+      text = fields[spec.index(name)]
+      if re.fullmatch(NUMBER, text) and abs(float(text)) > _FLOAT32_MAX:
+        _refuse_number(path, numbers[index], spec, name, text, "float32")
+    for name in [c.name for c in spec.categorical if c.encoding == "integer"]:
+      text = fields[spec.index(name)]
+      if re.fullmatch(r"-?[0-9]+", text) and not -2**63 <= int(text) < 2**63:
+        _refuse_number(path, numbers[index], spec, name, text, "int64")
+
+
+def _refuse_number(path: str, line: int, spec: FeatureSpec, column: str, text: str, dtype: str) -> None:
+  raise UsageError(f"{path}:{line}: {spec.name} column {column!r} holds {text[:40]!r}, beyond {dtype}'s range: "
+                   "the reader cannot skip such a row; fix it in the file or make it a missing value")
 
 
 def _tally(summary: ScanSummary, path: str, numbers, lines, wrong, bad, max_examples: int) -> None:
