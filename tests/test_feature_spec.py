@@ -86,6 +86,13 @@ def test_reader_parses_a_generated_click_log(layout, tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
       delimited.scan_files(str(path), renamed)
     assert "differs from the spec's `columns` at column 1: 'event_time' in the file, 'ts' in the spec" in caplog.text
+    headless = tmp_path / "part-ab"  # split off the file without its header: its first row is skipped, and said so
+    headless.write_text("\n".join(path.read_text().splitlines()[1:3]) + "\n")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+      delimited.scan_files(str(headless), spec)
+    assert (f"shop: the first line of {headless} is a well-formed row, not a header; it is skipped, as the spec's "
+            "`header: true` says") in caplog.text and "differs from" not in caplog.text
 
   features, labels = read_all(delimited.delimited_dataset_fn(str(path), spec, batch_size=64, repeat=False,
                                                              shuffle_buffer=0, drop_remainder=False))
@@ -177,6 +184,15 @@ def test_unreadable_spec_and_flags(tmp_path):
   with pytest.raises(flags.IllegalFlagValueError, match=r"--data=csv needs --train_files and --eval_files"):
     parse("--data=csv", f"--feature_spec={good}")
   assert parse("--data=csv", f"--feature_spec={good}", *files).feature_spec == str(good)
+  # Files that do not exist are named by their flag when the chief reads them (not by a Python argument's name).
+  (tmp_path / "clicks").mkdir()
+  data = model_flags.data_from_flags(parse("--data=csv", f"--feature_spec={good}", f"--train_files={tmp_path}/clicks",
+                                           f"--eval_files={tmp_path}/nope*.csv"))
+  with pytest.raises(UsageError, match=rf"^--train_files={tmp_path}/clicks matches no file \({tmp_path}/clicks is a "
+                     rf"folder: give its files, e.g. {tmp_path}/clicks/\*\); give paths or globs of existing files$"):
+    data.train_dataset_fn(None)
+  with pytest.raises(UsageError, match=r"^--eval_files=.*/nope\*\.csv matches no file; give paths or globs"):
+    data.eval_dataset_fn(None)
 
 
 @pytest.mark.slow

@@ -15,12 +15,14 @@ A flagfile (`configs/wide_deep_criteo.cfg`, ...) holds one `--flag=value` a line
 
 import dataclasses
 import functools
+import glob
 import os
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 from absl import flags
 
 from tfps.cli import flags as flags_lib
+from tfps.errors import UsageError
 
 MODELS = ("wide_deep", "dcn", "retrieval")
 DATA = ("synthetic", "criteo", "movielens", "csv")
@@ -184,12 +186,23 @@ def data_from_flags(flag_values: flags.FlagValues = flags.FLAGS) -> Data:
 
   def files(train: bool):
     if fv.data in ("criteo", "csv"):
-      return fv.train_files if train else fv.eval_files
+      return _existing_files("train_files" if train else "eval_files", fv)
     generated = _synthetic_files(fv)
     return generated[:-1] if train else generated[-1:]
 
   return Data(_deferred(lambda: make(files(True), **common)), _deferred(lambda: make(files(False), **once)),
               categorical, dense, batch_size=fv.batch_size)
+
+
+def _existing_files(name: str, fv: flags.FlagValues) -> List[str]:
+  """`--name`'s paths and globs, where at least one file matches; else `UsageError` naming the flag (a folder given:
+  with a glob of its files to give instead)."""
+  given = fv[name].value
+  if not any(os.path.isfile(path) for pattern in given for path in glob.glob(pattern)):
+    folders = [pattern for pattern in given if os.path.isdir(pattern)]
+    hint = f" ({folders[0]} is a folder: give its files, e.g. {os.path.join(folders[0], '*')})" if folders else ""
+    raise UsageError(f"--{name}={','.join(given)} matches no file{hint}; give paths or globs of existing files")
+  return given
 
 
 def _synthetic_files(fv: flags.FlagValues):

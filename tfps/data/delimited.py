@@ -241,7 +241,15 @@ def _check_not_compressed(path: str) -> None:
 def _check_header(path: str, spec: FeatureSpec) -> None:
   """Warns where a file's header names other columns than the spec (the spec's order is what the reader uses)."""
   with tf.io.gfile.GFile(path, "rb") as f:  # bytes: a header that is not UTF-8 (an export's) is compared, not a crash
-    names = f.readline().decode("utf-8", "replace").rstrip("\r\n").split(spec.delimiter)
+    line = f.readline().rstrip(b"\r\n")
+  names = line.decode("utf-8", "replace").split(spec.delimiter)
+  if not line:  # an empty file (no rows: the scan's count says so), or an empty first line
+    return
+  if bool(tf.strings.regex_full_match(line, row_pattern(spec))):
+    logging.warning("%s: the first line of %s is a well-formed row, not a header; it is skipped, as the spec's "
+                    "`header: true` says (a file split off another without its header?): %r", spec.name, path,
+                    line[:80].decode("utf-8", "replace"))
+    return
   if names != list(spec.columns):
     first = next((i for i, (a, b) in enumerate(zip(names, spec.columns)) if a != b), min(len(names),
                                                                                          len(spec.columns)))
