@@ -125,6 +125,12 @@ def test_files_without_a_usable_row_are_refused_instead_of_read_forever(tmp_path
   path = _malformed_csv(tmp_path, good_rows=0)
   with pytest.raises(UsageError, match=r"^no usable row to read: Criteo: 4 rows in 1 file\(s\); 4 malformed skipped"):
     criteo.criteo_dataset_fn(path, batch_size=2, repeat=repeat)
+  renamed = tmp_path / "sample.txt"  # a Criteo CSV not named *.csv: its format is guessed, and the error says so
+  renamed.write_text(pathlib.Path(path).read_text())
+  with pytest.raises(UsageError, match=r"^no usable row to read: .* \(read as Criteo TSV, guessed from the file names: "
+                     r"CSV files are named \*\.csv; or give `file_format`, or --data=csv "
+                     r"--feature_spec=configs/criteo.spec.json\)$"):
+    criteo.criteo_dataset_fn(str(renamed), batch_size=2, repeat=repeat)
   header_only = tmp_path / "header.csv"
   header_only.write_text(",".join(criteo.COLUMNS) + "\n")
   with pytest.raises(UsageError, match=r"^no usable row to read: Criteo: 0 rows in 1 file\(s\)"):

@@ -83,11 +83,18 @@ def criteo_dataset_fn(file_pattern: pipeline.FilePattern, *, batch_size: int,
     MalformedRowError: `strict` and `scan` and a file has a malformed row.
   """
   files = pipeline.list_files(file_pattern)
+  guessed = not file_format
   file_format = check_format(file_format) if file_format else guess_format(files)
-  return delimited.delimited_dataset_fn(files, criteo_spec(file_format, num_buckets), batch_size=batch_size,
-                                        strict=strict, scan=scan, repeat=repeat, shuffle_buffer=shuffle_buffer,
-                                        seed=seed, drop_remainder=drop_remainder, shard_index=shard_index,
-                                        num_shards=num_shards)
+  try:
+    return delimited.delimited_dataset_fn(files, criteo_spec(file_format, num_buckets), batch_size=batch_size,
+                                          strict=strict, scan=scan, repeat=repeat, shuffle_buffer=shuffle_buffer,
+                                          seed=seed, drop_remainder=drop_remainder, shard_index=shard_index,
+                                          num_shards=num_shards)
+  except UsageError as e:
+    if not guessed or not str(e).startswith("no usable row"):
+      raise
+    raise UsageError(f"{e} (read as Criteo {file_format.upper()}, guessed from the file names: CSV files are named "
+                     "*.csv; or give `file_format`, or --data=csv --feature_spec=configs/criteo.spec.json)") from None
 
 
 def scan_criteo(file_pattern: pipeline.FilePattern, *, file_format: Optional[str] = None, strict: bool = False,
