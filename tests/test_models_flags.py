@@ -1,6 +1,7 @@
 """tfps.models.flags and the configs/ flagfiles: each parses, and builds its data and model."""
 
 import pathlib
+import re
 
 from absl import flags
 import numpy as np
@@ -58,12 +59,17 @@ def test_config_builds_data_and_model(config, shared_data, tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--model=retrieval", "--data=synthetic"], "--model=retrieval needs --data=movielens"),
     (["--data=movielens"], "--data=movielens needs --data_dir"),
+    (["--data=movielens", "--data_dir=ml", "--num_buckets=5000"],  # was ignored without a word
+     "--num_buckets (5000) is for --data=criteo and synthetic; --data=movielens takes its bucket counts from the "
+     "MovieLens tables"),
+    (["--data=criteo", "--data_dir=crit", "--train_files=a", "--eval_files=b"],
+     "--data_dir (crit) is for --data=movielens and synthetic; --data=criteo reads --train_files and --eval_files"),
     (["--data=criteo", "--train_files=a.csv"], "--data=criteo needs --train_files and --eval_files"),
     (["--num_buckets=5,6"], "--num_buckets has 2 values; give 1 or 26"),
     (["--deep_layers=64,x"], "--deep_layers must be comma-separated positive integers"),
 ])
 def test_flag_errors(argv, message):
-  with pytest.raises(flags.IllegalFlagValueError, match=message):
+  with pytest.raises(flags.IllegalFlagValueError, match=re.escape(message)):
     _parse(argv)
 
 

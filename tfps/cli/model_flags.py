@@ -111,6 +111,13 @@ def _check_data(values: dict) -> bool:
   if values["embedding"] == "dynamic" and values["stack_tables"]:
     raise flags.ValidationError("--embedding=dynamic and --stack_tables exclude each other: a dynamic table keeps one "
                                 "id map per feature")
+  if values["data"] in ("csv", "movielens") and values["num_buckets"] != ["100000"]:  # not its default
+    raise flags.ValidationError(f"--num_buckets ({','.join(values['num_buckets'])}) is for --data=criteo and "
+                                f"synthetic; --data={values['data']} takes its bucket counts from "
+                                f"{'the feature spec' if values['data'] == 'csv' else 'the MovieLens tables'}")
+  if values["data"] in ("csv", "criteo") and values["data_dir"]:
+    raise flags.ValidationError(f"--data_dir ({values['data_dir']}) is for --data=movielens and synthetic; "
+                                f"--data={values['data']} reads --train_files and --eval_files")
   if len(values["num_buckets"]) not in (1, 26):
     raise flags.ValidationError(f"--num_buckets has {len(values['num_buckets'])} values; give 1 or 26")
   return True
