@@ -58,3 +58,8 @@ def test_a_sidecar_started_again_evaluates_only_what_no_earlier_one_recorded(tmp
   assert sidecar.follow_checkpoints(model_dir, evaluate, poll_secs=0.05, idle_timeout_secs=5) == []  # run again
   assert evaluated == ["ckpt-1", "ckpt-2"]
   assert [record["checkpoint_number"] for record in sidecar.read_evaluations(model_dir)] == [1, 2]
+  # A run resumed with other epochs may write another step under a name used before: that one is evaluated.
+  manager.checkpoint.global_step.assign(9)
+  checkpoints_lib.write_final_marker(model_dir, manager.save(checkpoint_number=2), 9)
+  records = sidecar.follow_checkpoints(model_dir, evaluate, poll_secs=0.05, idle_timeout_secs=5)
+  assert [(record["checkpoint_number"], record["step"]) for record in records] == [(2, 9)]

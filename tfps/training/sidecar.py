@@ -7,7 +7,7 @@ evaluation to `model_dir/<eval_dir_name>/metrics.jsonl`:
   {"checkpoint": path, "checkpoint_number": N, "step": optimizer steps, "metrics": {...}, "time": unix seconds}
 
 A sidecar started again (its process restarted, or run again on a finished run) evaluates only checkpoints that
-`metrics.jsonl` holds no record of: a checkpoint is evaluated once, and its record written once.
+`metrics.jsonl` holds no record of (by name and step): a checkpoint is evaluated once, and its record written once.
 
 It returns after the checkpoint the chief's FINAL marker names (`tfps.training.checkpoints`); when no new checkpoint
 appears for `idle_timeout_secs` (default one hour; None waits forever) it raises `TimeoutError`: the one timeout
@@ -59,14 +59,22 @@ def read_evaluations(model_dir: str, eval_dir_name: str = "eval") -> List[dict]:
 
 
 def _recorded(model_dir: str, eval_dir_name: str) -> set:
-  """The names (`ckpt-N`) of the checkpoints an earlier sidecar of this run evaluated, told in a log line."""
-  names = {os.path.basename(record["checkpoint"]) for record in read_evaluations(model_dir, eval_dir_name)
-           if record.get("checkpoint")}
+  """`(name, step)` of the checkpoints an earlier sidecar of this run evaluated, told in a log line (with the step:
+  a run resumed with other epochs may write a checkpoint of another step under a name used before)."""
+  names = {(os.path.basename(record["checkpoint"]), record.get("step"))
+           for record in read_evaluations(model_dir, eval_dir_name) if record.get("checkpoint")}
   if names:
     logging.info("%s holds the evaluations of %d checkpoint(s) (of an earlier sidecar): not evaluated again (move "
                  "the file away to evaluate them again)", os.path.join(model_dir, eval_dir_name, METRICS_FILE),
                  len(names))
   return names
+
+
+def _step_or_none(path: str) -> Optional[int]:
+  try:
+    return checkpoints_lib.checkpoint_step(path)
+  except (tf.errors.OpError, ValueError):  # deleted meanwhile: `_evaluated` tells
+    return None
 
 
 def _gone(path: str) -> bool:
@@ -107,7 +115,7 @@ def follow_checkpoints(model_dir: str, evaluate: Callable[[str], Dict], *, eval_
     if pending:
       last_new = time.monotonic()
       seen.update(pending)
-      pending = [path for path in pending if os.path.basename(path) not in before]
+      pending = [path for path in pending if (os.path.basename(path), _step_or_none(path)) not in before]
       for path in pending if evaluate_every_checkpoint else pending[-1:]:
         record = _evaluated(path, evaluate, eval_dir)
         if record is not None:
