@@ -10,6 +10,7 @@ from absl import flags
 from absl import logging
 
 import tfps
+from tfps import checks
 from tfps.cli import model_flags
 from tfps import run_records
 
@@ -33,6 +34,8 @@ def main(argv):
     return model_flags.model_from_flags(data, num_ps=num_ps)
 
   def train(cluster):
+    if _EXPORT_DIR.value:  # before training: a path that cannot be a folder is said now, not after the run
+      checks.directory("--export_dir", _EXPORT_DIR.value)
     history = tfps.fit(build_model, data.train_dataset_fn, epochs=_EPOCHS.value, steps_per_epoch=_STEPS.value,
                        validation_dataset_fn=data.eval_dataset_fn, exact_evaluation=True, model_dir=_MODEL_DIR.value,
                        batch_size=data.batch_size, cluster=cluster,

@@ -377,6 +377,9 @@ def test_sidecar_newest_only_and_skips_a_deleted_checkpoint(trained, tmp_path, c
 
 def test_export_loads_and_serves_without_a_cluster(trained, tmp_path):
   history, model_dir = trained
+  (tmp_path / "a_file").write_text("x")  # refused in one line before anything is built (was TensorFlow's error)
+  with pytest.raises(tfps.UsageError, match=r"^`export_dir` \('.*a_file'\) is a file, not a directory$"):
+    tfps.export_saved_model(build_model, str(tmp_path / "a_file"), model=history.model)
   export_dir = str(tmp_path / "export")
   tfps.export_saved_model(build_model, export_dir, model=history.model)
   features, _ = examples(5, seed=7)

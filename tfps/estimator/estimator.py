@@ -133,6 +133,7 @@ class Estimator:
     SavedModel holds plain variables and loads with `tf.saved_model.load` in any process.
     """
     path = local.latest_checkpoint(self.model_dir, checkpoint_path)
+    checks.directory("export_dir_base", os.fspath(export_dir_base))
     return self.local_model().export(os.fspath(export_dir_base), serving_input_receiver_fn, path)
 
   def latest_checkpoint(self) -> Optional[str]:

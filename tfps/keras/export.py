@@ -13,6 +13,7 @@ from absl import logging
 import tensorflow as tf
 import tf_keras
 
+from tfps import checks
 from tfps.errors import ArgumentTypeError, CheckpointMismatchError, UsageError
 from tfps.training import checkpoints as checkpoints_lib
 from tfps.training import dataset_fns
@@ -55,6 +56,7 @@ def export_saved_model(build_model: Callable[[], tf_keras.Model], export_dir: st
   if not callable(build_model) or isinstance(build_model, tf_keras.Model):
     raise ArgumentTypeError(f"`build_model` must be the function that built the model (called here outside any "
                             f"strategy), got {type(build_model).__name__}; the trained model goes in `model=`")
+  checks.directory("export_dir", export_dir)
   with tempfile.TemporaryDirectory() as scratch_dir:
     source = _source_checkpoint(model, model_dir, checkpoint, scratch_dir)
     outside_strategies(lambda: _save_plain(build_model, source, export_dir, dataset_fn))
