@@ -363,6 +363,22 @@ def test_a_checkpoint_deleted_before_it_is_kept_as_the_best_leaves_the_best_as_i
   assert {key: by_loss.best[key] for key in ("metric", "value")} == {"metric": "loss", "value": 0.9}
 
 
+def test_resuming_from_a_damaged_checkpoint_is_one_line(cluster, trained, tmp_path):
+  """A newest checkpoint with a file missing: TensorFlow's NotFoundError (a traceback, and tfps-launch restarted the
+  cluster 3 times, each failing alike)."""
+  copy = copy_run(trained[1], tmp_path)
+  (copy / "checkpoints" / "ckpt-3.index").unlink()
+  with pytest.raises(tfps.UsageError, match=rf"^checkpoint {copy}/checkpoints/ckpt-3 cannot be read \(.*\): its files "
+                     rf"are missing or damaged; to go on from the one before, delete its all_model_checkpoint_paths "
+                     rf"line in {copy}/checkpoints/checkpoint and point model_checkpoint_path there at the one "
+                     rf"before$"):
+    tfps.fit(build_model, train_fn, epochs=EPOCHS + 1, steps_per_epoch=STEPS, model_dir=str(copy), cluster=cluster)
+  state = copy / "checkpoints" / "checkpoint"  # as the line says: the run goes on from ckpt-2
+  state.write_text("".join(line.replace("ckpt-3", "ckpt-2") for line in state.read_text().splitlines(True)
+                           if not line.startswith("all_model_checkpoint_paths") or "ckpt-3" not in line))
+  assert checkpoints_lib.list_checkpoints(str(copy))[-1].endswith("ckpt-2")
+
+
 def test_sidecar_newest_only_and_skips_a_deleted_checkpoint(trained, tmp_path, caplog):
   copy = copy_run(trained[1], tmp_path)
   for path in (copy / "checkpoints").glob("ckpt-3.*"):

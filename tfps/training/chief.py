@@ -7,12 +7,14 @@ runner (`build_runner`). What a step is, and how the variables are first made, s
 """
 
 import dataclasses
+import os
 from typing import Callable, Iterable, Optional, Tuple
 
 import tensorflow as tf
 
 from tfps.cluster import config as cluster_lib
 from tfps.cluster import options as options_lib
+from tfps.errors import UsageError
 from tfps.training import checkpoints
 from tfps.training import modes
 from tfps.training import resharding
@@ -43,9 +45,17 @@ class Chief:
         table.bind_optimizer(optimizer)
 
   def restore(self, path: str, root) -> None:
-    """Restores checkpoint `path` into `root`, checked against it first; any number of ps and shards either side."""
+    """Restores checkpoint `path` into `root`, checked against it first; any number of ps and shards either side.
+    A checkpoint whose files are missing or damaged raises `UsageError` (one line: a restart would fail alike)."""
     with self.strategy.scope():
-      resharding.restore(path, root)
+      try:
+        resharding.restore(path, root)
+      except (tf.errors.NotFoundError, tf.errors.DataLossError, tf.errors.OutOfRangeError) as e:
+        reason = e.message.splitlines()[0][:160]
+        state = os.path.join(os.path.dirname(path), "checkpoint")
+        raise UsageError(f"checkpoint {path} cannot be read ({reason}): its files are missing or damaged; to go on "
+                         f"from the one before, delete its all_model_checkpoint_paths line in {state} and point "
+                         "model_checkpoint_path there at the one before") from None
 
   def resume(self, model_dir: Optional[str], root) -> Optional[str]:
     """Where a run in `model_dir` goes on from: returns the checkpoint restored into `root` (the newest: a chief
