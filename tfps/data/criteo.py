@@ -90,10 +90,10 @@ def criteo_dataset_fn(file_pattern: pipeline.FilePattern, *, batch_size: int,
                                           strict=strict, scan=scan, repeat=repeat, shuffle_buffer=shuffle_buffer,
                                           seed=seed, drop_remainder=drop_remainder, shard_index=shard_index,
                                           num_shards=num_shards)
-  except UsageError as e:
-    if not guessed or not str(e).startswith("no usable row"):
+  except delimited.NoUsableRowError as e:
+    if not guessed:
       raise
-    raise UsageError(f"{e} (read as Criteo {file_format.upper()}, guessed from the file names: CSV files are named "
+    raise delimited.NoUsableRowError(f"{e} (read as Criteo {file_format.upper()}, guessed from the file names: CSV files are named "
                      "*.csv; or give `file_format`, or --data=csv --feature_spec=configs/criteo.spec.json)") from None
 
 

@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from tfps import checks
 from tfps.data import pipeline
-from tfps.data.spec import NUMBER, FeatureSpec, row_pattern
+from tfps.data.spec import INTEGER, NUMBER, FeatureSpec, row_pattern
 from tfps.errors import TfpsError, UsageError
 
 _HASH_SPACE = (1 << 62) - 1
@@ -41,6 +41,10 @@ NON_NUMERIC = "non-numeric label/numeric field"
 
 class MalformedRowError(TfpsError, ValueError):
   """A file has a malformed row and the reader runs in strict mode."""
+
+
+class NoUsableRowError(UsageError):
+  """Every row of the files is malformed (or there is none): a repeating reader would look for one forever."""
 
 
 def parse_lines(lines: tf.Tensor, spec: FeatureSpec):
@@ -125,7 +129,7 @@ def delimited_dataset_fn(file_pattern: pipeline.FilePattern, spec: FeatureSpec, 
     summary = scan_files(files, spec, strict=strict)
     summary.log()
     if summary.rows == summary.malformed:  # repeated, the reader would look for a good row forever
-      raise UsageError(f"no usable row to read: {summary.describe()}")
+      raise NoUsableRowError(f"no usable row to read: {summary.describe()}")
 
   def parse(batch):
     features, label = parse_lines(batch, spec)
@@ -266,19 +270,28 @@ def _classify(lines: tf.Tensor, spec: FeatureSpec, pattern: str) -> Tuple[tf.Ten
   bad = tf.logical_and(tf.logical_not(wrong), tf.logical_not(tf.strings.regex_full_match(lines, pattern)))
   ok = tf.logical_not(tf.logical_or(wrong, bad))
   fields = split.to_tensor(default_value="", shape=[None, len(spec.columns)])
-  floats = [n.name for n in spec.numeric] + [spec.label] * (spec.label_threshold is not None)
+  floats, integers = _float_columns(spec), _integer_columns(spec)
   beyond = tf.zeros_like(ok)
   if floats:  # a well-formed number float32 cannot hold (1e39) would be read as inf
     raw = tf.gather(fields, [spec.index(name) for name in floats], axis=1)
     number = tf.logical_and(tf.strings.regex_full_match(raw, NUMBER), ok[:, None])
     values = tf.strings.to_number(tf.where(number, raw, "0"), tf.float32)
     beyond = tf.reduce_any(tf.logical_not(tf.math.is_finite(values)), axis=1)
-  integers = [c.name for c in spec.categorical if c.encoding == "integer"]
   if integers:  # 19 digits or more: maybe beyond int64 (`_refuse_beyond_range` tells)
     raw = tf.gather(fields, [spec.index(name) for name in integers], axis=1)
     long = tf.reduce_any(tf.strings.regex_full_match(raw, "-?0*[1-9][0-9]{18,}"), axis=1)
     beyond = tf.logical_or(beyond, tf.logical_and(long, ok))
   return wrong, bad, beyond
+
+
+def _float_columns(spec: FeatureSpec) -> List[str]:
+  """The columns read as float32: the numeric ones, and the label where a threshold makes it a number."""
+  return [n.name for n in spec.numeric] + [spec.label] * (spec.label_threshold is not None)
+
+
+def _integer_columns(spec: FeatureSpec) -> List[str]:
+  """The columns read as int64: the integer-encoded categorical ones."""
+  return [c.name for c in spec.categorical if c.encoding == "integer"]
 
 
 def _refuse_beyond_range(path: str, spec: FeatureSpec, numbers, lines, beyond) -> None:
@@ -287,13 +300,13 @@ def _refuse_beyond_range(path: str, spec: FeatureSpec, numbers, lines, beyond) -
   skip it (its row pattern admits it)."""
   for index in beyond.nonzero()[0]:
     fields = lines[index].decode("utf-8", "replace").split(spec.delimiter)
-    for name in [n.name for n in spec.numeric] + [spec.label] * (spec.label_threshold is not None):
+    for name in _float_columns(spec):
       text = fields[spec.index(name)]
       if re.fullmatch(NUMBER, text) and abs(float(text)) > _FLOAT32_MAX:
         _refuse_number(path, numbers[index], spec, name, text, "float32")
-    for name in [c.name for c in spec.categorical if c.encoding == "integer"]:
+    for name in _integer_columns(spec):
       text = fields[spec.index(name)]
-      if re.fullmatch(r"-?[0-9]+", text) and not -2**63 <= int(text) < 2**63:
+      if re.fullmatch(INTEGER, text) and not -2**63 <= int(text) < 2**63:
         _refuse_number(path, numbers[index], spec, name, text, "int64")
 
 

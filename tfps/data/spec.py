@@ -27,7 +27,7 @@ ENCODINGS = ("hash", "integer")
 _KEYS = ("name", "delimiter", "header", "missing", "columns", "label", "label_threshold", "numeric", "categorical",
          "dense_feature")
 NUMBER = r"-?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?"  # a numeric field (RE2)
-_INTEGER = r"-?[0-9]+"
+INTEGER = r"-?[0-9]+"  # an integer-encoded field (RE2)
 
 
 class FeatureSpecError(TfpsError, ValueError):
@@ -275,6 +275,6 @@ def row_pattern(spec: FeatureSpec) -> str:
     return f"({number}{'|' + missing if missing else ''}){optional}"
 
   kinds = {n.name: value(NUMBER) for n in spec.numeric}
-  kinds.update({c.name: value(_INTEGER) for c in spec.categorical if c.encoding == "integer"})
+  kinds.update({c.name: value(INTEGER) for c in spec.categorical if c.encoding == "integer"})
   kinds[spec.label] = "[01]" if spec.label_threshold is None else NUMBER
   return _literal(spec.delimiter).join(kinds.get(name, any_field) for name in spec.columns)

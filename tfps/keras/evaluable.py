@@ -8,7 +8,7 @@ import tf_keras
 
 from tfps.errors import UsageError
 
-_SIDECAR = ("tfps.run_sidecar_evaluator, a plain process that runs the model's own metrics on each checkpoint")
+_SIDECAR = "tfps.run_sidecar_evaluator, a plain process that runs the model's own metrics on each checkpoint"
 
 
 def check_on_workers(model: tf_keras.Model, exact: bool, what: str) -> None:
